@@ -1,0 +1,73 @@
+//! Status conditions: the `Ready` condition (A3) and snapshot cleanup bookkeeping (W3).
+
+use super::Condition;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+pub const READY: &str = "Ready";
+/// False while a woken CR still owes the registry a tag delete (W3); True once done.
+pub const SNAPSHOT_DELETED: &str = "SnapshotDeleted";
+
+pub const REASON_DONE: &str = "Done";
+pub const REASON_FAILED: &str = "Failed";
+pub const REASON_PENDING: &str = "Pending";
+
+pub fn find<'a>(conditions: &'a [Condition], type_: &str) -> Option<&'a Condition> {
+    conditions.iter().find(|c| c.type_ == type_)
+}
+
+/// Upserts a condition. Like apimachinery's SetStatusCondition, the transition time is kept
+/// when the status does not change, unless `refresh` asks for a new one (F2).
+pub fn upsert(
+    conditions: &mut Vec<Condition>,
+    type_: &str,
+    status: bool,
+    reason: &str,
+    message: &str,
+    observed_generation: Option<i64>,
+    now: Time,
+    refresh: bool,
+) {
+    let status = if status { "True" } else { "False" }.to_owned();
+    match conditions.iter_mut().find(|c| c.type_ == type_) {
+        Some(existing) => {
+            if existing.status != status || refresh {
+                existing.last_transition_time = now;
+            }
+            existing.status = status;
+            existing.reason = reason.to_owned();
+            existing.message = message.to_owned();
+            existing.observed_generation = observed_generation;
+        }
+        None => conditions.push(Condition {
+            type_: type_.to_owned(),
+            status,
+            reason: reason.to_owned(),
+            message: message.to_owned(),
+            observed_generation,
+            last_transition_time: now,
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(secs: i64) -> Time {
+        Time(jiff::Timestamp::from_second(secs).unwrap())
+    }
+
+    #[test]
+    fn f2_same_status_keeps_transition_time_unless_refreshed() {
+        let mut c = Vec::new();
+        upsert(&mut c, READY, false, REASON_PENDING, "a", Some(1), t(10), false);
+        upsert(&mut c, READY, false, REASON_FAILED, "b", Some(1), t(20), false);
+        assert_eq!(find(&c, READY).unwrap().last_transition_time, t(10));
+        assert_eq!(find(&c, READY).unwrap().reason, REASON_FAILED);
+        upsert(&mut c, READY, false, REASON_PENDING, "c", Some(1), t(30), true);
+        assert_eq!(find(&c, READY).unwrap().last_transition_time, t(30));
+        upsert(&mut c, READY, true, REASON_DONE, "d", Some(1), t(40), false);
+        assert_eq!(find(&c, READY).unwrap().last_transition_time, t(40));
+        assert_eq!(c.len(), 1);
+    }
+}

@@ -1,0 +1,9 @@
+//! cocoon-hibernation: hibernates and wakes VM-backed pods.
+//!
+//! One process holds an admission webhook ([`webhook`]), a controller ([`controller`]) and
+//! the one informer cache both read ([`cache`]); [`registry`] talks to the OCI registry.
+#![forbid(unsafe_code)]
+
+pub mod api;
+pub mod metrics;
+pub mod registry;

@@ -1,0 +1,151 @@
+//! Prometheus metrics (O1). Every label is a small fixed set: never an object name.
+
+use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+use std::sync::Arc;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
+#[allow(non_camel_case_types)]
+pub enum Transition {
+    hibernate,
+    wake,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
+#[allow(non_camel_case_types)]
+pub enum TransitionResult {
+    ok,
+    timeout,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PhaseLabels {
+    pub transition: Transition,
+    pub result: TransitionResult,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ErrorLabels {
+    pub error: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct AdmissionLabels {
+    pub operation: &'static str,
+    pub result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RegistryLabels {
+    pub operation: &'static str,
+    pub outcome: &'static str,
+}
+
+/// All metric families, registered once under the `cocoon_hibernation` prefix.
+#[derive(Clone)]
+pub struct Metrics {
+    pub reconcile_passes: Counter,
+    pub reconcile_errors: Family<ErrorLabels, Counter>,
+    pub phase_duration: Family<PhaseLabels, Histogram>,
+    pub admission_decisions: Family<AdmissionLabels, Counter>,
+    pub registry_calls: Family<RegistryLabels, Counter>,
+    /// Tag deletes left undone because another tag shares the digest.
+    pub snapshot_tags_kept: Counter,
+    /// 1 while this replica holds the lease and reconciles.
+    pub leader: Gauge,
+    registry: Arc<Registry>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("cocoon_hibernation");
+        let reconcile_passes = Counter::default();
+        let reconcile_errors = Family::<ErrorLabels, Counter>::default();
+        let phase_duration = Family::<PhaseLabels, Histogram>::new_with_constructor(|| {
+            Histogram::new([1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 180.0, 300.0, 600.0])
+        });
+        let admission_decisions = Family::<AdmissionLabels, Counter>::default();
+        let registry_calls = Family::<RegistryLabels, Counter>::default();
+        let snapshot_tags_kept = Counter::default();
+        let leader = Gauge::default();
+        registry.register("reconcile_passes", "Reconcile passes run", reconcile_passes.clone());
+        registry.register("reconcile_errors", "Reconcile passes that returned an error", reconcile_errors.clone());
+        registry.register(
+            "phase_duration_seconds",
+            "Time from entering Hibernating or Waking to its end",
+            phase_duration.clone(),
+        );
+        registry.register("admission_decisions", "Admission reviews answered", admission_decisions.clone());
+        registry.register("registry_calls", "OCI registry calls", registry_calls.clone());
+        registry.register(
+            "snapshot_tags_kept",
+            "Snapshot tags not deleted because another tag shares their manifest digest",
+            snapshot_tags_kept.clone(),
+        );
+        registry.register("leader", "1 while this replica holds the leader lease", leader.clone());
+        Self {
+            reconcile_passes,
+            reconcile_errors,
+            phase_duration,
+            admission_decisions,
+            registry_calls,
+            snapshot_tags_kept,
+            leader,
+            registry: Arc::new(registry),
+        }
+    }
+
+    pub fn registry_call(&self, operation: &'static str, outcome: &'static str) {
+        self.registry_calls
+            .get_or_create(&RegistryLabels { operation, outcome })
+            .inc();
+    }
+
+    pub fn admission(&self, operation: &'static str, result: &'static str) {
+        self.admission_decisions
+            .get_or_create(&AdmissionLabels { operation, result })
+            .inc();
+    }
+
+    pub fn phase_done(&self, transition: Transition, result: TransitionResult, seconds: f64) {
+        self.phase_duration
+            .get_or_create(&PhaseLabels { transition, result })
+            .observe(seconds);
+    }
+
+    /// OpenMetrics text exposition.
+    pub fn encode(&self) -> Result<String, std::fmt::Error> {
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &self.registry)?;
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn o1_families_are_exposed_with_low_cardinality_labels() {
+        let m = Metrics::new();
+        m.reconcile_passes.inc();
+        m.registry_call("probe", "present");
+        m.admission("CREATE", "denied");
+        m.phase_done(Transition::hibernate, TransitionResult::ok, 3.0);
+        let text = m.encode().unwrap();
+        assert!(text.contains("cocoon_hibernation_reconcile_passes_total 1"));
+        assert!(text.contains(r#"cocoon_hibernation_registry_calls_total{operation="probe",outcome="present"} 1"#));
+        assert!(text.contains(r#"cocoon_hibernation_admission_decisions_total{operation="CREATE",result="denied"} 1"#));
+        assert!(text.contains(r#"cocoon_hibernation_phase_duration_seconds_count{transition="hibernate",result="ok"} 1"#));
+    }
+}

@@ -1,0 +1,2 @@
+//! OCI registry client: probe and delete the `<vm>:hibernate` snapshot tag.
+//! (Skeleton: the implementation lands with the registry work.)
