@@ -7,3 +7,9 @@
 pub mod api;
 pub mod metrics;
 pub mod registry;
+pub mod cache;
+pub mod config;
+pub mod controller;
+pub mod error;
+
+pub use error::{Error, Result};

@@ -1,0 +1,238 @@
+//! The one informer cache (P1): CocoonHibernations and Pods, shared by the controller and
+//! the webhook. One driver task polls both watch streams, keeps the stores, the podRef
+//! index and the pod change tracker in step, and turns relevant events into reconcile
+//! triggers. Consuming the raw streams (not shared-store subscribers) is what lets a pod's
+//! Delete still reach the CRs that target it (C3).
+
+pub mod index;
+
+use crate::api::CocoonHibernation;
+use crate::api::annotations::PodView;
+use futures::{Stream, StreamExt};
+use index::{Key, PodChangeTracker, PodRefIndex};
+use k8s_openapi::api::core::v1::{Pod, PodStatus};
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client, ResourceExt};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, RwLock};
+use tokio::sync::mpsc::UnboundedSender;
+
+/// Reconcile requests produced by cache events.
+pub type Trigger = ObjectRef<CocoonHibernation>;
+
+#[derive(Clone)]
+pub struct SharedCache {
+    crs: Store<CocoonHibernation>,
+    pods: Store<Pod>,
+    index: Arc<RwLock<PodRefIndex>>,
+    crs_synced: Arc<AtomicBool>,
+    pods_synced: Arc<AtomicBool>,
+}
+
+/// What to watch.
+#[derive(Clone, Debug, Default)]
+pub struct CacheScope {
+    /// Empty watches every namespace.
+    pub namespace: String,
+    pub pod_selector: String,
+}
+
+impl SharedCache {
+    /// Readiness (P1, V3): both stores have delivered their initial list.
+    pub fn is_synced(&self) -> bool {
+        self.crs_synced.load(Ordering::Acquire) && self.pods_synced.load(Ordering::Acquire)
+    }
+
+    pub fn pod(&self, namespace: &str, name: &str) -> Option<Arc<Pod>> {
+        self.pods.get(&ObjectRef::new(name).within(namespace))
+    }
+
+    pub fn cr(&self, namespace: &str, name: &str) -> Option<Arc<CocoonHibernation>> {
+        self.crs.get(&ObjectRef::new(name).within(namespace))
+    }
+
+    /// CRs in `namespace` whose podRef names `pod`, found through the index.
+    pub fn crs_for_pod(&self, namespace: &str, pod: &str) -> Vec<Arc<CocoonHibernation>> {
+        let names = match self.index.read() {
+            Ok(idx) => idx.crs_for_pod(namespace, pod),
+            Err(poisoned) => poisoned.into_inner().crs_for_pod(namespace, pod),
+        };
+        names.iter().filter_map(|n| self.cr(namespace, n)).collect()
+    }
+
+    pub fn crs_in_namespace(&self, namespace: &str) -> Vec<Arc<CocoonHibernation>> {
+        self.crs
+            .state_filter(|cr| cr.metadata.namespace.as_deref() == Some(namespace))
+    }
+
+    pub fn all_crs(&self) -> Vec<Arc<CocoonHibernation>> {
+        self.crs.state()
+    }
+
+    pub fn cr_store(&self) -> Store<CocoonHibernation> {
+        self.crs.clone()
+    }
+}
+
+/// Builds the cache and the future that drives it. The future runs until both watch
+/// streams end, which they do not in normal operation.
+pub fn start(
+    client: Client,
+    scope: &CacheScope,
+    triggers: UnboundedSender<Trigger>,
+) -> (SharedCache, impl std::future::Future<Output = ()> + Send + 'static) {
+    let (cr_store, cr_writer) = reflector::store::<CocoonHibernation>();
+    let (pod_store, pod_writer) = reflector::store::<Pod>();
+    let (cr_api, pod_api): (Api<CocoonHibernation>, Api<Pod>) = if scope.namespace.is_empty() {
+        (Api::all(client.clone()), Api::all(client))
+    } else {
+        (
+            Api::namespaced(client.clone(), &scope.namespace),
+            Api::namespaced(client, &scope.namespace),
+        )
+    };
+    let mut pod_cfg = watcher::Config::default();
+    if !scope.pod_selector.is_empty() {
+        pod_cfg = pod_cfg.labels(&scope.pod_selector);
+    }
+    let cache = SharedCache {
+        crs: cr_store,
+        pods: pod_store,
+        index: Arc::default(),
+        crs_synced: Arc::default(),
+        pods_synced: Arc::default(),
+    };
+
+    let cr_events = watcher(cr_api, watcher::Config::default())
+        .default_backoff()
+        .modify(|cr: &mut CocoonHibernation| cr.managed_fields_mut().clear())
+        .reflect(cr_writer);
+    let pod_events = watcher(pod_api, pod_cfg)
+        .default_backoff()
+        .modify(strip_pod)
+        .reflect(pod_writer);
+
+    let driver = drive(cache.clone(), cr_events, pod_events, triggers);
+    (cache, driver)
+}
+
+/// Keep only what a pass or the webhook reads: metadata and container states.
+fn strip_pod(pod: &mut Pod) {
+    pod.managed_fields_mut().clear();
+    pod.spec = None;
+    if let Some(status) = pod.status.take() {
+        pod.status = Some(PodStatus {
+            container_statuses: status.container_statuses,
+            ..PodStatus::default()
+        });
+    }
+}
+
+async fn drive(
+    cache: SharedCache,
+    cr_events: impl Stream<Item = Result<watcher::Event<CocoonHibernation>, watcher::Error>> + Send,
+    pod_events: impl Stream<Item = Result<watcher::Event<Pod>, watcher::Error>> + Send,
+    triggers: UnboundedSender<Trigger>,
+) {
+    let mut handler = EventHandler {
+        cache: cache.clone(),
+        pods: PodChangeTracker::default(),
+        triggers,
+    };
+    let cr_events = cr_events.map(Either::Cr);
+    let pod_events = pod_events.map(Either::Pod);
+    let merged = futures::stream::select(cr_events, pod_events);
+    futures::pin_mut!(merged);
+    while let Some(item) = merged.next().await {
+        match item {
+            Either::Cr(Ok(ev)) => handler.on_cr(ev),
+            Either::Pod(Ok(ev)) => handler.on_pod(ev),
+            // The watcher retries with backoff; the store keeps serving its last state.
+            Either::Cr(Err(e)) => tracing::warn!(error = %e, "CocoonHibernation watch error"),
+            Either::Pod(Err(e)) => tracing::warn!(error = %e, "Pod watch error"),
+        }
+    }
+}
+
+enum Either<A, B> {
+    Cr(A),
+    Pod(B),
+}
+
+struct EventHandler {
+    cache: SharedCache,
+    pods: PodChangeTracker,
+    triggers: UnboundedSender<Trigger>,
+}
+
+impl EventHandler {
+    fn index(&self) -> std::sync::RwLockWriteGuard<'_, PodRefIndex> {
+        match self.cache.index.write() {
+            Ok(g) => g,
+            Err(poisoned) => poisoned.into_inner(),
+        }
+    }
+
+    fn trigger(&self, namespace: &str, name: &str) {
+        // A closed channel means the process is shutting down.
+        let _ = self.triggers.send(ObjectRef::new(name).within(namespace));
+    }
+
+    fn on_cr(&mut self, ev: watcher::Event<CocoonHibernation>) {
+        match ev {
+            watcher::Event::Init => self.index().begin_resync(),
+            watcher::Event::InitApply(cr) | watcher::Event::Apply(cr) => {
+                let ns = cr.namespace().unwrap_or_default();
+                let name = cr.name_any();
+                self.index().upsert(&ns, &name, &cr.spec.pod_ref.name);
+                self.trigger(&ns, &name);
+            }
+            watcher::Event::Delete(cr) => {
+                self.index().remove(&cr.namespace().unwrap_or_default(), &cr.name_any());
+            }
+            watcher::Event::InitDone => {
+                self.index().finish_resync();
+                self.cache.crs_synced.store(true, Ordering::Release);
+            }
+        }
+    }
+
+    fn on_pod(&mut self, ev: watcher::Event<Pod>) {
+        match ev {
+            watcher::Event::Init => self.pods.begin_resync(),
+            watcher::Event::InitApply(pod) | watcher::Event::Apply(pod) => {
+                let key = pod_key(&pod);
+                if self.pods.observe(key.clone(), PodView::from_pod(&pod)) {
+                    self.enqueue_for_pod(&key);
+                }
+            }
+            watcher::Event::Delete(pod) => {
+                let key = pod_key(&pod);
+                if self.pods.forget(&key) {
+                    self.enqueue_for_pod(&key);
+                }
+            }
+            watcher::Event::InitDone => {
+                for key in self.pods.finish_resync() {
+                    self.enqueue_for_pod(&key);
+                }
+                self.cache.pods_synced.store(true, Ordering::Release);
+            }
+        }
+    }
+
+    fn enqueue_for_pod(&self, key: &Key) {
+        let names = match self.cache.index.read() {
+            Ok(idx) => idx.crs_for_pod(&key.0, &key.1),
+            Err(poisoned) => poisoned.into_inner().crs_for_pod(&key.0, &key.1),
+        };
+        for name in names {
+            self.trigger(&key.0, &name);
+        }
+    }
+}
+
+fn pod_key(pod: &Pod) -> Key {
+    (pod.namespace().unwrap_or_default(), pod.name_any())
+}

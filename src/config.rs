@@ -1,0 +1,259 @@
+//! Command line and environment configuration (P3). Parsing and validation only; no I/O.
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+#[derive(Parser, Debug)]
+#[command(name = "cocoon-hibernation", version, about = "Hibernates and wakes VM-backed pods")]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Option<Command>,
+    #[command(flatten)]
+    pub server: ServerArgs,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Print the CocoonHibernation CRD as YAML.
+    Crd,
+    /// Run the webhook, controller and metrics server (the default).
+    Run,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct ServerArgs {
+    #[command(flatten)]
+    pub webhook: WebhookArgs,
+    #[command(flatten)]
+    pub controller: ControllerArgs,
+    #[command(flatten)]
+    pub registry: RegistryArgs,
+    #[command(flatten)]
+    pub election: ElectionArgs,
+    /// Plain-HTTP address for /healthz, /readyz and /metrics.
+    #[arg(long, env = "COCOON_ADMIN_ADDR", default_value = "0.0.0.0:8080")]
+    pub admin_addr: SocketAddr,
+    /// Log format.
+    #[arg(long, env = "COCOON_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+    /// Log filter, in tracing's EnvFilter syntax.
+    #[arg(long, env = "COCOON_LOG", default_value = "info")]
+    pub log_filter: String,
+    /// How long SIGTERM waits for in-flight admission requests.
+    #[arg(long, env = "COCOON_SHUTDOWN_GRACE", value_parser = parse_duration, default_value = "20s")]
+    pub shutdown_grace: Duration,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct WebhookArgs {
+    /// HTTPS address of the admission webhook.
+    #[arg(long, env = "COCOON_WEBHOOK_ADDR", default_value = "0.0.0.0:8443")]
+    pub webhook_addr: SocketAddr,
+    /// Serving certificate (PEM); re-read when it changes.
+    #[arg(long, env = "COCOON_TLS_CERT_FILE", default_value = "/etc/cocoon-hibernation/tls/tls.crt")]
+    pub tls_cert_file: PathBuf,
+    /// Serving key (PEM); re-read when it changes.
+    #[arg(long, env = "COCOON_TLS_KEY_FILE", default_value = "/etc/cocoon-hibernation/tls/tls.key")]
+    pub tls_key_file: PathBuf,
+    /// How often the certificate files are checked for changes.
+    #[arg(long, env = "COCOON_TLS_RELOAD_INTERVAL", value_parser = parse_duration, default_value = "5s")]
+    pub tls_reload_interval: Duration,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct ControllerArgs {
+    /// Reconcile workers (C1).
+    #[arg(long, env = "COCOON_CONCURRENCY", default_value_t = 4)]
+    pub concurrency: i64,
+    /// Budget for a hibernate, from entering Hibernating (H5).
+    #[arg(long, env = "COCOON_HIBERNATE_TIMEOUT", value_parser = parse_duration, default_value = "3m")]
+    pub hibernate_timeout: Duration,
+    /// Budget for a wake, from entering Waking (W4).
+    #[arg(long, env = "COCOON_WAKE_TIMEOUT", value_parser = parse_duration, default_value = "5m")]
+    pub wake_timeout: Duration,
+    /// Only watch this namespace; all namespaces when empty.
+    #[arg(long, env = "COCOON_WATCH_NAMESPACE", default_value = "")]
+    pub watch_namespace: String,
+    /// Label selector narrowing the pods cached; empty caches all pods.
+    #[arg(long, env = "COCOON_POD_SELECTOR", default_value = "")]
+    pub pod_selector: String,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct RegistryArgs {
+    /// Registry and path prefix holding snapshots: host[:port][/prefix]. Repository = <base>/<vm>.
+    #[arg(long, env = "COCOON_REGISTRY_BASE")]
+    pub registry_base: Option<String>,
+    /// Talk plain HTTP to the registry. Only for local development.
+    #[arg(long, env = "COCOON_REGISTRY_PLAIN_HTTP", default_value_t = false)]
+    pub registry_plain_http: bool,
+    /// Docker config.json holding credentials for the registry host.
+    #[arg(long, env = "COCOON_REGISTRY_DOCKER_CONFIG")]
+    pub registry_docker_config: Option<PathBuf>,
+    /// Basic-auth user; the password comes from COCOON_REGISTRY_PASSWORD.
+    #[arg(long, env = "COCOON_REGISTRY_USERNAME")]
+    pub registry_username: Option<String>,
+    #[arg(long, env = "COCOON_REGISTRY_PASSWORD", hide_env_values = true)]
+    pub registry_password: Option<String>,
+    /// File holding a bearer token.
+    #[arg(long, env = "COCOON_REGISTRY_TOKEN_FILE")]
+    pub registry_token_file: Option<PathBuf>,
+    /// Extra CA certificates (PEM) trusted for the registry; repeatable.
+    #[arg(long, env = "COCOON_REGISTRY_CA_FILE", value_delimiter = ',')]
+    pub registry_ca_file: Vec<PathBuf>,
+    /// Timeout of every registry call.
+    #[arg(long, env = "COCOON_REGISTRY_TIMEOUT", value_parser = parse_duration, default_value = "10s")]
+    pub registry_timeout: Duration,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct ElectionArgs {
+    /// Elect one reconciling replica through a Lease (P2). Off runs the controller always.
+    #[arg(long, env = "COCOON_LEADER_ELECTION", default_value_t = true, action = clap::ArgAction::Set)]
+    pub leader_election: bool,
+    #[arg(long, env = "COCOON_LEASE_NAME", default_value = "cocoon-hibernation")]
+    pub lease_name: String,
+    /// Namespace of the Lease; defaults to the pod's namespace.
+    #[arg(long, env = "POD_NAMESPACE", default_value = "default")]
+    pub lease_namespace: String,
+    /// This replica's identity; defaults to the pod name.
+    #[arg(long, env = "POD_NAME")]
+    pub identity: Option<String>,
+    #[arg(long, env = "COCOON_LEASE_DURATION", value_parser = parse_duration, default_value = "15s")]
+    pub lease_duration: Duration,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+/// Accepts `90s`, `3m`, `1h`, `250ms` or plain seconds.
+pub fn parse_duration(raw: &str) -> Result<Duration, String> {
+    let raw = raw.trim();
+    let split = raw.find(|c: char| !c.is_ascii_digit()).unwrap_or(raw.len());
+    let (num, unit) = raw.split_at(split);
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("invalid duration {raw:?}: expected e.g. 30s, 3m, 250ms"))?;
+    let d = match unit {
+        "" | "s" => Duration::from_secs(n),
+        "ms" => Duration::from_millis(n),
+        "m" => Duration::from_secs(n * 60),
+        "h" => Duration::from_secs(n * 3600),
+        _ => return Err(format!("invalid duration unit in {raw:?}: use ms, s, m or h")),
+    };
+    Ok(d)
+}
+
+/// Settings checked at start-up; the error names the flag to fix (P3).
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error("invalid configuration: {0}")]
+pub struct ConfigError(pub String);
+
+impl ServerArgs {
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let err = |m: &str| Err(ConfigError(m.to_owned()));
+        if self.controller.concurrency < 1 || self.controller.concurrency > i64::from(u16::MAX) {
+            return err("--concurrency must be between 1 and 65535 (C1)");
+        }
+        if self.controller.hibernate_timeout.is_zero() {
+            return err("--hibernate-timeout must be positive");
+        }
+        if self.controller.wake_timeout.is_zero() {
+            return err("--wake-timeout must be positive");
+        }
+        if self.registry.registry_timeout.is_zero() {
+            return err("--registry-timeout must be positive");
+        }
+        match self.registry.registry_base.as_deref().map(str::trim) {
+            None | Some("") => return err("--registry-base (COCOON_REGISTRY_BASE) is required"),
+            Some(base) if base.contains("://") => {
+                return err("--registry-base takes host[:port][/prefix] without a scheme; use --registry-plain-http for http");
+            }
+            Some(_) => {}
+        }
+        let r = &self.registry;
+        if r.registry_password.is_some() && r.registry_username.is_none() {
+            return err("COCOON_REGISTRY_PASSWORD is set but --registry-username is not");
+        }
+        let sources = [r.registry_username.is_some(), r.registry_docker_config.is_some(), r.registry_token_file.is_some()];
+        if sources.iter().filter(|s| **s).count() > 1 {
+            return err("choose one of --registry-username, --registry-docker-config, --registry-token-file");
+        }
+        if self.election.leader_election {
+            if self.election.lease_duration < Duration::from_secs(2) {
+                return err("--lease-duration must be at least 2s");
+            }
+            if self.election.lease_name.is_empty() || self.election.lease_namespace.is_empty() {
+                return err("--lease-name and --lease-namespace must not be empty");
+            }
+        }
+        if self.webhook.webhook_addr == self.admin_addr {
+            return err("--webhook-addr and --admin-addr must differ");
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rstest::rstest;
+
+    fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
+        let mut all = vec!["cocoon-hibernation", "--registry-base", "127.0.0.1:5000/snap"];
+        all.extend_from_slice(args);
+        Cli::try_parse_from(all)
+    }
+
+    #[test]
+    fn defaults_are_the_spec_budgets() {
+        let cli = parse(&[]).unwrap();
+        assert_eq!(cli.server.controller.hibernate_timeout, Duration::from_secs(180));
+        assert_eq!(cli.server.controller.wake_timeout, Duration::from_secs(300));
+        assert_eq!(cli.server.controller.concurrency, 4);
+        assert_eq!(cli.server.validate(), Ok(()));
+    }
+
+    #[rstest]
+    #[case::c1_zero_workers(&["--concurrency", "0"], "--concurrency")]
+    #[case::c1_negative_workers(&["--concurrency", "-3"], "--concurrency")]
+    #[case::zero_timeout(&["--hibernate-timeout", "0s"], "--hibernate-timeout")]
+    #[case::scheme_in_base(&["--registry-base", "https://r.example/x"], "without a scheme")]
+    #[case::same_ports(&["--webhook-addr", "0.0.0.0:8080"], "must differ")]
+    #[case::two_credential_sources(&["--registry-username", "u", "--registry-token-file", "/t"], "choose one")]
+    fn p3_bad_settings_are_refused_with_the_flag_named(#[case] args: &[&str], #[case] needle: &str) {
+        let cli = parse(args).unwrap();
+        let e = cli.server.validate().unwrap_err();
+        assert!(e.to_string().contains(needle), "{e}");
+    }
+
+    #[test]
+    fn p3_missing_registry_base_is_refused() {
+        let cli = Cli::try_parse_from(["cocoon-hibernation"]).unwrap();
+        assert!(cli.server.validate().unwrap_err().0.contains("--registry-base"));
+    }
+
+    #[rstest]
+    #[case("30s", 30_000)]
+    #[case("3m", 180_000)]
+    #[case("250ms", 250)]
+    #[case("2", 2_000)]
+    #[case("1h", 3_600_000)]
+    fn durations_parse(#[case] raw: &str, #[case] millis: u64) {
+        assert_eq!(parse_duration(raw).unwrap(), Duration::from_millis(millis));
+    }
+
+    #[rstest]
+    #[case("")]
+    #[case("3 min")]
+    #[case("-1s")]
+    #[case("1d")]
+    fn bad_durations_are_errors(#[case] raw: &str) {
+        assert!(parse_duration(raw).is_err());
+    }
+}

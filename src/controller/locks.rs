@@ -1,0 +1,72 @@
+//! Per-VM serialization (C2): passes that touch one VM's annotation or tag run one at a
+//! time; other VMs proceed in parallel.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, Weak};
+use tokio::sync::OwnedMutexGuard;
+
+#[derive(Clone, Default)]
+pub struct VmLocks {
+    // Weak: an entry lives only while a pass holds or awaits it, so the map stays small.
+    inner: Arc<Mutex<HashMap<String, Weak<tokio::sync::Mutex<()>>>>>,
+}
+
+impl VmLocks {
+    pub async fn lock(&self, key: &str) -> OwnedMutexGuard<()> {
+        let lock = {
+            let mut map = match self.inner.lock() {
+                Ok(m) => m,
+                Err(poisoned) => poisoned.into_inner(),
+            };
+            map.retain(|_, w| w.strong_count() > 0);
+            match map.get(key).and_then(Weak::upgrade) {
+                Some(existing) => existing,
+                None => {
+                    let fresh = Arc::new(tokio::sync::Mutex::new(()));
+                    map.insert(key.to_owned(), Arc::downgrade(&fresh));
+                    fresh
+                }
+            }
+        };
+        lock.lock_owned().await
+    }
+
+    pub fn len(&self) -> usize {
+        self.inner.lock().map(|m| m.len()).unwrap_or_default()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[tokio::test]
+    async fn c2_same_vm_serializes_other_vms_proceed() {
+        let locks = VmLocks::default();
+        let held = locks.lock("vm-a").await;
+        // Another VM is not blocked by vm-a's holder.
+        let other = tokio::time::timeout(Duration::from_millis(200), locks.lock("vm-b")).await;
+        assert!(other.is_ok());
+        // The same VM waits until the holder is done.
+        let same = tokio::time::timeout(Duration::from_millis(100), locks.lock("vm-a")).await;
+        assert!(same.is_err());
+        drop(held);
+        let same = tokio::time::timeout(Duration::from_millis(200), locks.lock("vm-a")).await;
+        assert!(same.is_ok());
+    }
+
+    #[tokio::test]
+    async fn c2_released_locks_are_forgotten() {
+        let locks = VmLocks::default();
+        for i in 0..50 {
+            drop(locks.lock(&format!("vm-{i}")).await);
+        }
+        let _g = locks.lock("last").await;
+        assert_eq!(locks.len(), 1);
+    }
+}

@@ -1,0 +1,134 @@
+//! The CocoonHibernation controller: pure rules in [`plan`], effects in [`reconcile`],
+//! per-VM serialization in [`locks`], and the leader-gated run loop here.
+
+pub mod locks;
+pub mod plan;
+pub mod reconcile;
+
+use crate::cache::{SharedCache, Trigger};
+use futures::StreamExt;
+use kube::runtime::Controller;
+use kube::runtime::controller::Config;
+use kube::runtime::reflector::ObjectRef;
+use reconcile::{Context, error_policy};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::{mpsc, watch};
+use tokio_util::sync::CancellationToken;
+
+/// Runs the controller while `leading` is true and the cache has synced. Triggers that
+/// arrive while not leading are dropped: a new term starts by enqueueing every CR.
+pub async fn run(
+    ctx: Arc<Context>,
+    mut triggers: mpsc::UnboundedReceiver<Trigger>,
+    mut leading: watch::Receiver<bool>,
+    concurrency: u16,
+    shutdown: CancellationToken,
+) {
+    loop {
+        // Follower: wait for the lease (and a synced cache), discarding triggers.
+        loop {
+            if *leading.borrow() && ctx.cache.is_synced() {
+                break;
+            }
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                changed = leading.changed() => if changed.is_err() { return },
+                t = triggers.recv() => if t.is_none() { return },
+                _ = tokio::time::sleep(Duration::from_millis(200)) => {}
+            }
+        }
+        tracing::info!("leading: starting the controller");
+        ctx.metrics.leader.set(1);
+        let term = shutdown.child_token();
+        let (tx, rx) = mpsc::unbounded_channel();
+        for cr in ctx.cache.all_crs() {
+            let _ = tx.send(ObjectRef::from_obj(cr.as_ref()));
+        }
+        let controller = run_term(ctx.clone(), rx, concurrency, term.clone());
+        tokio::pin!(controller);
+        let outcome = loop {
+            tokio::select! {
+                _ = &mut controller => break Term::Ended,
+                t = triggers.recv() => match t {
+                    Some(t) => { let _ = tx.send(t); }
+                    None => break Term::Ended,
+                },
+                changed = leading.changed() => {
+                    if changed.is_err() || !*leading.borrow() {
+                        break Term::LostLease;
+                    }
+                }
+                _ = shutdown.cancelled() => break Term::Shutdown,
+            }
+        };
+        ctx.metrics.leader.set(0);
+        match outcome {
+            // P2: losing the lease stops reconciling at once; in-flight passes are dropped
+            // at their next await, and every effect is safe to redo.
+            Term::LostLease => {
+                tracing::warn!("lost the lease: controller stopped");
+                term.cancel();
+            }
+            Term::Shutdown => {
+                term.cancel();
+                let _ = tokio::time::timeout(Duration::from_secs(10), &mut controller).await;
+                return;
+            }
+            Term::Ended => return,
+        }
+    }
+}
+
+enum Term {
+    Ended,
+    LostLease,
+    Shutdown,
+}
+
+async fn run_term(
+    ctx: Arc<Context>,
+    mut rx: mpsc::UnboundedReceiver<Trigger>,
+    concurrency: u16,
+    stop: CancellationToken,
+) {
+    let store = ctx.cache.cr_store();
+    let triggers = futures::stream::poll_fn(move |cx| rx.poll_recv(cx));
+    Controller::for_stream(futures::stream::pending(), store)
+        .with_config(Config::default().concurrency(concurrency))
+        .reconcile_on(triggers)
+        .graceful_shutdown_on(async move { stop.cancelled().await })
+        .run(reconcile::reconcile, error_policy, ctx)
+        .for_each(|res| async move {
+            if let Err(e) = res {
+                // Reconcile errors were handled by error_policy; the rest is routine.
+                tracing::debug!(error = %e, "controller event");
+            }
+        })
+        .await;
+}
+
+/// The cache a controller context needs, for callers building one.
+pub fn context(
+    client: kube::Client,
+    cache: SharedCache,
+    registry: crate::registry::RegistryClient,
+    metrics: crate::metrics::Metrics,
+    settings: plan::Settings,
+    reporter_instance: Option<String>,
+) -> Arc<Context> {
+    let reporter = kube::runtime::events::Reporter {
+        controller: "cocoon-hibernation".into(),
+        instance: reporter_instance,
+    };
+    Arc::new(Context {
+        recorder: kube::runtime::events::Recorder::new(client.clone(), reporter),
+        client,
+        cache,
+        registry,
+        metrics,
+        settings,
+        locks: locks::VmLocks::default(),
+        failures: Default::default(),
+    })
+}

@@ -1,0 +1,331 @@
+//! The thin async layer: fetch what a plan needs, carry out what it says.
+
+use super::locks::VmLocks;
+use super::plan::{self, Cleanup, EventKind, Plan, PodPatch, Probe, Settings};
+use crate::api::annotations::{self, PodView};
+use crate::api::{CocoonHibernation, FINALIZER};
+use crate::cache::SharedCache;
+use crate::error::{Error, Result};
+use crate::metrics::Metrics;
+use crate::registry::{DeleteOutcome, RegistryClient};
+use json_patch::{AddOperation, PatchOperation, ReplaceOperation, TestOperation};
+use jsonptr::PointerBuf;
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::runtime::controller::Action;
+use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::reflector::ObjectRef;
+use kube::api::{Patch, PatchParams};
+use kube::{Api, Client, Resource, ResourceExt};
+use serde_json::{Value, json};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+pub struct Context {
+    pub client: Client,
+    pub cache: SharedCache,
+    pub registry: RegistryClient,
+    pub recorder: Recorder,
+    pub metrics: Metrics,
+    pub settings: Settings,
+    pub locks: VmLocks,
+    /// Consecutive failures per CR, for error backoff.
+    pub failures: Mutex<HashMap<ObjectRef<CocoonHibernation>, u32>>,
+}
+
+const FIELD_MANAGER: &str = "cocoon-hibernation";
+
+fn patch_params() -> PatchParams {
+    PatchParams {
+        field_manager: Some(FIELD_MANAGER.to_owned()),
+        ..PatchParams::default()
+    }
+}
+
+pub async fn reconcile(cr: Arc<CocoonHibernation>, ctx: Arc<Context>) -> Result<Action> {
+    ctx.metrics.reconcile_passes.inc();
+    let action = reconcile_inner(cr.clone(), &ctx).await?;
+    if let Ok(mut f) = ctx.failures.lock() {
+        f.remove(&ObjectRef::from_obj(cr.as_ref()));
+    }
+    Ok(action)
+}
+
+/// Logs, counts and retries with a capped exponential backoff. The cap keeps timeouts
+/// (H5, W4) detected promptly while the registry keeps failing (H4).
+pub fn error_policy(cr: Arc<CocoonHibernation>, err: &Error, ctx: Arc<Context>) -> Action {
+    let attempts = match ctx.failures.lock() {
+        Ok(mut f) => {
+            let n = f.entry(ObjectRef::from_obj(cr.as_ref())).or_insert(0);
+            *n = n.saturating_add(1);
+            *n
+        }
+        Err(_) => 1,
+    };
+    ctx.metrics
+        .reconcile_errors
+        .get_or_create(&crate::metrics::ErrorLabels { error: err.metric_label() })
+        .inc();
+    tracing::warn!(
+        namespace = cr.namespace().unwrap_or_default(),
+        name = cr.name_any(),
+        attempts,
+        error = %err,
+        "reconcile failed; retrying"
+    );
+    let delay = Duration::from_millis(500u64.saturating_mul(1 << attempts.min(5)));
+    Action::requeue(delay.min(Duration::from_secs(10)))
+}
+
+async fn reconcile_inner(cr: Arc<CocoonHibernation>, ctx: &Context) -> Result<Action> {
+    let ns = cr.namespace().unwrap_or_default();
+    let name = cr.name_any();
+    let api: Api<CocoonHibernation> = Api::namespaced(ctx.client.clone(), &ns);
+
+    if cr.is_deleting() {
+        return cleanup(&cr, &api, ctx).await;
+    }
+
+    let pod_name = cr.spec.pod_ref.name.clone();
+    let lock_key = ctx
+        .cache
+        .pod(&ns, &pod_name)
+        .and_then(|p| PodView::from_pod(&p).vm_name)
+        .or_else(|| cr.vm_name().map(str::to_owned))
+        .unwrap_or_else(|| format!("pod:{ns}/{pod_name}"));
+    let _guard = ctx.locks.lock(&lock_key).await;
+
+    // Another pass on this VM may have finished while we waited: read again.
+    let Some(cr) = ctx.cache.cr(&ns, &name) else {
+        return Ok(Action::await_change());
+    };
+    let pod = ctx.cache.pod(&ns, &pod_name);
+    let view = pod.as_deref().map(PodView::from_pod);
+    let now = Time(jiff::Timestamp::now());
+
+    let mut plan = plan::plan(&cr, view.as_ref(), &Probe::NotProbed, now.clone(), &ctx.settings);
+    if plan.needs_probe {
+        let vm = view.as_ref().and_then(|v| v.vm_name.as_deref()).unwrap_or_default();
+        let probe = match ctx.registry.snapshot_exists(vm).await {
+            Ok(true) => Probe::Present,
+            Ok(false) => Probe::Absent,
+            Err(e) => Probe::Failed(e.to_string()),
+        };
+        plan = plan::plan(&cr, view.as_ref(), &probe, now, &ctx.settings);
+    }
+    execute(&cr, pod.as_deref(), plan, &api, ctx).await
+}
+
+async fn execute(
+    cr: &CocoonHibernation,
+    pod: Option<&Pod>,
+    plan: Plan,
+    api: &Api<CocoonHibernation>,
+    ctx: &Context,
+) -> Result<Action> {
+    let name = cr.name_any();
+    if plan.add_finalizer {
+        // R1: the pass that adds the finalizer ends there.
+        api.patch(&name, &patch_params(), &Patch::Json::<()>(add_finalizer_patch(cr)))
+            .await?;
+        return Ok(Action::await_change());
+    }
+    if let (Some(patch), Some(pod)) = (plan.pod_patch, pod) {
+        let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &cr.namespace().unwrap_or_default());
+        let json = match patch {
+            PodPatch::SetHibernate => annotations::set_hibernate_patch(pod),
+            PodPatch::ClearHibernate => annotations::clear_hibernate_patch(pod),
+        };
+        pods.patch(&pod.name_any(), &patch_params(), &Patch::Json::<()>(json))
+            .await?;
+        tracing::info!(pod = pod.name_any(), cr = name, ?patch, "patched pod annotation");
+    }
+    if let Some(status) = &plan.status {
+        write_status(cr, api, status).await?;
+        tracing::info!(cr = name, phase = ?status.phase, "status updated");
+    }
+    for ev in &plan.events {
+        publish(ctx, cr, ev.kind, ev.reason, &ev.note).await;
+    }
+    if let Some((transition, result, secs)) = plan.phase_metric.clone() {
+        ctx.metrics.phase_done(transition, result, secs);
+    }
+    if let Some(vm) = &plan.delete_tag {
+        // W2/W3: a failed delete is returned; the settled CR retries it on later passes.
+        let outcome = ctx.registry.delete_snapshot(vm).await?;
+        tracing::info!(cr = name, vm, ?outcome, "snapshot tag cleanup after wake");
+        if let Some(done) = &plan.status_after_delete {
+            let mut fresh = cr.clone();
+            if let Some(written) = &plan.status {
+                fresh.status = Some(written.clone());
+                // The status write bumped the resourceVersion; write without precondition.
+                fresh.metadata.resource_version = None;
+            }
+            write_status(&fresh, api, done).await?;
+        }
+    }
+    if let Some(e) = plan.error {
+        return Err(Error::Probe(e));
+    }
+    Ok(plan.requeue.map(Action::requeue).unwrap_or_else(Action::await_change))
+}
+
+/// Status goes to the status subresource; the resourceVersion makes a write based on a
+/// stale cache fail with a conflict instead of overwriting newer state.
+async fn write_status(
+    cr: &CocoonHibernation,
+    api: &Api<CocoonHibernation>,
+    status: &crate::api::CocoonHibernationStatus,
+) -> Result<()> {
+    let mut body = json!({ "status": status });
+    if let Some(rv) = &cr.metadata.resource_version {
+        body["metadata"] = json!({ "resourceVersion": rv });
+    }
+    api.patch_status(&cr.name_any(), &patch_params(), &Patch::Merge(body))
+        .await?;
+    Ok(())
+}
+
+async fn publish(ctx: &Context, cr: &CocoonHibernation, kind: EventKind, reason: &str, note: &str) {
+    let event = Event {
+        type_: match kind {
+            EventKind::Normal => EventType::Normal,
+            EventKind::Warning => EventType::Warning,
+        },
+        reason: reason.to_owned(),
+        note: Some(note.to_owned()),
+        action: "Reconcile".to_owned(),
+        secondary: None,
+    };
+    // An event that cannot be written must not undo or repeat the pass.
+    if let Err(e) = ctx.recorder.publish(&event, &cr.object_ref(&())).await {
+        tracing::warn!(cr = cr.name_any(), reason, error = %e, "could not publish event");
+    }
+}
+
+/// G1, G2: delete the tag unless another live CR holds the VM; never block on the registry.
+async fn cleanup(cr: &CocoonHibernation, api: &Api<CocoonHibernation>, ctx: &Context) -> Result<Action> {
+    let ns = cr.namespace().unwrap_or_default();
+    let name = cr.name_any();
+    let lock_key = cr
+        .vm_name()
+        .map(str::to_owned)
+        .unwrap_or_else(|| format!("pod:{ns}/{}", cr.spec.pod_ref.name));
+    let _guard = ctx.locks.lock(&lock_key).await;
+    let cr = ctx.cache.cr(&ns, &name).map(|c| (*c).clone()).unwrap_or_else(|| cr.clone());
+    let others = ctx.cache.crs_in_namespace(&ns);
+    let Cleanup { delete_tag, remove_finalizer } = plan::plan_cleanup(&cr, others.iter().map(Arc::as_ref));
+    if let Some(vm) = delete_tag {
+        match ctx.registry.delete_snapshot(&vm).await {
+            Ok(DeleteOutcome::KeptSharedDigest { other_tags }) => {
+                tracing::warn!(cr = name, vm, ?other_tags, "snapshot tag kept: its digest is shared")
+            }
+            Ok(outcome) => tracing::info!(cr = name, vm, ?outcome, "snapshot tag cleaned up on deletion"),
+            Err(e) => tracing::error!(cr = name, vm, error = %e, "snapshot tag cleanup failed; removing finalizer anyway"),
+        }
+    } else if let Some(vm) = cr.vm_name() {
+        tracing::info!(cr = name, vm, "snapshot tag kept: another CocoonHibernation holds the VM");
+    }
+    if remove_finalizer {
+        api.patch(&name, &patch_params(), &Patch::Json::<()>(remove_finalizer_patch(&cr)))
+            .await?;
+    }
+    Ok(Action::await_change())
+}
+
+fn finalizers_pointer() -> PointerBuf {
+    PointerBuf::from_tokens(["metadata", "finalizers"])
+}
+
+/// Adds our finalizer without clobbering a concurrent change to the list.
+pub fn add_finalizer_patch(cr: &CocoonHibernation) -> json_patch::Patch {
+    match &cr.metadata.finalizers {
+        Some(list) => json_patch::Patch(vec![
+            PatchOperation::Test(TestOperation {
+                path: finalizers_pointer(),
+                value: json!(list),
+            }),
+            PatchOperation::Add(AddOperation {
+                path: PointerBuf::from_tokens(["metadata", "finalizers", "-"]),
+                value: Value::String(FINALIZER.to_owned()),
+            }),
+        ]),
+        None => {
+            let mut ops = Vec::new();
+            if let Some(rv) = &cr.metadata.resource_version {
+                ops.push(PatchOperation::Test(TestOperation {
+                    path: PointerBuf::from_tokens(["metadata", "resourceVersion"]),
+                    value: Value::String(rv.clone()),
+                }));
+            }
+            ops.push(PatchOperation::Add(AddOperation {
+                path: finalizers_pointer(),
+                value: json!([FINALIZER]),
+            }));
+            json_patch::Patch(ops)
+        }
+    }
+}
+
+/// Removes our finalizer, keeping any others, only if the list is what we saw.
+pub fn remove_finalizer_patch(cr: &CocoonHibernation) -> json_patch::Patch {
+    let current = cr.metadata.finalizers.clone().unwrap_or_default();
+    let kept: Vec<&String> = current.iter().filter(|f| *f != FINALIZER).collect();
+    json_patch::Patch(vec![
+        PatchOperation::Test(TestOperation {
+            path: finalizers_pointer(),
+            value: json!(current),
+        }),
+        PatchOperation::Replace(ReplaceOperation {
+            path: finalizers_pointer(),
+            value: json!(kept),
+        }),
+    ])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::{CocoonHibernationSpec, Desire, PodRef};
+
+    fn cr(finalizers: Option<Vec<&str>>) -> CocoonHibernation {
+        let mut cr = CocoonHibernation::new(
+            "p",
+            CocoonHibernationSpec {
+                pod_ref: PodRef { name: "p".into() },
+                desire: Desire::Hibernate,
+            },
+        );
+        cr.metadata.resource_version = Some("5".into());
+        cr.metadata.finalizers = finalizers.map(|f| f.into_iter().map(str::to_owned).collect());
+        cr
+    }
+
+    #[test]
+    fn r1_finalizer_patch_appends_and_keeps_others() {
+        let c = cr(Some(vec!["other/finalizer"]));
+        let mut doc = serde_json::to_value(&c).unwrap();
+        json_patch::patch(&mut doc, &add_finalizer_patch(&c).0).unwrap();
+        assert_eq!(doc["metadata"]["finalizers"], json!(["other/finalizer", FINALIZER]));
+        // A concurrent change to the list makes the patch fail instead of clobbering it.
+        let mut changed = serde_json::to_value(cr(Some(vec!["x", "y"]))).unwrap();
+        assert!(json_patch::patch(&mut changed, &add_finalizer_patch(&c).0).is_err());
+    }
+
+    #[test]
+    fn r1_finalizer_patch_creates_the_list() {
+        let c = cr(None);
+        let mut doc = serde_json::to_value(&c).unwrap();
+        json_patch::patch(&mut doc, &add_finalizer_patch(&c).0).unwrap();
+        assert_eq!(doc["metadata"]["finalizers"], json!([FINALIZER]));
+    }
+
+    #[test]
+    fn g2_finalizer_removal_keeps_other_finalizers() {
+        let c = cr(Some(vec!["a", FINALIZER, "b"]));
+        let mut doc = serde_json::to_value(&c).unwrap();
+        json_patch::patch(&mut doc, &remove_finalizer_patch(&c).0).unwrap();
+        assert_eq!(doc["metadata"]["finalizers"], json!(["a", "b"]));
+    }
+}

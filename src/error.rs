@@ -1,0 +1,41 @@
+//! The crate's one error type.
+
+use crate::registry::RegistryError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+    #[error("registry: {0}")]
+    Registry(#[from] RegistryError),
+    /// H4: the snapshot probe failed; the pass is retried and the clock keeps running.
+    #[error("snapshot probe failed: {0}")]
+    Probe(String),
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
+    #[error("TLS: {0}")]
+    Tls(String),
+    #[error("I/O: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("leader election: {0}")]
+    Lease(String),
+}
+
+impl Error {
+    /// A stable, low-cardinality name for metrics.
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            Error::Kube(kube::Error::Api(s)) if s.code == 409 => "conflict",
+            Error::Kube(kube::Error::Api(s)) if s.code == 422 => "precondition",
+            Error::Kube(_) => "kube",
+            Error::Registry(_) => "registry",
+            Error::Probe(_) => "probe",
+            Error::Config(_) => "config",
+            Error::Tls(_) => "tls",
+            Error::Io(_) => "io",
+            Error::Lease(_) => "lease",
+        }
+    }
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
