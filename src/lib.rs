@@ -13,3 +13,7 @@ pub mod controller;
 pub mod error;
 
 pub use error::{Error, Result};
+pub mod webhook;
+pub mod admin;
+pub mod leader;
+pub mod server;

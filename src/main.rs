@@ -1,2 +1,55 @@
 #![forbid(unsafe_code)]
-fn main() {}
+//! Thin entry point: crypto provider, flags, logging, run.
+
+use clap::Parser;
+use cocoon_hibernation::config::{Cli, Command, LogFormat};
+use std::process::ExitCode;
+use tracing_subscriber::EnvFilter;
+
+fn main() -> ExitCode {
+    // reqwest (under oci-client) and kube's client need a process-wide provider.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let cli = Cli::parse();
+    if let Some(Command::Crd) = cli.command {
+        return match cocoon_hibernation::api::crd_yaml() {
+            Ok(yaml) => {
+                print!("{yaml}");
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("error: cannot render the CRD: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
+    let args = cli.server;
+    if let Err(e) = args.validate() {
+        eprintln!("error: {e}");
+        return ExitCode::from(2);
+    }
+    init_logging(args.log_format, &args.log_filter);
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(cocoon_hibernation::server::run(args)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!(error = %e, "exiting");
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn init_logging(format: LogFormat, filter: &str) {
+    let filter = EnvFilter::try_new(filter).unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    match format {
+        LogFormat::Json => builder.json().init(),
+        LogFormat::Text => builder.init(),
+    }
+}

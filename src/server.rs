@@ -1,0 +1,177 @@
+//! Wiring of the one process (P1): cache, webhook, admin endpoints, election, controller.
+
+use crate::cache::{self, CacheScope};
+use crate::config::{RegistryArgs, ServerArgs};
+use crate::controller::{self, plan::Settings};
+use crate::error::{Error, Result};
+use crate::leader::Election;
+use crate::metrics::Metrics;
+use crate::registry::{RegistryAuth, RegistryClient, RegistryConfig};
+use crate::webhook::{self, tls};
+use axum_server::tls_rustls::RustlsConfig;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+pub async fn run(args: ServerArgs) -> Result<()> {
+    args.validate()?;
+    let metrics = Metrics::new();
+    let registry = RegistryClient::new(registry_config(&args.registry)?, metrics.clone())?;
+    let client = kube::Client::try_default().await?;
+    let shutdown = CancellationToken::new();
+
+    let (trigger_tx, trigger_rx) = mpsc::unbounded_channel();
+    let scope = CacheScope {
+        namespace: args.controller.watch_namespace.clone(),
+        pod_selector: args.controller.pod_selector.clone(),
+    };
+    let (cache, cache_driver) = cache::start(client.clone(), &scope, trigger_tx);
+    let cache_task = tokio::spawn(cache_driver);
+
+    // Webhook: fail fast on a bad certificate, then reload on change (V6).
+    let tls_config = RustlsConfig::from_config(Arc::new(tls::server_config(
+        &args.webhook.tls_cert_file,
+        &args.webhook.tls_key_file,
+    )?));
+    tokio::spawn(tls::reload_on_change(
+        tls_config.clone(),
+        args.webhook.tls_cert_file.clone(),
+        args.webhook.tls_key_file.clone(),
+        args.webhook.tls_reload_interval,
+        shutdown.clone(),
+    ));
+    let webhook_handle = axum_server::Handle::new();
+    let webhook_app = webhook::cache_router(cache.clone(), metrics.clone());
+    let webhook_server = tokio::spawn(
+        axum_server::bind_rustls(args.webhook.webhook_addr, tls_config)
+            .handle(webhook_handle.clone())
+            .serve(webhook_app.into_make_service()),
+    );
+
+    let admin_listener = tokio::net::TcpListener::bind(args.admin_addr).await?;
+    let admin_app = crate::admin::router(cache.clone(), metrics.clone());
+    let admin_stop = shutdown.clone();
+    let admin_server = tokio::spawn(async move {
+        axum::serve(admin_listener, admin_app)
+            .with_graceful_shutdown(async move { admin_stop.cancelled().await })
+            .await
+    });
+    tracing::info!(webhook = %args.webhook.webhook_addr, admin = %args.admin_addr, "serving");
+
+    let identity = args
+        .election
+        .identity
+        .clone()
+        .unwrap_or_else(|| format!("cocoon-hibernation-{}", std::process::id()));
+    let election = if args.election.leader_election {
+        Election::start(client.clone(), &args.election, identity.clone()).await?
+    } else {
+        Election::always()
+    };
+    let settings = Settings {
+        hibernate_timeout: args.controller.hibernate_timeout,
+        wake_timeout: args.controller.wake_timeout,
+        ..Settings::default()
+    };
+    let ctx = controller::context(client, cache, registry, metrics, settings, Some(identity));
+    let concurrency = u16::try_from(args.controller.concurrency).unwrap_or(u16::MAX);
+    let controller_task = tokio::spawn(controller::run(
+        ctx,
+        trigger_rx,
+        election.leading.clone(),
+        concurrency,
+        shutdown.clone(),
+    ));
+
+    let mut webhook_server = webhook_server;
+    let outcome = tokio::select! {
+        _ = wait_for_signal() => Ok(()),
+        res = &mut webhook_server => Err(Error::Tls(format!("webhook server stopped: {}", flatten(res)))),
+    };
+
+    // P4: stop accepting, finish in-flight reviews, stop reconciling, release the lease.
+    tracing::info!("shutting down");
+    webhook_handle.graceful_shutdown(Some(args.shutdown_grace));
+    shutdown.cancel();
+    let _ = controller_task.await;
+    let Election { leading, task, .. } = election;
+    drop(leading);
+    if let Some(task) = task {
+        let _ = tokio::time::timeout(Duration::from_secs(5), task).await;
+    }
+    if !webhook_server.is_finished() {
+        let _ = tokio::time::timeout(args.shutdown_grace + Duration::from_secs(1), &mut webhook_server).await;
+    }
+    let _ = admin_server.await;
+    cache_task.abort();
+    tracing::info!("stopped");
+    outcome
+}
+
+fn flatten(res: std::result::Result<std::io::Result<()>, tokio::task::JoinError>) -> String {
+    match res {
+        Ok(Ok(())) => "closed".into(),
+        Ok(Err(e)) => e.to_string(),
+        Err(e) => e.to_string(),
+    }
+}
+
+async fn wait_for_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = tokio::signal::ctrl_c() => {}
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+/// Turns the registry flags into a client config; reads credential files (P3).
+pub fn registry_config(args: &RegistryArgs) -> Result<RegistryConfig> {
+    let base = args.registry_base.clone().unwrap_or_default().trim().trim_end_matches('/').to_owned();
+    let host = base.split('/').next().unwrap_or_default().to_owned();
+    let auth = if let Some(user) = &args.registry_username {
+        RegistryAuth::Basic {
+            username: user.clone(),
+            password: args.registry_password.clone().unwrap_or_default(),
+        }
+    } else if let Some(path) = &args.registry_docker_config {
+        let raw = std::fs::read(path)
+            .map_err(|e| Error::Config(crate::config::ConfigError(format!("reading --registry-docker-config {}: {e}", path.display()))))?;
+        RegistryAuth::from_docker_config(&raw, &host)?
+    } else if let Some(path) = &args.registry_token_file {
+        let token = std::fs::read_to_string(path)
+            .map_err(|e| Error::Config(crate::config::ConfigError(format!("reading --registry-token-file {}: {e}", path.display()))))?;
+        RegistryAuth::Bearer {
+            token: token.trim().to_owned(),
+        }
+    } else {
+        RegistryAuth::Anonymous
+    };
+    let mut extra_ca_pems = Vec::new();
+    for path in &args.registry_ca_file {
+        let pem = std::fs::read(path)
+            .map_err(|e| Error::Config(crate::config::ConfigError(format!("reading --registry-ca-file {}: {e}", path.display()))))?;
+        extra_ca_pems.push(pem);
+    }
+    Ok(RegistryConfig {
+        base,
+        plain_http: args.registry_plain_http,
+        auth,
+        extra_ca_pems,
+        timeout: args.registry_timeout,
+    })
+}

@@ -1,0 +1,124 @@
+//! Admission rules V1–V4 as a pure function of the request and a view of the cache.
+
+use crate::api::CocoonHibernation;
+use crate::cache::SharedCache;
+
+/// Another CR that targets the same pod.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Claim {
+    pub name: String,
+    pub terminating: bool,
+}
+
+/// What validation reads from the shared informer cache (V3).
+pub trait ClaimView {
+    fn synced(&self) -> bool;
+    fn claims(&self, namespace: &str, pod: &str) -> Vec<Claim>;
+}
+
+impl ClaimView for SharedCache {
+    fn synced(&self) -> bool {
+        self.is_synced()
+    }
+
+    fn claims(&self, namespace: &str, pod: &str) -> Vec<Claim> {
+        self.crs_for_pod(namespace, pod)
+            .iter()
+            .map(|cr| Claim {
+                name: cr.metadata.name.clone().unwrap_or_default(),
+                terminating: cr.is_deleting(),
+            })
+            .collect()
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Operation {
+    Create,
+    Update,
+    Delete,
+    Connect,
+}
+
+impl Operation {
+    pub fn parse(raw: &str) -> Option<Self> {
+        match raw {
+            "CREATE" => Some(Self::Create),
+            "UPDATE" => Some(Self::Update),
+            "DELETE" => Some(Self::Delete),
+            "CONNECT" => Some(Self::Connect),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Create => "CREATE",
+            Self::Update => "UPDATE",
+            Self::Delete => "DELETE",
+            Self::Connect => "CONNECT",
+        }
+    }
+}
+
+/// A denial's message, shown to the user by kubectl.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Denial(pub String);
+
+pub fn validate(
+    op: Operation,
+    namespace: &str,
+    object: Option<&CocoonHibernation>,
+    old_object: Option<&CocoonHibernation>,
+    view: &impl ClaimView,
+) -> Result<(), Denial> {
+    match op {
+        Operation::Create => {
+            let cr = object.ok_or_else(|| Denial("CREATE request carries no object".into()))?;
+            validate_create(namespace, cr, view)
+        }
+        Operation::Update => match (object, old_object) {
+            (Some(new), Some(old)) if new.spec.pod_ref != old.spec.pod_ref => {
+                // V4: backstop for clusters whose CRD lacks the CEL rule.
+                Err(Denial("spec.podRef is immutable".into()))
+            }
+            (Some(_), Some(_)) => Ok(()),
+            _ => Err(Denial("UPDATE request needs both object and oldObject".into())),
+        },
+        Operation::Delete | Operation::Connect => Ok(()),
+    }
+}
+
+fn validate_create(namespace: &str, cr: &CocoonHibernation, view: &impl ClaimView) -> Result<(), Denial> {
+    let name = cr.metadata.name.as_deref().unwrap_or_default();
+    let pod = cr.spec.pod_ref.name.as_str();
+    if name != pod {
+        // V1: equal names make racing duplicate creates collide on name uniqueness.
+        return Err(Denial(format!(
+            "metadata.name {name:?} must equal spec.podRef.name {pod:?}: one CocoonHibernation per pod, named after it"
+        )));
+    }
+    if !view.synced() {
+        // V3: fail closed until the shared cache has its initial list.
+        return Err(Denial(
+            "cocoon-hibernation's cache has not synced yet; retry in a few seconds".into(),
+        ));
+    }
+    // V2: one CR per pod.
+    let others: Vec<Claim> = view.claims(namespace, pod).into_iter().filter(|c| c.name != name).collect();
+    if let Some(live) = others.iter().find(|c| !c.terminating) {
+        return Err(Denial(format!(
+            "CocoonHibernation {ns}/{other} already targets pod {pod}; flip its spec.desire instead",
+            ns = namespace,
+            other = live.name
+        )));
+    }
+    if let Some(dying) = others.first() {
+        return Err(Denial(format!(
+            "CocoonHibernation {ns}/{other} targeting pod {pod} is terminating; retry after its cleanup finishes",
+            ns = namespace,
+            other = dying.name
+        )));
+    }
+    Ok(())
+}
