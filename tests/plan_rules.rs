@@ -1,0 +1,496 @@
+//! Table tests for the pure reconcile rules. Each test names the SPEC rule it proves.
+
+use cocoon_hibernation::api::annotations::PodView;
+use cocoon_hibernation::api::conditions::{self, READY, SNAPSHOT_DELETED};
+use cocoon_hibernation::api::{
+    CocoonHibernation, CocoonHibernationSpec, CocoonHibernationStatus, Desire, FINALIZER, Phase, PodRef,
+};
+use cocoon_hibernation::controller::plan::{self, EventKind, Plan, PodPatch, Probe, Settings};
+use cocoon_hibernation::metrics::{Transition, TransitionResult};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use rstest::rstest;
+use std::time::Duration;
+
+const T0: i64 = 1_700_000_000;
+
+fn at(secs: i64) -> Time {
+    Time(jiff::Timestamp::from_second(T0 + secs).unwrap())
+}
+
+fn cr(desire: Desire, phase: Option<Phase>) -> CocoonHibernation {
+    let mut cr = CocoonHibernation::new(
+        "pod-a",
+        CocoonHibernationSpec {
+            pod_ref: PodRef { name: "pod-a".into() },
+            desire,
+        },
+    );
+    cr.metadata.namespace = Some("ns".into());
+    cr.metadata.generation = Some(2);
+    cr.metadata.finalizers = Some(vec![FINALIZER.into()]);
+    if let Some(phase) = phase {
+        let mut status = CocoonHibernationStatus {
+            observed_generation: Some(2),
+            phase: Some(phase),
+            vm_name: Some("vm-a".into()),
+            conditions: vec![],
+        };
+        let (ok, reason) = match phase {
+            Phase::Hibernated | Phase::Active => (true, conditions::REASON_DONE),
+            Phase::Failed => (false, conditions::REASON_FAILED),
+            _ => (false, conditions::REASON_PENDING),
+        };
+        conditions::upsert(&mut status.conditions, READY, ok, reason, "m", Some(2), at(0), true);
+        cr.status = Some(status);
+    }
+    cr
+}
+
+/// A pod after vk hibernated it this round.
+fn hibernated_pod() -> PodView {
+    PodView {
+        uid: Some("u".into()),
+        vm_name: Some("vm-a".into()),
+        hibernate_requested: true,
+        lifecycle_state: Some("hibernated".into()),
+        observed_generation: 3,
+        cocoonset_generation: 3,
+        vm_id: None,
+        container_running: false,
+    }
+}
+
+/// A pod running normally.
+fn running_pod() -> PodView {
+    PodView {
+        uid: Some("u".into()),
+        vm_name: Some("vm-a".into()),
+        hibernate_requested: false,
+        lifecycle_state: Some("ready".into()),
+        observed_generation: 3,
+        cocoonset_generation: 3,
+        vm_id: Some("id-1".into()),
+        container_running: true,
+    }
+}
+
+fn settings() -> Settings {
+    Settings::default()
+}
+
+fn run(cr: &CocoonHibernation, pod: Option<&PodView>, probe: Probe, secs: i64) -> Plan {
+    plan::plan(cr, pod, &probe, at(secs), &settings())
+}
+
+fn phase_of(p: &Plan) -> Option<Phase> {
+    p.status.as_ref().and_then(|s| s.phase)
+}
+
+fn ready(p: &Plan) -> (String, String, String, Time) {
+    let s = p.status.as_ref().expect("a status write");
+    let c = conditions::find(&s.conditions, READY).expect("a Ready condition");
+    (c.status.clone(), c.reason.clone(), c.message.clone(), c.last_transition_time.clone())
+}
+
+fn reasons(p: &Plan) -> Vec<&'static str> {
+    p.events.iter().map(|e| e.reason).collect()
+}
+
+#[test]
+fn r1_finalizer_first_and_the_pass_ends_there() {
+    let mut c = cr(Desire::Hibernate, None);
+    c.metadata.finalizers = None;
+    let p = run(&c, Some(&running_pod()), Probe::NotProbed, 0);
+    assert!(p.add_finalizer);
+    assert_eq!(p.pod_patch, None);
+    assert_eq!(p.status, None);
+    assert!(p.events.is_empty());
+}
+
+#[rstest]
+#[case::missing_pod(None, "pod ns/pod-a not found")]
+#[case::no_vm_name(Some(PodView { vm_name: None, ..running_pod() }), "has no vm.cocoonstack.io/name")]
+fn r2_missing_pod_or_vm_name_is_pending_and_rechecked_every_5s(#[case] pod: Option<PodView>, #[case] msg: &str) {
+    let p = run(&cr(Desire::Hibernate, None), pod.as_ref(), Probe::NotProbed, 0);
+    assert_eq!(phase_of(&p), Some(Phase::Pending));
+    assert!(ready(&p).2.contains(msg), "{:?}", ready(&p));
+    assert_eq!(ready(&p).1, "Pending");
+    assert_eq!(p.requeue, Some(Duration::from_secs(5)));
+    assert_eq!(p.pod_patch, None);
+}
+
+#[rstest]
+#[case::hibernated(Phase::Hibernated, Desire::Wake)]
+#[case::waking(Phase::Waking, Desire::Wake)]
+fn r2_hibernated_and_waking_keep_their_phase_without_a_pod(#[case] phase: Phase, #[case] desire: Desire) {
+    let p = run(&cr(desire, Some(phase)), None, Probe::NotProbed, 10);
+    assert_eq!(p.status, None, "no write: the phase carries the restore intent");
+    assert_eq!(p.requeue, Some(Duration::from_secs(5)));
+}
+
+#[rstest]
+#[case::active(Phase::Active)]
+#[case::hibernating(Phase::Hibernating)]
+#[case::failed(Phase::Failed)]
+fn r2_other_phases_fall_back_to_pending_without_a_pod(#[case] phase: Phase) {
+    let p = run(&cr(Desire::Hibernate, Some(phase)), None, Probe::NotProbed, 10);
+    assert_eq!(phase_of(&p), Some(Phase::Pending));
+}
+
+#[test]
+fn r2_pending_pass_that_changes_nothing_writes_nothing() {
+    let first = run(&cr(Desire::Hibernate, None), None, Probe::NotProbed, 0);
+    let mut c = cr(Desire::Hibernate, None);
+    c.status = first.status.clone();
+    let again = run(&c, None, Probe::NotProbed, 30);
+    assert_eq!(again.status, None);
+}
+
+#[test]
+fn r3_unknown_desire_fails_with_a_message() {
+    let p = run(&cr(Desire::Unknown, None), Some(&running_pod()), Probe::NotProbed, 0);
+    assert_eq!(phase_of(&p), Some(Phase::Failed));
+    assert!(ready(&p).2.contains("spec.desire must be Hibernate or Wake"));
+    assert_eq!(p.pod_patch, None);
+}
+
+#[test]
+fn h1_h2_first_pass_sets_annotation_and_enters_hibernating_without_probing() {
+    let p = run(&cr(Desire::Hibernate, None), Some(&running_pod()), Probe::NotProbed, 0);
+    assert!(!p.needs_probe, "H2: entering does not depend on the registry");
+    assert_eq!(p.pod_patch, Some(PodPatch::SetHibernate));
+    assert_eq!(phase_of(&p), Some(Phase::Hibernating));
+    assert_eq!(p.status.as_ref().unwrap().vm_name.as_deref(), Some("vm-a"));
+    assert_eq!(p.status.as_ref().unwrap().observed_generation, Some(2));
+    let (st, reason, _, ltt) = ready(&p);
+    assert_eq!((st.as_str(), reason.as_str()), ("False", "Pending"));
+    assert_eq!(ltt, at(0), "H2: the hibernate clock starts now");
+}
+
+#[test]
+fn h1_no_patch_when_annotation_already_set() {
+    let pod = PodView {
+        hibernate_requested: true,
+        ..running_pod()
+    };
+    let p = run(&cr(Desire::Hibernate, Some(Phase::Hibernating)), Some(&pod), Probe::NotProbed, 5);
+    assert_eq!(p.pod_patch, None);
+    assert_eq!(p.status, None, "waiting writes nothing");
+}
+
+#[test]
+fn h3_probe_is_requested_only_once_lifecycle_covers_the_round() {
+    let c = cr(Desire::Hibernate, Some(Phase::Hibernating));
+    let p = run(&c, Some(&hibernated_pod()), Probe::NotProbed, 5);
+    assert!(p.needs_probe);
+    let not_yet = PodView {
+        lifecycle_state: Some("hibernating".into()),
+        ..hibernated_pod()
+    };
+    assert!(!run(&c, Some(&not_yet), Probe::NotProbed, 5).needs_probe);
+}
+
+#[test]
+fn h3_done_when_lifecycle_round_and_tag_all_hold() {
+    let c = cr(Desire::Hibernate, Some(Phase::Hibernating));
+    let p = run(&c, Some(&hibernated_pod()), Probe::Present, 42);
+    assert_eq!(phase_of(&p), Some(Phase::Hibernated));
+    let (st, reason, _, _) = ready(&p);
+    assert_eq!((st.as_str(), reason.as_str()), ("True", "Done"));
+    assert_eq!(reasons(&p), vec!["Hibernated"]);
+    assert_eq!(p.events[0].kind, EventKind::Normal);
+    assert_eq!(p.phase_metric, Some((Transition::hibernate, TransitionResult::ok, 42.0)));
+    assert_eq!(p.requeue, None);
+}
+
+#[rstest]
+#[case::stale_tag_lifecycle_not_hibernated(PodView { lifecycle_state: Some("ready".into()), ..hibernated_pod() })]
+#[case::stale_round_lower_generation(PodView { observed_generation: 2, cocoonset_generation: 3, ..hibernated_pod() })]
+#[case::junk_generation_reads_zero(PodView { observed_generation: 0, cocoonset_generation: 1, ..hibernated_pod() })]
+fn h3_stale_tag_or_stale_lifecycle_round_never_completes(#[case] pod: PodView) {
+    let c = cr(Desire::Hibernate, Some(Phase::Hibernating));
+    // Even with the tag present in the registry.
+    let p = run(&c, Some(&pod), Probe::Present, 5);
+    assert!(!p.needs_probe);
+    assert_eq!(p.status, None, "still Hibernating");
+    assert!(p.events.is_empty());
+}
+
+#[test]
+fn h3_tag_absent_keeps_waiting_and_rechecks_soon() {
+    let c = cr(Desire::Hibernate, Some(Phase::Hibernating));
+    let p = run(&c, Some(&hibernated_pod()), Probe::Absent, 5);
+    assert_eq!(p.status, None);
+    assert_eq!(p.requeue, Some(Duration::from_secs(5)));
+    assert_eq!(p.error, None);
+}
+
+#[test]
+fn h4_probe_error_is_returned_and_phase_kept() {
+    let c = cr(Desire::Hibernate, Some(Phase::Hibernating));
+    let p = run(&c, Some(&hibernated_pod()), Probe::Failed("503".into()), 5);
+    assert_eq!(p.error.as_deref(), Some("503"));
+    assert_eq!(p.status, None);
+}
+
+#[test]
+fn h4_h5_probe_errors_still_count_against_the_clock() {
+    let c = cr(Desire::Hibernate, Some(Phase::Hibernating));
+    let p = run(&c, Some(&hibernated_pod()), Probe::Failed("connection refused".into()), 181);
+    assert_eq!(phase_of(&p), Some(Phase::Failed));
+    assert_eq!(p.error, None, "the timeout is the answer now");
+}
+
+#[test]
+fn h5_hibernate_timeout_fails_with_the_timeout_in_the_message() {
+    let c = cr(Desire::Hibernate, Some(Phase::Hibernating));
+    let pod = PodView {
+        lifecycle_state: Some("hibernating".into()),
+        ..hibernated_pod()
+    };
+    assert_eq!(run(&c, Some(&pod), Probe::NotProbed, 179).status, None);
+    let p = run(&c, Some(&pod), Probe::NotProbed, 180);
+    assert_eq!(phase_of(&p), Some(Phase::Failed));
+    let (st, reason, msg, _) = ready(&p);
+    assert_eq!((st.as_str(), reason.as_str()), ("False", "Failed"));
+    assert!(msg.contains("3m"), "{msg}");
+    assert_eq!(reasons(&p), vec!["HibernateTimedOut"]);
+    assert_eq!(p.events[0].kind, EventKind::Warning);
+    assert_eq!(p.phase_metric.as_ref().map(|m| m.1.clone()), Some(TransitionResult::timeout));
+}
+
+#[test]
+fn h5_requeue_never_overshoots_the_deadline() {
+    let c = cr(Desire::Hibernate, Some(Phase::Hibernating));
+    let p = run(&c, Some(&running_pod()), Probe::NotProbed, 175);
+    assert_eq!(p.requeue, Some(Duration::from_secs(5)));
+}
+
+#[test]
+fn w1_wake_removes_annotation_and_enters_waking() {
+    let pod = PodView {
+        hibernate_requested: true,
+        ..hibernated_pod()
+    };
+    let p = run(&cr(Desire::Wake, Some(Phase::Hibernated)), Some(&pod), Probe::NotProbed, 0);
+    assert_eq!(p.pod_patch, Some(PodPatch::ClearHibernate));
+    assert_eq!(phase_of(&p), Some(Phase::Waking));
+    assert_eq!(ready(&p).3, at(0));
+}
+
+#[test]
+fn w1_no_patch_when_annotation_already_absent() {
+    let pod = PodView {
+        hibernate_requested: false,
+        ..hibernated_pod()
+    };
+    let p = run(&cr(Desire::Wake, Some(Phase::Waking)), Some(&pod), Probe::NotProbed, 3);
+    assert_eq!(p.pod_patch, None);
+    assert_eq!(p.status, None);
+}
+
+#[test]
+fn w2_running_with_fresh_vmid_is_active_then_tag_deleted() {
+    let p = run(&cr(Desire::Wake, Some(Phase::Waking)), Some(&running_pod()), Probe::NotProbed, 20);
+    assert_eq!(phase_of(&p), Some(Phase::Active));
+    assert_eq!(reasons(&p), vec!["WokenActive"]);
+    assert_eq!(p.delete_tag.as_deref(), Some("vm-a"));
+    let s = p.status.as_ref().unwrap();
+    assert_eq!(conditions::find(&s.conditions, SNAPSHOT_DELETED).unwrap().status, "False");
+    let after = p.status_after_delete.as_ref().unwrap();
+    assert_eq!(conditions::find(&after.conditions, SNAPSHOT_DELETED).unwrap().status, "True");
+    assert_eq!(after.phase, Some(Phase::Active));
+    assert_eq!(p.phase_metric, Some((Transition::wake, TransitionResult::ok, 20.0)));
+}
+
+#[rstest]
+#[case::running_without_vmid(PodView { vm_id: None, ..running_pod() })]
+#[case::vmid_not_running(PodView { container_running: false, ..running_pod() })]
+fn w2_running_alone_or_vmid_alone_is_not_woken(#[case] pod: PodView) {
+    let p = run(&cr(Desire::Wake, Some(Phase::Waking)), Some(&pod), Probe::NotProbed, 20);
+    assert_eq!(p.status, None);
+    assert_eq!(p.delete_tag, None);
+}
+
+#[test]
+fn w3_settled_active_retries_an_owed_tag_delete_without_writing() {
+    let first = run(&cr(Desire::Wake, Some(Phase::Waking)), Some(&running_pod()), Probe::NotProbed, 20);
+    let mut c = cr(Desire::Wake, Some(Phase::Active));
+    c.status = first.status.clone();
+    let p = run(&c, Some(&running_pod()), Probe::NotProbed, 60);
+    assert_eq!(p.status, None, "the CR stays Active");
+    assert_eq!(p.delete_tag.as_deref(), Some("vm-a"));
+    // Once done, nothing is owed.
+    c.status = p.status_after_delete.clone();
+    let settled = run(&c, Some(&running_pod()), Probe::NotProbed, 90);
+    assert_eq!(settled, Plan::default());
+}
+
+#[test]
+fn w4_wake_timeout_fails_with_the_timeout_in_the_message() {
+    let pod = PodView {
+        hibernate_requested: false,
+        ..hibernated_pod()
+    };
+    let c = cr(Desire::Wake, Some(Phase::Waking));
+    assert_eq!(run(&c, Some(&pod), Probe::NotProbed, 299).status, None);
+    let p = run(&c, Some(&pod), Probe::NotProbed, 300);
+    assert_eq!(phase_of(&p), Some(Phase::Failed));
+    assert!(ready(&p).2.contains("5m"));
+    assert_eq!(reasons(&p), vec!["WakeTimedOut"]);
+    assert_eq!(p.events[0].kind, EventKind::Warning);
+}
+
+#[test]
+fn d1_wake_while_hibernating_first_finishes_the_hibernate() {
+    let c = cr(Desire::Wake, Some(Phase::Hibernating));
+    let waiting = run(&c, Some(&running_pod()), Probe::NotProbed, 5);
+    assert_eq!(waiting.pod_patch, Some(PodPatch::SetHibernate), "the annotation stays");
+    assert_eq!(waiting.status, None);
+    let done = run(&c, Some(&hibernated_pod()), Probe::Present, 9);
+    assert_eq!(phase_of(&done), Some(Phase::Hibernated));
+    assert_eq!(done.status.as_ref().unwrap().observed_generation, Some(2));
+    // Only then does the wake start.
+    let mut after = c.clone();
+    after.status = done.status.clone();
+    let next = run(&after, Some(&hibernated_pod()), Probe::NotProbed, 10);
+    assert_eq!(phase_of(&next), Some(Phase::Waking));
+    assert_eq!(next.pod_patch, Some(PodPatch::ClearHibernate));
+}
+
+#[test]
+fn d1_hibernate_while_waking_first_finishes_the_wake() {
+    let c = cr(Desire::Hibernate, Some(Phase::Waking));
+    // A lagging pre-hibernate view (Running + old VMID) would read as woken without D1's
+    // ordering; here the wake is what runs, so it completes the wake, not a hibernate.
+    let pod = PodView {
+        hibernate_requested: false,
+        vm_id: None,
+        container_running: false,
+        ..running_pod()
+    };
+    let waiting = run(&c, Some(&pod), Probe::NotProbed, 5);
+    assert_eq!(waiting.pod_patch, None, "no hibernate annotation while waking");
+    assert_eq!(waiting.status, None);
+    let done = run(&c, Some(&running_pod()), Probe::NotProbed, 9);
+    assert_eq!(phase_of(&done), Some(Phase::Active));
+    let mut after = c.clone();
+    after.status = done.status_after_delete.clone();
+    let next = run(&after, Some(&running_pod()), Probe::NotProbed, 10);
+    assert_eq!(phase_of(&next), Some(Phase::Hibernating));
+    assert_eq!(next.pod_patch, Some(PodPatch::SetHibernate));
+    assert!(
+        next.status.as_ref().map(|s| conditions::find(&s.conditions, SNAPSHOT_DELETED).is_none()).unwrap_or(false),
+        "a new hibernate wants the tag: no delete is owed"
+    );
+}
+
+#[rstest]
+#[case::hibernate(Desire::Hibernate, Phase::Hibernating)]
+#[case::wake(Desire::Wake, Phase::Waking)]
+fn f1_f2_f3_failed_is_retried_with_a_fresh_budget_and_an_event(#[case] desire: Desire, #[case] next: Phase) {
+    let mut c = cr(desire, Some(Phase::Failed));
+    let pod = if desire == Desire::Wake { hibernated_pod() } else { running_pod() };
+    c.metadata.generation = Some(2);
+    let p = run(&c, Some(&pod), Probe::NotProbed, 500);
+    assert_eq!(phase_of(&p), Some(next));
+    assert_eq!(ready(&p).3, at(500), "F2: lastTransitionTime refreshed though Ready stays False");
+    assert_eq!(reasons(&p), vec!["RetryRequested"]);
+    assert_eq!(p.events[0].kind, EventKind::Normal);
+}
+
+#[test]
+fn f2_a_transition_that_cannot_complete_cycles_once_per_timeout() {
+    let s = settings();
+    let mut c = cr(Desire::Hibernate, Some(Phase::Failed));
+    let pod = running_pod(); // vk never acts
+    let mut t = 0;
+    let mut failures = 0;
+    let mut writes = 0;
+    // Simulate passes every 5 s for 10 minutes.
+    while t <= 600 {
+        let p = plan::plan(&c, Some(&pod), &Probe::NotProbed, at(t), &s);
+        if let Some(st) = &p.status {
+            writes += 1;
+            if st.phase == Some(Phase::Failed) {
+                failures += 1;
+            }
+            c.status = Some(st.clone());
+        }
+        t += 5;
+    }
+    assert_eq!(failures, 3, "one failure per 180 s budget in 600 s");
+    assert!(writes <= 8, "no spinning: {writes} writes");
+}
+
+#[test]
+fn g1_deleting_last_holder_deletes_the_tag() {
+    let c = cr(Desire::Hibernate, Some(Phase::Hibernated));
+    let cleanup = plan::plan_cleanup(&c, std::iter::empty());
+    assert_eq!(cleanup.delete_tag.as_deref(), Some("vm-a"));
+    assert!(cleanup.remove_finalizer);
+}
+
+#[rstest]
+#[case::same_vm_name("other", Some("vm-a"), "pod-x", false, None)]
+#[case::fresh_duplicate_same_pod("dup", None, "pod-a", false, None)]
+#[case::terminating_holder_does_not_count("other", Some("vm-a"), "pod-x", true, Some("vm-a"))]
+#[case::unrelated_vm("other", Some("vm-b"), "pod-b", false, Some("vm-a"))]
+fn g1_tag_kept_while_another_live_cr_tracks_the_vm(
+    #[case] name: &str,
+    #[case] vm: Option<&str>,
+    #[case] pod: &str,
+    #[case] terminating: bool,
+    #[case] expect: Option<&str>,
+) {
+    let c = cr(Desire::Hibernate, Some(Phase::Hibernated));
+    let mut other = cr(Desire::Hibernate, None);
+    other.metadata.name = Some(name.into());
+    other.spec.pod_ref.name = pod.into();
+    other.status = vm.map(|v| CocoonHibernationStatus {
+        vm_name: Some(v.into()),
+        ..Default::default()
+    });
+    if terminating {
+        other.metadata.deletion_timestamp = Some(at(0));
+    }
+    let cleanup = plan::plan_cleanup(&c, [&other]);
+    assert_eq!(cleanup.delete_tag.as_deref(), expect);
+    assert!(cleanup.remove_finalizer);
+}
+
+#[test]
+fn g1_no_vm_name_means_nothing_to_delete_and_other_namespaces_do_not_count() {
+    let c = cr(Desire::Hibernate, None);
+    assert_eq!(plan::plan_cleanup(&c, std::iter::empty()).delete_tag, None);
+    let held = cr(Desire::Hibernate, Some(Phase::Hibernated));
+    let mut elsewhere = cr(Desire::Hibernate, Some(Phase::Hibernated));
+    elsewhere.metadata.namespace = Some("other-ns".into());
+    elsewhere.metadata.name = Some("x".into());
+    assert_eq!(plan::plan_cleanup(&held, [&elsewhere]).delete_tag.as_deref(), Some("vm-a"));
+}
+
+#[test]
+fn g2_cleanup_without_our_finalizer_does_nothing() {
+    let mut c = cr(Desire::Hibernate, Some(Phase::Hibernated));
+    c.metadata.finalizers = Some(vec!["someone/else".into()]);
+    let cleanup = plan::plan_cleanup(&c, std::iter::empty());
+    assert_eq!(cleanup.delete_tag, None);
+    assert!(!cleanup.remove_finalizer);
+}
+
+#[rstest]
+#[case::hibernated(Desire::Hibernate, Phase::Hibernated, hibernated_pod())]
+#[case::active(Desire::Wake, Phase::Active, running_pod())]
+fn c3_settled_crs_plan_no_writes_and_no_requeue(#[case] desire: Desire, #[case] phase: Phase, #[case] pod: PodView) {
+    let p = run(&cr(desire, Some(phase)), Some(&pod), Probe::NotProbed, 1000);
+    assert_eq!(p, Plan::default());
+}
+
+#[test]
+fn observed_generation_follows_a_desire_flip_on_a_settled_cr() {
+    let mut c = cr(Desire::Hibernate, Some(Phase::Hibernated));
+    c.metadata.generation = Some(4);
+    let p = run(&c, Some(&hibernated_pod()), Probe::NotProbed, 10);
+    assert_eq!(p.status.as_ref().and_then(|s| s.observed_generation), Some(4));
+}

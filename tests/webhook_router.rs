@@ -1,0 +1,207 @@
+//! In-process tests of the admission router with JSON fixtures (V1–V5). No server, no TLS.
+
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use cocoon_hibernation::metrics::Metrics;
+use cocoon_hibernation::webhook::validate::{Claim, ClaimView};
+use cocoon_hibernation::webhook::{self, WebhookState};
+use http_body_util::BodyExt;
+use rstest::rstest;
+use serde_json::Value;
+use tower::ServiceExt;
+
+const UID: &str = "705ab4f5-6393-11e8-b7cc-42010a800002";
+
+/// A cache view: synced or not, and which CRs target which pod.
+#[derive(Clone, Default)]
+struct FakeView {
+    synced: bool,
+    claims: Vec<(&'static str, &'static str, bool)>, // (pod, cr name, terminating)
+}
+
+impl ClaimView for FakeView {
+    fn synced(&self) -> bool {
+        self.synced
+    }
+    fn claims(&self, namespace: &str, pod: &str) -> Vec<Claim> {
+        if namespace != "team-a" {
+            return vec![];
+        }
+        self.claims
+            .iter()
+            .filter(|(p, _, _)| *p == pod)
+            .map(|(_, n, t)| Claim {
+                name: (*n).into(),
+                terminating: *t,
+            })
+            .collect()
+    }
+}
+
+fn synced() -> FakeView {
+    FakeView {
+        synced: true,
+        claims: vec![("web-1", "old-web-1", false)],
+    }
+}
+
+fn fixture(name: &str) -> Vec<u8> {
+    let path = format!("{}/tests/data/admission/{name}", env!("CARGO_MANIFEST_DIR"));
+    std::fs::read(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
+}
+
+async fn post(view: FakeView, body: Vec<u8>) -> (StatusCode, Value) {
+    let app = webhook::router(WebhookState {
+        view,
+        metrics: Metrics::new(),
+    });
+    let req = Request::post(webhook::PATH)
+        .header("content-type", "application/json")
+        .body(Body::from(body))
+        .unwrap();
+    let res = app.oneshot(req).await.unwrap();
+    let status = res.status();
+    let bytes = res.into_body().collect().await.unwrap().to_bytes();
+    let json = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+    (status, json)
+}
+
+fn verdict(body: &Value) -> (bool, String) {
+    assert_eq!(body["apiVersion"], "admission.k8s.io/v1");
+    assert_eq!(body["kind"], "AdmissionReview");
+    assert_eq!(body["response"]["uid"], UID, "V5: the uid is echoed");
+    (
+        body["response"]["allowed"].as_bool().unwrap(),
+        body["response"]["status"]["message"].as_str().unwrap_or_default().to_owned(),
+    )
+}
+
+#[rstest]
+#[case::v1_valid_create("create_valid.json", true, "")]
+#[case::v1_name_must_equal_pod_ref("create_name_mismatch.json", false, "metadata.name \"my-hib\" must equal spec.podRef.name \"web-0\"")]
+#[case::v2_live_duplicate("create_duplicate.json", false, "team-a/old-web-1 already targets pod web-1; flip its spec.desire instead")]
+#[case::v4_pod_ref_immutable("update_podref_changed.json", false, "spec.podRef is immutable")]
+#[case::v4_desire_flip_allowed("update_desire_flip.json", true, "")]
+#[case::delete_allowed("delete.json", true, "")]
+#[case::v5_object_does_not_decode("undecodable_object.json", false, "object does not decode")]
+#[case::v5_wrong_kind("wrong_kind.json", false, "not \"Pod\"")]
+#[case::v5_unknown_operation("bad_operation.json", false, "request.operation must be")]
+#[tokio::test]
+async fn admission_fixtures(#[case] file: &str, #[case] allowed: bool, #[case] message: &str) {
+    let (status, body) = post(synced(), fixture(file)).await;
+    assert_eq!(status, StatusCode::OK);
+    let (got_allowed, got_message) = verdict(&body);
+    assert_eq!(got_allowed, allowed, "{got_message}");
+    assert!(got_message.contains(message), "{got_message:?} lacks {message:?}");
+}
+
+#[tokio::test]
+async fn v2_terminating_duplicate_says_retry_after_cleanup() {
+    let view = FakeView {
+        synced: true,
+        claims: vec![("web-1", "old-web-1", true)],
+    };
+    let (_, body) = post(view, fixture("create_duplicate.json")).await;
+    let (allowed, message) = verdict(&body);
+    assert!(!allowed);
+    assert!(message.contains("is terminating; retry after its cleanup finishes"), "{message}");
+}
+
+#[tokio::test]
+async fn v2_the_cr_itself_is_not_a_duplicate() {
+    let view = FakeView {
+        synced: true,
+        claims: vec![("web-0", "web-0", false)],
+    };
+    let (_, body) = post(view, fixture("create_valid.json")).await;
+    assert!(verdict(&body).0);
+}
+
+#[tokio::test]
+async fn v3_fails_closed_until_the_cache_has_synced() {
+    let view = FakeView {
+        synced: false,
+        claims: vec![],
+    };
+    let (status, body) = post(view, fixture("create_valid.json")).await;
+    assert_eq!(status, StatusCode::OK);
+    let (allowed, message) = verdict(&body);
+    assert!(!allowed);
+    assert!(message.contains("not synced"), "{message}");
+}
+
+#[tokio::test]
+async fn v3_update_needs_no_cache() {
+    let (_, body) = post(FakeView::default(), fixture("update_desire_flip.json")).await;
+    assert!(verdict(&body).0);
+}
+
+#[rstest]
+#[case::v5_not_json("not_json.txt", "not JSON")]
+#[case::v5_wrong_api_version("wrong_api_version.json", "expected apiVersion admission.k8s.io/v1")]
+#[case::v5_missing_request("missing_request.json", "has no request")]
+#[case::v5_missing_uid("missing_uid.json", "has no uid")]
+#[tokio::test]
+async fn v5_malformed_reviews_get_a_clear_400(#[case] file: &str, #[case] message: &str) {
+    let (status, body) = post(synced(), fixture(file)).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert!(body["error"].as_str().unwrap().contains(message), "{body}");
+}
+
+#[tokio::test]
+async fn v5_oversized_body_is_refused_with_413() {
+    let mut big = b"{\"apiVersion\":\"admission.k8s.io/v1\",\"pad\":\"".to_vec();
+    big.resize(webhook::MAX_BODY_BYTES + 10, b'a');
+    let (status, _) = post(synced(), big).await;
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
+}
+
+#[tokio::test]
+async fn v5_arbitrary_bytes_never_panic() {
+    // A cheap deterministic fuzz: truncations and byte flips of a valid review.
+    let valid = fixture("create_valid.json");
+    let mut seed: u64 = 0x9e37_79b9_7f4a_7c15;
+    for i in 0..300 {
+        let mut body = valid.clone();
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        if i % 2 == 0 {
+            body.truncate((seed as usize) % body.len());
+        } else {
+            let at = (seed as usize) % body.len();
+            body[at] = (seed >> 8) as u8;
+        }
+        let (status, _) = post(synced(), body).await;
+        assert!(status == StatusCode::OK || status == StatusCode::BAD_REQUEST, "{status}");
+    }
+}
+
+#[tokio::test]
+async fn o1_admission_decisions_are_counted_by_result() {
+    let metrics = Metrics::new();
+    let app = webhook::router(WebhookState {
+        view: synced(),
+        metrics: metrics.clone(),
+    });
+    for file in ["create_valid.json", "create_name_mismatch.json", "not_json.txt"] {
+        let req = Request::post(webhook::PATH).body(Body::from(fixture(file))).unwrap();
+        app.clone().oneshot(req).await.unwrap();
+    }
+    let text = metrics.encode().unwrap();
+    for result in ["allowed", "denied", "invalid"] {
+        assert!(text.contains(&format!("result=\"{result}\"}} 1")), "{result} missing in\n{text}");
+    }
+}
+
+#[tokio::test]
+async fn wrong_method_and_path_are_not_served() {
+    let app = webhook::router(WebhookState {
+        view: synced(),
+        metrics: Metrics::new(),
+    });
+    let get = app.clone().oneshot(Request::get(webhook::PATH).body(Body::empty()).unwrap()).await.unwrap();
+    assert_eq!(get.status(), StatusCode::METHOD_NOT_ALLOWED);
+    let other = app.oneshot(Request::post("/other").body(Body::empty()).unwrap()).await.unwrap();
+    assert_eq!(other.status(), StatusCode::NOT_FOUND);
+}
