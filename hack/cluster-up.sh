@@ -100,6 +100,8 @@ running_and_healthy() {
   [[ -f "$RUN_STATE" && -f "$PKI/ca.key" && -f "$KUBECONFIG_FILE" ]] || return 1
   # shellcheck source=/dev/null
   source "$RUN_STATE"
+  # Binaries from another version or place mean a restart, not a reuse.
+  [[ "${RUN_BIN_DIR:-}" == "$BIN_DIR" ]] || return 1
   local d
   for d in "${DAEMONS[@]}"; do daemon_pid "$d" >/dev/null || return 1; done
   { etcd_healthy && apiserver_healthy && default_ns_exists && registry_healthy; } 2>/dev/null
@@ -214,6 +216,7 @@ ETCD_PEER_PORT=$ETCD_PEER_PORT
 API_PORT=$API_PORT
 REGISTRY_PORT=$REGISTRY_PORT
 REGISTRY=$REGISTRY
+RUN_BIN_DIR=$BIN_DIR
 EOF
 }
 

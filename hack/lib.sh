@@ -1,8 +1,8 @@
 # Shared helpers for hack/cluster-up.sh and hack/cluster-down.sh. Source it; do not run it.
 # shellcheck shell=bash
 
+# shellcheck disable=SC2034 # used by the scripts that source this file
 HACK_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-REPO_ROOT="$(cd "$HACK_DIR/.." && pwd)"
 
 # Every daemon we start, in start order; each has $STATE_DIR/<name>.pid and <name>.log.
 DAEMONS=(etcd kube-apiserver registry)
@@ -52,6 +52,7 @@ start_daemon() {
   rm -f "$pidfile"
   # The wrapper writes its own pid and then execs, so the pid file holds the daemon's pid
   # whether or not setsid had to fork.
+  # shellcheck disable=SC2016 # $$, $0 and $@ belong to the inner shell
   setsid bash -c 'echo $$ >"$0"; exec "$@"' "$pidfile" "$@" \
     </dev/null >>"$STATE_DIR/$name.log" 2>&1 9>&- &
   local i
