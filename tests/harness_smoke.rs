@@ -143,6 +143,94 @@ async fn e2e_harness_serving_cert_chains_to_cluster_ca() {
     }
 }
 
+/// The real apiserver calls a webhook served with `serving_cert` and trusts it through a
+/// `caBundle` of the cluster CA: the path the product's admission tests take.
+#[tokio::test]
+async fn e2e_harness_apiserver_calls_a_webhook_with_a_cluster_ca_cert() {
+    use axum::{Json, Router, routing::post};
+    use base64::Engine;
+    use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
+
+    let c = cluster();
+    let client = c.client().await;
+    let ns = c.fresh_namespace(&client, "webhook").await;
+    let (cert, key) = c.serving_cert(&["127.0.0.1"]);
+    let tls = axum_server::tls_rustls::RustlsConfig::from_pem(cert.into_bytes(), key.into_bytes())
+        .await
+        .unwrap();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let app = Router::new().route(
+        "/validate",
+        post(|Json(review): Json<serde_json::Value>| async move {
+            Json(json!({
+                "apiVersion": "admission.k8s.io/v1",
+                "kind": "AdmissionReview",
+                "response": {
+                    "uid": review["request"]["uid"],
+                    "allowed": false,
+                    "status": { "code": 403, "message": "denied by the harness webhook" },
+                },
+            }))
+        }),
+    );
+    let server = tokio::spawn(
+        axum_server::from_tcp_rustls(listener, tls)
+            .unwrap()
+            .serve(app.into_make_service()),
+    );
+
+    // Scoped to this test's namespace, so other tests never meet it.
+    let name = format!("harness-{ns}");
+    let config: ValidatingWebhookConfiguration = serde_json::from_value(json!({
+        "metadata": { "name": name },
+        "webhooks": [{
+            "name": "deny.harness.cocoonstack.io",
+            "clientConfig": {
+                "url": format!("https://127.0.0.1:{port}/validate"),
+                "caBundle": base64::engine::general_purpose::STANDARD.encode(&c.ca_cert_pem),
+            },
+            "rules": [{ "apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"],
+                        "resources": ["configmaps"] }],
+            "namespaceSelector": { "matchLabels": { "kubernetes.io/metadata.name": ns } },
+            "failurePolicy": "Fail",
+            "sideEffects": "None",
+            "admissionReviewVersions": ["v1"],
+            "timeoutSeconds": 5,
+        }],
+    }))
+    .unwrap();
+    let hooks: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
+    hooks.create(&PostParams::default(), &config).await.unwrap();
+
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+    let cm = ConfigMap {
+        metadata: ObjectMeta {
+            name: Some("probe".into()),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    // The apiserver picks the configuration up asynchronously; until then creates pass.
+    let message = eventually("the webhook's deny", TIMEOUT, || async {
+        match cms.create(&PostParams::default(), &cm).await {
+            Ok(_) => {
+                cms.delete("probe", &Default::default()).await.unwrap();
+                None
+            }
+            Err(e) => Some(e.to_string()),
+        }
+    })
+    .await;
+    hooks.delete(&name, &Default::default()).await.unwrap();
+    server.abort();
+    assert!(
+        message.contains("denied by the harness webhook"),
+        "expected the webhook's own deny (TLS trusted), got: {message}"
+    );
+}
+
 #[tokio::test]
 async fn e2e_harness_vk_sim_hibernates_and_wakes_a_pod() {
     let c = cluster();

@@ -6,7 +6,9 @@
 //!   `lifecycle-state=hibernated` + `lifecycle-observed-generation`, then report the
 //!   container not running through `pods/status`;
 //! - annotation removed while hibernated (VM gone): write a new VMID and
-//!   `lifecycle-state=ready`, then report the container Running. The tag is never deleted.
+//!   `lifecycle-state=ready`, then report the container Running. The tag is never deleted;
+//! - a `ready` pod with a VMID whose container is not reported Running (e.g. created with
+//!   kubectl) is reported Running, as a kubelet would.
 //!
 //! Also included by `examples/vk_cocoon_simulator.rs`.
 #![allow(dead_code)] // the example and each test binary use different subsets
@@ -95,7 +97,7 @@ impl SimKnobs {
     pub fn hibernations(&self) -> usize {
         self.hibernations.load(Ordering::Relaxed)
     }
-    /// Completed wakes (new VMID written and container reported Running).
+    /// Wakes that wrote a new VMID (the Running report follows it).
     pub fn wakes(&self) -> usize {
         self.wakes.load(Ordering::Relaxed)
     }
@@ -332,8 +334,9 @@ impl Sim {
 
     async fn wake(&self, api: &Api<Pod>, pod: &Pod) -> Result<(), SimError> {
         let name = pod.metadata.name.as_deref().unwrap_or_default();
-        let vm_id = match PodView::from_pod(pod).vm_id {
-            // Already cloned; only the Running report is missing.
+        let view = PodView::from_pod(pod);
+        let vm_id = match view.vm_id {
+            // A VM not reported yet (a new pod, or a wake whose status write failed).
             Some(id) => id,
             None => {
                 let vm_id = new_vm_id();
@@ -345,14 +348,15 @@ impl Sim {
                 });
                 api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
                     .await?;
+                self.knobs.wakes.fetch_add(1, Ordering::Relaxed);
+                tracing::info!(%name, %vm_id, "vk-sim: woke with a new VMID");
                 vm_id
             }
         };
         let status = running_status(pod, &vm_id);
         api.patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
             .await?;
-        self.knobs.wakes.fetch_add(1, Ordering::Relaxed);
-        tracing::info!(%name, %vm_id, "vk-sim: woke");
+        tracing::info!(%name, %vm_id, "vk-sim: container Running");
         Ok(())
     }
 }
