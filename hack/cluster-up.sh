@@ -1,0 +1,260 @@
+#!/usr/bin/env bash
+# Starts a local control plane for tests and demos, all on loopback:
+#   etcd + kube-apiserver (RBAC, audit log of API writes) + an OCI registry (plain http).
+# Usage: hack/cluster-up.sh [STATE_DIR]
+#   STATE_DIR defaults to ${COCOON_STATE_DIR:-$HOME/.cache/cocoon-hibernation/cluster}.
+# Idempotent: a healthy running cluster is reused; stale state is cleaned and restarted.
+# Writes $STATE_DIR/env (sourceable KEY=value lines) and prints where everything is.
+set -euo pipefail
+LOG_TAG=cluster-up
+# shellcheck source=hack/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+resolve_state_dir "${1:-}"
+START=$SECONDS
+
+missing=()
+for tool in openssl curl flock setsid docker-registry; do
+  command -v "$tool" >/dev/null || missing+=("$tool")
+done
+if ((${#missing[@]})); then
+  die "missing: ${missing[*]}. Install with: apt-get install -y docker-registry openssl curl util-linux"
+fi
+
+take_lock
+
+BIN_DIR="$("$HACK_DIR/build-control-plane.sh" | tail -n 1)" ||
+  die "hack/build-control-plane.sh failed (it needs Go >= 1.24 on a cold cache)"
+[[ -x "$BIN_DIR/kube-apiserver" && -x "$BIN_DIR/etcd" && -x "$BIN_DIR/kubectl" ]] ||
+  die "build-control-plane.sh gave $BIN_DIR without kube-apiserver, etcd and kubectl"
+KUBECTL="$BIN_DIR/kubectl"
+
+PKI="$STATE_DIR/pki"
+KUBECONFIG_FILE="$STATE_DIR/kubeconfig"
+AUDIT_LOG="$STATE_DIR/audit.log"
+RUN_STATE="$STATE_DIR/run.state"
+
+# ---------------------------------------------------------------------------------------
+# PKI (generated once per state dir). One CA serves as apiserver serving CA, client CA
+# and the CA tests sign webhook serving certs with; tests may also mint client identities.
+gen_key() { openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256 -out "$1" 2>/dev/null; }
+
+# sign NAME SUBJECT EXTENSIONS: NAME.key + NAME.crt signed by the CA.
+sign() {
+  local name="$1" subj="$2" ext="$3"
+  gen_key "$PKI/$name.key"
+  openssl req -new -key "$PKI/$name.key" -subj "$subj" -config "$PKI/openssl.cnf" \
+    -out "$PKI/$name.csr"
+  printf '%s\n' "$ext" >"$PKI/$name.ext"
+  openssl x509 -req -in "$PKI/$name.csr" -CA "$PKI/ca.crt" -CAkey "$PKI/ca.key" \
+    -set_serial "0x$(openssl rand -hex 12)" -days 3650 -sha256 \
+    -extfile "$PKI/$name.ext" -out "$PKI/$name.crt" 2>/dev/null
+  rm -f "$PKI/$name.csr" "$PKI/$name.ext"
+}
+
+gen_pki() {
+  rm -rf "$PKI"
+  mkdir -p "$PKI"
+  # utf8only: the CA subject must encode exactly as rcgen encodes it (tests/support/
+  # cluster.rs rebuilds the issuer name to sign webhook certs; verifiers compare bytes).
+  cat >"$PKI/openssl.cnf" <<'EOF'
+[req]
+distinguished_name = dn
+string_mask = utf8only
+prompt = no
+[dn]
+[v3_ca]
+basicConstraints = critical,CA:TRUE
+keyUsage = critical,keyCertSign,cRLSign,digitalSignature
+subjectKeyIdentifier = hash
+EOF
+  gen_key "$PKI/ca.key"
+  openssl req -x509 -new -key "$PKI/ca.key" -subj "/CN=cocoon-hibernation-test-ca" \
+    -config "$PKI/openssl.cnf" -extensions v3_ca -days 3650 -sha256 -out "$PKI/ca.crt"
+  sign apiserver "/CN=kube-apiserver" "$(
+    printf '%s\n' 'basicConstraints = critical,CA:FALSE' \
+      'keyUsage = critical,digitalSignature' 'extendedKeyUsage = serverAuth' \
+      'subjectAltName = DNS:localhost,IP:127.0.0.1'
+  )"
+  sign admin "/O=system:masters/CN=admin" "$(
+    printf '%s\n' 'basicConstraints = critical,CA:FALSE' \
+      'keyUsage = critical,digitalSignature' 'extendedKeyUsage = clientAuth'
+  )"
+  gen_key "$PKI/sa.key"
+  openssl pkey -in "$PKI/sa.key" -pubout -out "$PKI/sa.pub"
+  chmod 600 "$PKI"/*.key
+  log "generated PKI in $PKI"
+}
+
+# ---------------------------------------------------------------------------------------
+curl_api() {
+  curl -fsS --max-time 2 --cacert "$PKI/ca.crt" --cert "$PKI/admin.crt" --key "$PKI/admin.key" \
+    "https://127.0.0.1:$API_PORT$1"
+}
+etcd_healthy() { curl -fsS --max-time 2 "http://127.0.0.1:$ETCD_PORT/health" | grep -q '"health":"true"'; }
+apiserver_healthy() { [[ "$(curl_api /healthz)" == ok ]]; }
+default_ns_exists() { curl_api /api/v1/namespaces/default >/dev/null; }
+registry_healthy() { curl -fsS --max-time 2 -o /dev/null "http://$REGISTRY/v2/"; }
+
+running_and_healthy() {
+  [[ -f "$RUN_STATE" && -f "$PKI/ca.key" && -f "$KUBECONFIG_FILE" ]] || return 1
+  # shellcheck source=/dev/null
+  source "$RUN_STATE"
+  # Binaries from another version or place mean a restart, not a reuse.
+  [[ "${RUN_BIN_DIR:-}" == "$BIN_DIR" ]] || return 1
+  local d
+  for d in "${DAEMONS[@]}"; do daemon_pid "$d" >/dev/null || return 1; done
+  { etcd_healthy && apiserver_healthy && default_ns_exists && registry_healthy; } 2>/dev/null
+}
+
+write_kubeconfig() {
+  local tmp="$KUBECONFIG_FILE.tmp"
+  cat >"$tmp" <<EOF
+apiVersion: v1
+kind: Config
+clusters:
+- name: cocoon-local
+  cluster:
+    server: https://127.0.0.1:$API_PORT
+    certificate-authority-data: $(base64 -w0 "$PKI/ca.crt")
+users:
+- name: admin
+  user:
+    client-certificate-data: $(base64 -w0 "$PKI/admin.crt")
+    client-key-data: $(base64 -w0 "$PKI/admin.key")
+contexts:
+- name: cocoon-local
+  context:
+    cluster: cocoon-local
+    user: admin
+    namespace: default
+current-context: cocoon-local
+EOF
+  chmod 600 "$tmp"
+  mv "$tmp" "$KUBECONFIG_FILE"
+}
+
+start_all() {
+  stop_all
+  # Runtime state goes; the PKI stays unless it is incomplete.
+  rm -rf "$STATE_DIR/etcd-data" "$STATE_DIR/registry-data" "$RUN_STATE" "$STATE_DIR/env" \
+    "$AUDIT_LOG" "$STATE_DIR"/*.log
+  [[ -f "$PKI/ca.key" && -f "$PKI/ca.crt" && -f "$PKI/admin.crt" && -f "$PKI/apiserver.crt" && -f "$PKI/sa.key" ]] ||
+    gen_pki
+
+  ETCD_PORT="$(free_port)"
+  ETCD_PEER_PORT="$(free_port)"
+  API_PORT="$(free_port)"
+  REGISTRY_PORT="$(free_port)"
+  REGISTRY="127.0.0.1:$REGISTRY_PORT"
+
+  start_daemon etcd "$BIN_DIR/etcd" \
+    --name=cocoon --data-dir="$STATE_DIR/etcd-data" \
+    --listen-client-urls="http://127.0.0.1:$ETCD_PORT" \
+    --advertise-client-urls="http://127.0.0.1:$ETCD_PORT" \
+    --listen-peer-urls="http://127.0.0.1:$ETCD_PEER_PORT" \
+    --initial-advertise-peer-urls="http://127.0.0.1:$ETCD_PEER_PORT" \
+    --initial-cluster="cocoon=http://127.0.0.1:$ETCD_PEER_PORT" \
+    --unsafe-no-fsync=true --log-level=warn
+
+  # Tests count API writes from this log; reads would drown them, so they are not logged.
+  cat >"$STATE_DIR/audit-policy.yaml" <<'EOF'
+apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: ["RequestReceived"]
+rules:
+- level: Metadata
+  verbs: ["create", "update", "patch", "delete", "deletecollection"]
+- level: None
+EOF
+
+  mkdir -p "$STATE_DIR/registry-data"
+  cat >"$STATE_DIR/registry.yml" <<EOF
+version: 0.1
+log:
+  level: warn
+  accesslog:
+    disabled: true
+storage:
+  filesystem:
+    rootdirectory: $STATE_DIR/registry-data
+  delete:
+    enabled: true
+http:
+  addr: $REGISTRY
+  secret: cocoon-local-not-a-secret
+EOF
+  start_daemon registry docker-registry serve "$STATE_DIR/registry.yml"
+
+  wait_until 30 etcd etcd_healthy || die "etcd not healthy after 30s (see $STATE_DIR/etcd.log)"
+
+  start_daemon kube-apiserver "$BIN_DIR/kube-apiserver" \
+    --etcd-servers="http://127.0.0.1:$ETCD_PORT" \
+    --bind-address=127.0.0.1 --secure-port="$API_PORT" --advertise-address=127.0.0.1 \
+    --tls-cert-file="$PKI/apiserver.crt" --tls-private-key-file="$PKI/apiserver.key" \
+    --client-ca-file="$PKI/ca.crt" \
+    --authorization-mode=RBAC \
+    --disable-admission-plugins=ServiceAccount \
+    --service-cluster-ip-range=10.0.0.0/24 --allow-privileged=true \
+    --service-account-issuer="https://127.0.0.1:$API_PORT/" \
+    --service-account-key-file="$PKI/sa.pub" \
+    --service-account-signing-key-file="$PKI/sa.key" \
+    --audit-policy-file="$STATE_DIR/audit-policy.yaml" \
+    --audit-log-path="$AUDIT_LOG" --audit-log-format=json --audit-log-mode=blocking \
+    --audit-log-maxsize=0 --audit-log-maxbackup=0
+
+  wait_until 10 registry registry_healthy || die "registry not healthy after 10s (see $STATE_DIR/registry.log)"
+  wait_until 90 kube-apiserver apiserver_healthy ||
+    die "kube-apiserver /healthz not ok after 90s (see $STATE_DIR/kube-apiserver.log)"
+  wait_until 30 "namespace default" default_ns_exists ||
+    die "namespace default missing after 30s (see $STATE_DIR/kube-apiserver.log)"
+
+  write_kubeconfig
+  cat >"$RUN_STATE" <<EOF
+ETCD_PORT=$ETCD_PORT
+ETCD_PEER_PORT=$ETCD_PEER_PORT
+API_PORT=$API_PORT
+REGISTRY_PORT=$REGISTRY_PORT
+REGISTRY=$REGISTRY
+RUN_BIN_DIR=$BIN_DIR
+EOF
+}
+
+if running_and_healthy; then
+  log "reusing the running cluster in $STATE_DIR"
+else
+  log "starting a fresh cluster in $STATE_DIR"
+  start_all
+fi
+
+K8S_VERSION="$(curl_api /version | sed -n 's/.*"gitVersion": *"\([^"]*\)".*/\1/p')"
+[[ "$K8S_VERSION" == v1.* ]] ||
+  die "kube-apiserver reports version '$K8S_VERSION'; rebuild it with version ldflags (hack/build-control-plane.sh)"
+
+# Written last and atomically: its presence means "up and healthy".
+cat >"$STATE_DIR/env.tmp" <<EOF
+KUBECONFIG=$KUBECONFIG_FILE
+COCOON_APISERVER_URL=https://127.0.0.1:$API_PORT
+COCOON_CA_CERT=$PKI/ca.crt
+COCOON_CA_KEY=$PKI/ca.key
+COCOON_REGISTRY=$REGISTRY
+COCOON_AUDIT_LOG=$AUDIT_LOG
+COCOON_K8S_VERSION=$K8S_VERSION
+COCOON_BIN_DIR=$BIN_DIR
+COCOON_STATE_DIR=$STATE_DIR
+EOF
+mv "$STATE_DIR/env.tmp" "$STATE_DIR/env"
+
+cat >&2 <<EOF
+[cluster-up] ready in $((SECONDS - START))s
+  kube-apiserver  https://127.0.0.1:$API_PORT  ($K8S_VERSION, pid $(cat "$STATE_DIR/kube-apiserver.pid"))
+  etcd            http://127.0.0.1:$ETCD_PORT  (pid $(cat "$STATE_DIR/etcd.pid"))
+  registry        http://$REGISTRY  (pid $(cat "$STATE_DIR/registry.pid"), data $STATE_DIR/registry-data)
+  kubeconfig      $KUBECONFIG_FILE  (admin, system:masters)
+  CA              $PKI/ca.crt  key $PKI/ca.key
+  audit log       $AUDIT_LOG  (create/update/patch/delete at Metadata level)
+  logs            $STATE_DIR/{etcd,kube-apiserver,registry}.log
+  kubectl         $KUBECTL
+  env file        $STATE_DIR/env   (source it: set -a; . $STATE_DIR/env; set +a)
+EOF
+echo "$STATE_DIR/env"

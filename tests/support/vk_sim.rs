@@ -1,0 +1,523 @@
+//! Test support: a vk-cocoon simulator. It plays the virtual kubelet that runs each pod as
+//! a micro-VM, against a real apiserver and a real OCI registry (SPEC "The world around
+//! the product"):
+//! - hibernate annotation set, not yet hibernated for the pod's round: push
+//!   `<registry>/<vm>:hibernate`, then in one patch clear the VMID and write
+//!   `lifecycle-state=hibernated` + `lifecycle-observed-generation`, then report the
+//!   container not running through `pods/status`;
+//! - annotation removed while hibernated (VM gone): write a new VMID and
+//!   `lifecycle-state=ready`, then report the container Running. The tag is never deleted;
+//! - a `ready` pod with a VMID whose container is not reported Running (e.g. created with
+//!   kubectl) is reported Running, as a kubelet would.
+//!
+//! Also included by `examples/vk_cocoon_simulator.rs`.
+#![allow(dead_code)] // the example and each test binary use different subsets
+
+use std::collections::HashSet;
+use std::hash::{BuildHasher, RandomState};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use cocoon_hibernation::api::annotations::{
+    COCOONSET_GENERATION, LIFECYCLE_OBSERVED_GENERATION, LIFECYCLE_STATE, PodView,
+    STATE_HIBERNATED, VM_ID, VM_NAME,
+};
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
+use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::runtime::{WatchStreamExt, reflector, watcher};
+use oci_client::client::{ClientConfig, ClientProtocol, Config, ImageLayer};
+use oci_client::secrets::RegistryAuth;
+use oci_client::{Client as OciClient, Reference};
+use serde_json::{Value, json};
+use tokio::task::{JoinHandle, JoinSet};
+
+pub type SimError = Box<dyn std::error::Error + Send + Sync>;
+
+/// How often every known pod is re-checked, so a knob flipped at runtime takes effect
+/// without a pod event.
+const RESYNC: Duration = Duration::from_millis(300);
+/// Pause before retrying a failed push or a conflicting write.
+const RETRY: Duration = Duration::from_millis(250);
+const STATE_READY: &str = "ready";
+
+/// Runtime-adjustable behaviour, shared with tests through an `Arc`.
+#[derive(Debug, Default)]
+pub struct SimKnobs {
+    hibernate_delay_ms: AtomicU64,
+    wake_delay_ms: AtomicU64,
+    fail_push: AtomicBool,
+    never_complete: AtomicBool,
+    pushes: AtomicUsize,
+    hibernations: AtomicUsize,
+    wakes: AtomicUsize,
+}
+
+impl SimKnobs {
+    pub fn new(hibernate_delay: Duration, wake_delay: Duration) -> Self {
+        let knobs = Self::default();
+        knobs.set_hibernate_delay(hibernate_delay);
+        knobs.set_wake_delay(wake_delay);
+        knobs
+    }
+    pub fn hibernate_delay(&self) -> Duration {
+        Duration::from_millis(self.hibernate_delay_ms.load(Ordering::Relaxed))
+    }
+    pub fn set_hibernate_delay(&self, d: Duration) {
+        self.hibernate_delay_ms
+            .store(d.as_millis() as u64, Ordering::Relaxed);
+    }
+    pub fn wake_delay(&self) -> Duration {
+        Duration::from_millis(self.wake_delay_ms.load(Ordering::Relaxed))
+    }
+    pub fn set_wake_delay(&self, d: Duration) {
+        self.wake_delay_ms
+            .store(d.as_millis() as u64, Ordering::Relaxed);
+    }
+    /// While set, every snapshot push fails: nothing is written and the push is retried.
+    pub fn fail_push(&self) -> bool {
+        self.fail_push.load(Ordering::Relaxed)
+    }
+    pub fn set_fail_push(&self, on: bool) {
+        self.fail_push.store(on, Ordering::Relaxed);
+    }
+    /// While set, hibernate and wake requests are ignored (a stuck vk).
+    pub fn never_complete(&self) -> bool {
+        self.never_complete.load(Ordering::Relaxed)
+    }
+    pub fn set_never_complete(&self, on: bool) {
+        self.never_complete.store(on, Ordering::Relaxed);
+    }
+    /// Successful snapshot pushes so far (staged stale tags included).
+    pub fn pushes(&self) -> usize {
+        self.pushes.load(Ordering::Relaxed)
+    }
+    /// Completed hibernations (the lifecycle patch landed).
+    pub fn hibernations(&self) -> usize {
+        self.hibernations.load(Ordering::Relaxed)
+    }
+    /// Wakes that wrote a new VMID (the Running report follows it).
+    pub fn wakes(&self) -> usize {
+        self.wakes.load(Ordering::Relaxed)
+    }
+}
+
+/// The running simulator; dropping it stops it (and any in-flight work).
+pub struct SimHandle {
+    task: JoinHandle<()>,
+    client: kube::Client,
+    registry: String,
+    pub knobs: Arc<SimKnobs>,
+}
+
+impl Drop for SimHandle {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl SimHandle {
+    /// Pushes `<vm>:hibernate` now, before any request: a stale tag from an earlier cycle.
+    /// Returns the manifest URL.
+    pub async fn stage_stale_tag(&self, vm: &str) -> Result<String, SimError> {
+        let url = push_snapshot(&self.registry, vm, "stale").await?;
+        self.knobs.pushes.fetch_add(1, Ordering::Relaxed);
+        Ok(url)
+    }
+
+    /// Writes `lifecycle-state=hibernated` with an observed generation one below the pod's
+    /// generation stamp: a stale lifecycle pair from an earlier round. The VMID and the
+    /// Running container stay, so the simulator does not treat the VM as gone.
+    pub async fn stage_stale_lifecycle(&self, namespace: &str, pod: &str) -> Result<(), SimError> {
+        stage_stale_lifecycle(&self.client, namespace, pod).await
+    }
+}
+
+/// Starts the simulator on pods in `namespace` (all namespaces if `None`) that carry
+/// `vm.cocoonstack.io/name`, pushing snapshots to the plain-http `registry` (host:port).
+pub fn spawn(
+    client: kube::Client,
+    namespace: Option<String>,
+    registry: String,
+    knobs: Arc<SimKnobs>,
+) -> SimHandle {
+    // reqwest (under oci-client) needs a process-wide rustls provider.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let api: Api<Pod> = match &namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    };
+    let sim = Sim {
+        client: client.clone(),
+        registry: registry.clone(),
+        knobs: knobs.clone(),
+        in_flight: Arc::new(Mutex::new(HashSet::new())),
+    };
+    let task = tokio::spawn(sim.run(api));
+    SimHandle {
+        task,
+        client,
+        registry,
+        knobs,
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Action {
+    Hibernate,
+    Wake,
+}
+
+/// What vk would do for this pod now, if anything.
+fn plan(pod: &Pod, knobs: &SimKnobs) -> Option<Action> {
+    if pod.metadata.deletion_timestamp.is_some() || knobs.never_complete() {
+        return None;
+    }
+    let view = PodView::from_pod(pod);
+    view.vm_name.as_ref()?;
+    let vm_gone = view.vm_id.is_none();
+    let state = view.lifecycle_state.as_deref();
+    if view.hibernate_requested {
+        // A lifecycle pair from an earlier round does not count as done; a finished
+        // lifecycle patch whose status write failed still needs the status.
+        let done = view.lifecycle_hibernated_for_round() && vm_gone && !view.container_running;
+        (!done).then_some(Action::Hibernate)
+    } else {
+        // Wake only a VM this runtime removed (hibernated, no VMID): a staged stale
+        // lifecycle with its VMID is left alone. A ready VM not reported Running (a wake
+        // whose status write failed) gets its status.
+        let removed = state == Some(STATE_HIBERNATED) && vm_gone;
+        let unreported = state == Some(STATE_READY) && !vm_gone && !view.container_running;
+        (removed || unreported).then_some(Action::Wake)
+    }
+}
+
+type PodKey = (String, String);
+
+#[derive(Clone)]
+struct Sim {
+    client: kube::Client,
+    registry: String,
+    knobs: Arc<SimKnobs>,
+    /// Pods with a worker running; events for them are left to that worker, which
+    /// re-reads the pod before every write.
+    in_flight: Arc<Mutex<HashSet<PodKey>>>,
+}
+
+impl Sim {
+    async fn run(self, api: Api<Pod>) {
+        let (store, writer) = reflector::store();
+        let events = reflector(writer, watcher(api, watcher::Config::default()))
+            .default_backoff()
+            .touched_objects();
+        let mut events = std::pin::pin!(events);
+        let mut resync = tokio::time::interval(RESYNC);
+        // Workers live in this set, so aborting this task aborts them too.
+        let mut workers = JoinSet::new();
+        loop {
+            tokio::select! {
+                ev = events.next() => match ev {
+                    Some(Ok(pod)) => self.consider(&pod, &mut workers),
+                    Some(Err(e)) => tracing::warn!(error = %e, "vk-sim: pod watch error"),
+                    None => return,
+                },
+                _ = resync.tick() => {
+                    for pod in store.state() {
+                        self.consider(&pod, &mut workers);
+                    }
+                }
+                Some(_) = workers.join_next(), if !workers.is_empty() => {}
+            }
+        }
+    }
+
+    fn consider(&self, pod: &Pod, workers: &mut JoinSet<()>) {
+        if plan(pod, &self.knobs).is_none() {
+            return;
+        }
+        let (Some(ns), Some(name)) = (&pod.metadata.namespace, &pod.metadata.name) else {
+            return;
+        };
+        let key = (ns.clone(), name.clone());
+        if !self.in_flight.lock().unwrap().insert(key.clone()) {
+            return;
+        }
+        let sim = self.clone();
+        workers.spawn(async move {
+            sim.work(&key.0, &key.1).await;
+            sim.in_flight.lock().unwrap().remove(&key);
+        });
+    }
+
+    /// Drives one pod until there is nothing left to do. Never panics: a deleted pod ends
+    /// the work, a failure or a conflict is retried.
+    async fn work(&self, ns: &str, name: &str) {
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), ns);
+        loop {
+            let Some(action) = self.current_plan(&api, name).await else {
+                return;
+            };
+            let delay = match action {
+                Action::Hibernate => self.knobs.hibernate_delay(),
+                Action::Wake => self.knobs.wake_delay(),
+            };
+            tokio::time::sleep(delay).await;
+            // The request may have been withdrawn or the pod replaced during the delay.
+            let pod = match api.get_opt(name).await {
+                Ok(Some(pod)) => pod,
+                Ok(None) => return,
+                Err(e) => {
+                    tracing::warn!(%ns, %name, error = %e, "vk-sim: get pod");
+                    tokio::time::sleep(RETRY).await;
+                    continue;
+                }
+            };
+            if plan(&pod, &self.knobs) != Some(action) {
+                continue;
+            }
+            let result = match action {
+                Action::Hibernate => self.hibernate(&api, &pod).await,
+                Action::Wake => self.wake(&api, &pod).await,
+            };
+            if let Err(e) = result {
+                tracing::warn!(%ns, %name, ?action, error = %e, "vk-sim: retrying");
+                tokio::time::sleep(RETRY).await;
+            }
+        }
+    }
+
+    async fn current_plan(&self, api: &Api<Pod>, name: &str) -> Option<Action> {
+        loop {
+            match api.get_opt(name).await {
+                Ok(pod) => return pod.and_then(|p| plan(&p, &self.knobs)),
+                Err(e) => {
+                    tracing::warn!(%name, error = %e, "vk-sim: get pod");
+                    tokio::time::sleep(RETRY).await;
+                }
+            }
+        }
+    }
+
+    async fn hibernate(&self, api: &Api<Pod>, pod: &Pod) -> Result<(), SimError> {
+        let name = pod.metadata.name.as_deref().unwrap_or_default();
+        let view = PodView::from_pod(pod);
+        let vm = view.vm_name.as_deref().unwrap_or_default();
+        if !(view.lifecycle_hibernated_for_round() && view.vm_id.is_none()) {
+            if self.knobs.fail_push() {
+                return Err(format!("injected push failure for {vm}").into());
+            }
+            push_snapshot(&self.registry, vm, name).await?;
+            self.knobs.pushes.fetch_add(1, Ordering::Relaxed);
+            // One patch, as vk does. resourceVersion makes it a compare-and-swap, so the
+            // generation written is the one read; a conflict is retried by `work`.
+            let patch = json!({
+                "metadata": {
+                    "resourceVersion": pod.metadata.resource_version,
+                    "annotations": {
+                        VM_ID: Value::Null,
+                        LIFECYCLE_STATE: STATE_HIBERNATED,
+                        LIFECYCLE_OBSERVED_GENERATION: view.cocoonset_generation.to_string(),
+                    }
+                }
+            });
+            api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await?;
+            self.knobs.hibernations.fetch_add(1, Ordering::Relaxed);
+        }
+        let status = stopped_status(pod);
+        api.patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
+            .await?;
+        tracing::info!(%name, %vm, "vk-sim: hibernated");
+        Ok(())
+    }
+
+    async fn wake(&self, api: &Api<Pod>, pod: &Pod) -> Result<(), SimError> {
+        let name = pod.metadata.name.as_deref().unwrap_or_default();
+        let view = PodView::from_pod(pod);
+        let vm_id = match view.vm_id {
+            // A VM not reported yet (a new pod, or a wake whose status write failed).
+            Some(id) => id,
+            None => {
+                let vm_id = new_vm_id();
+                let patch = json!({
+                    "metadata": {
+                        "resourceVersion": pod.metadata.resource_version,
+                        "annotations": { VM_ID: vm_id, LIFECYCLE_STATE: STATE_READY }
+                    }
+                });
+                api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+                    .await?;
+                self.knobs.wakes.fetch_add(1, Ordering::Relaxed);
+                tracing::info!(%name, %vm_id, "vk-sim: woke with a new VMID");
+                vm_id
+            }
+        };
+        let status = running_status(pod, &vm_id);
+        api.patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
+            .await?;
+        tracing::info!(%name, %vm_id, "vk-sim: container Running");
+        Ok(())
+    }
+}
+
+fn new_vm_id() -> String {
+    let r = RandomState::new().hash_one(std::time::SystemTime::now());
+    format!("vmid-{r:016x}")
+}
+
+fn now_rfc3339() -> String {
+    jiff::Timestamp::now()
+        .strftime("%Y-%m-%dT%H:%M:%SZ")
+        .to_string()
+}
+
+fn container_names(pod: &Pod) -> Vec<String> {
+    pod.spec
+        .as_ref()
+        .map(|s| s.containers.iter().map(|c| c.name.clone()).collect())
+        .unwrap_or_default()
+}
+
+fn container_image(pod: &Pod, name: &str) -> String {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.containers.iter().find(|c| c.name == name))
+        .and_then(|c| c.image.clone())
+        .unwrap_or_default()
+}
+
+/// Pod status with every container Running and Ready.
+fn running_status(pod: &Pod, vm_id: &str) -> Value {
+    let now = now_rfc3339();
+    let statuses: Vec<Value> = container_names(pod)
+        .iter()
+        .map(|c| {
+            json!({
+                "name": c, "image": container_image(pod, c), "imageID": "",
+                "containerID": format!("cocoon://{vm_id}"),
+                "ready": true, "started": true, "restartCount": 0,
+                "state": { "running": { "startedAt": now } },
+            })
+        })
+        .collect();
+    json!({ "status": {
+        "phase": "Running",
+        "conditions": [
+            { "type": "Ready", "status": "True", "lastTransitionTime": now },
+            { "type": "ContainersReady", "status": "True", "lastTransitionTime": now },
+        ],
+        "containerStatuses": statuses,
+    }})
+}
+
+/// Pod status with every container waiting (the VM is gone). Waiting rather than
+/// terminated: a terminated container may not go back to running under some restart
+/// policies, and a woken VM must.
+fn stopped_status(pod: &Pod) -> Value {
+    let now = now_rfc3339();
+    let statuses: Vec<Value> = container_names(pod)
+        .iter()
+        .map(|c| {
+            json!({
+                "name": c, "image": container_image(pod, c), "imageID": "",
+                "ready": false, "started": false, "restartCount": 0,
+                "state": { "waiting": { "reason": "Hibernated", "message": "VM snapshot pushed; VM removed" } },
+            })
+        })
+        .collect();
+    json!({ "status": {
+        "conditions": [
+            { "type": "Ready", "status": "False", "reason": "Hibernated", "lastTransitionTime": now },
+            { "type": "ContainersReady", "status": "False", "reason": "Hibernated", "lastTransitionTime": now },
+        ],
+        "containerStatuses": statuses,
+    }})
+}
+
+/// Pushes a tiny OCI artifact (config + one layer) to `<registry>/<vm>:hibernate` over
+/// plain http. The layer differs on every push, so each push gets a new digest.
+pub async fn push_snapshot(registry: &str, vm: &str, note: &str) -> Result<String, SimError> {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let reference: Reference = format!("{registry}/{vm}:hibernate").parse()?;
+    let client = OciClient::new(ClientConfig {
+        protocol: ClientProtocol::Http,
+        ..Default::default()
+    });
+    let layer = ImageLayer::oci_v1(
+        format!("snapshot of {vm} ({note}) {}", new_vm_id()).into_bytes(),
+        None,
+    );
+    let config = Config::oci_v1(b"{}".to_vec(), None);
+    let resp = client
+        .push(&reference, &[layer], config, &RegistryAuth::Anonymous, None)
+        .await?;
+    Ok(resp.manifest_url)
+}
+
+/// See [`SimHandle::stage_stale_lifecycle`].
+pub async fn stage_stale_lifecycle(
+    client: &kube::Client,
+    namespace: &str,
+    pod: &str,
+) -> Result<(), SimError> {
+    let api: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    let current = api.get(pod).await?;
+    let generation = PodView::from_pod(&current).cocoonset_generation;
+    let patch = json!({ "metadata": { "annotations": {
+        LIFECYCLE_STATE: STATE_HIBERNATED,
+        LIFECYCLE_OBSERVED_GENERATION: (generation - 1).to_string(),
+    }}});
+    api.patch(pod, &PatchParams::default(), &Patch::Merge(&patch))
+        .await?;
+    Ok(())
+}
+
+/// Creates a VM-backed pod as the CocoonSet operator and vk would leave it: one container
+/// `vm`, the VM name, generation stamp 1, a VMID, `lifecycle-state=ready`, and (through
+/// `pods/status`, as there is no kubelet) a Running container. Returns the pod after the
+/// status write.
+pub async fn create_vm_pod(
+    client: &kube::Client,
+    namespace: &str,
+    pod_name: &str,
+    vm_name: &str,
+) -> Result<Pod, SimError> {
+    let api: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    let vm_id = new_vm_id();
+    let pod = Pod {
+        metadata: ObjectMeta {
+            name: Some(pod_name.to_owned()),
+            annotations: Some(
+                [
+                    (VM_NAME, vm_name),
+                    (COCOONSET_GENERATION, "1"),
+                    (VM_ID, vm_id.as_str()),
+                    (LIFECYCLE_STATE, STATE_READY),
+                ]
+                .into_iter()
+                .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                .collect(),
+            ),
+            ..Default::default()
+        },
+        spec: Some(PodSpec {
+            containers: vec![Container {
+                name: "vm".into(),
+                image: Some("cocoon/vm:test".into()),
+                ..Default::default()
+            }],
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let created = api.create(&PostParams::default(), &pod).await?;
+    let running = api
+        .patch_status(
+            pod_name,
+            &PatchParams::default(),
+            &Patch::Merge(&running_status(&created, &vm_id)),
+        )
+        .await?;
+    Ok(running)
+}
