@@ -1,0 +1,37 @@
+# Two commands matter: `make demo` runs the product locally, `make test` runs every test.
+export CARGO_TARGET_DIR ?= $(HOME)/.cache/cocoon-hibernation/target
+
+.PHONY: build release crd test demo demo-down cluster-up cluster-down chart-check fmt lint
+
+build:
+	cargo build --locked
+
+release:
+	cargo build --locked --release
+
+crd:
+	@cargo run --quiet --locked -- crd
+
+test:
+	bash hack/test.sh
+
+demo:
+	bash hack/demo.sh up
+
+demo-down:
+	bash hack/demo.sh down
+
+cluster-up:
+	bash hack/cluster-up.sh
+
+cluster-down:
+	bash hack/cluster-down.sh
+
+chart-check:
+	bash hack/check-chart.sh
+
+fmt:
+	cargo fmt --all
+
+lint:
+	cargo clippy --locked --all-targets -- -D warnings
