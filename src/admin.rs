@@ -34,7 +34,10 @@ async fn metrics_text(State(s): State<AdminState>) -> impl IntoResponse {
     match s.metrics.encode() {
         Ok(body) => (
             StatusCode::OK,
-            [(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")],
+            [(
+                header::CONTENT_TYPE,
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            )],
             body,
         )
             .into_response(),

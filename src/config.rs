@@ -6,7 +6,11 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 #[derive(Parser, Debug)]
-#[command(name = "cocoon-hibernation", version, about = "Hibernates and wakes VM-backed pods")]
+#[command(
+    name = "cocoon-hibernation",
+    version,
+    about = "Hibernates and wakes VM-backed pods"
+)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Option<Command>,
@@ -52,10 +56,18 @@ pub struct WebhookArgs {
     #[arg(long, env = "COCOON_WEBHOOK_ADDR", default_value = "0.0.0.0:8443")]
     pub webhook_addr: SocketAddr,
     /// Serving certificate (PEM); re-read when it changes.
-    #[arg(long, env = "COCOON_TLS_CERT_FILE", default_value = "/etc/cocoon-hibernation/tls/tls.crt")]
+    #[arg(
+        long,
+        env = "COCOON_TLS_CERT_FILE",
+        default_value = "/etc/cocoon-hibernation/tls/tls.crt"
+    )]
     pub tls_cert_file: PathBuf,
     /// Serving key (PEM); re-read when it changes.
-    #[arg(long, env = "COCOON_TLS_KEY_FILE", default_value = "/etc/cocoon-hibernation/tls/tls.key")]
+    #[arg(
+        long,
+        env = "COCOON_TLS_KEY_FILE",
+        default_value = "/etc/cocoon-hibernation/tls/tls.key"
+    )]
     pub tls_key_file: PathBuf,
     /// How often the certificate files are checked for changes.
     #[arg(long, env = "COCOON_TLS_RELOAD_INTERVAL", value_parser = parse_duration, default_value = "5s")]
@@ -144,7 +156,11 @@ pub fn parse_duration(raw: &str) -> Result<Duration, String> {
         "ms" => Duration::from_millis(n),
         "m" => Duration::from_secs(n * 60),
         "h" => Duration::from_secs(n * 3600),
-        _ => return Err(format!("invalid duration unit in {raw:?}: use ms, s, m or h")),
+        _ => {
+            return Err(format!(
+                "invalid duration unit in {raw:?}: use ms, s, m or h"
+            ));
+        }
     };
     Ok(d)
 }
@@ -172,7 +188,9 @@ impl ServerArgs {
         match self.registry.registry_base.as_deref().map(str::trim) {
             None | Some("") => return err("--registry-base (COCOON_REGISTRY_BASE) is required"),
             Some(base) if base.contains("://") => {
-                return err("--registry-base takes host[:port][/prefix] without a scheme; use --registry-plain-http for http");
+                return err(
+                    "--registry-base takes host[:port][/prefix] without a scheme; use --registry-plain-http for http",
+                );
             }
             Some(_) => {}
         }
@@ -180,9 +198,15 @@ impl ServerArgs {
         if r.registry_password.is_some() && r.registry_username.is_none() {
             return err("COCOON_REGISTRY_PASSWORD is set but --registry-username is not");
         }
-        let sources = [r.registry_username.is_some(), r.registry_docker_config.is_some(), r.registry_token_file.is_some()];
+        let sources = [
+            r.registry_username.is_some(),
+            r.registry_docker_config.is_some(),
+            r.registry_token_file.is_some(),
+        ];
         if sources.iter().filter(|s| **s).count() > 1 {
-            return err("choose one of --registry-username, --registry-docker-config, --registry-token-file");
+            return err(
+                "choose one of --registry-username, --registry-docker-config, --registry-token-file",
+            );
         }
         if self.election.leader_election {
             if self.election.lease_duration < Duration::from_secs(2) {
@@ -205,7 +229,11 @@ mod tests {
     use rstest::rstest;
 
     fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
-        let mut all = vec!["cocoon-hibernation", "--registry-base", "127.0.0.1:5000/snap"];
+        let mut all = vec![
+            "cocoon-hibernation",
+            "--registry-base",
+            "127.0.0.1:5000/snap",
+        ];
         all.extend_from_slice(args);
         Cli::try_parse_from(all)
     }
@@ -213,7 +241,10 @@ mod tests {
     #[test]
     fn defaults_are_the_spec_budgets() {
         let cli = parse(&[]).unwrap();
-        assert_eq!(cli.server.controller.hibernate_timeout, Duration::from_secs(180));
+        assert_eq!(
+            cli.server.controller.hibernate_timeout,
+            Duration::from_secs(180)
+        );
         assert_eq!(cli.server.controller.wake_timeout, Duration::from_secs(300));
         assert_eq!(cli.server.controller.concurrency, 4);
         assert_eq!(cli.server.validate(), Ok(()));
@@ -226,7 +257,10 @@ mod tests {
     #[case::scheme_in_base(&["--registry-base", "https://r.example/x"], "without a scheme")]
     #[case::same_ports(&["--webhook-addr", "0.0.0.0:8080"], "must differ")]
     #[case::two_credential_sources(&["--registry-username", "u", "--registry-token-file", "/t"], "choose one")]
-    fn p3_bad_settings_are_refused_with_the_flag_named(#[case] args: &[&str], #[case] needle: &str) {
+    fn p3_bad_settings_are_refused_with_the_flag_named(
+        #[case] args: &[&str],
+        #[case] needle: &str,
+    ) {
         let cli = parse(args).unwrap();
         let e = cli.server.validate().unwrap_err();
         assert!(e.to_string().contains(needle), "{e}");
@@ -235,7 +269,13 @@ mod tests {
     #[test]
     fn p3_missing_registry_base_is_refused() {
         let cli = Cli::try_parse_from(["cocoon-hibernation"]).unwrap();
-        assert!(cli.server.validate().unwrap_err().0.contains("--registry-base"));
+        assert!(
+            cli.server
+                .validate()
+                .unwrap_err()
+                .0
+                .contains("--registry-base")
+        );
     }
 
     #[rstest]

@@ -27,7 +27,11 @@ impl Election {
         }
     }
 
-    pub async fn start(client: kube::Client, args: &ElectionArgs, identity: String) -> Result<Self> {
+    pub async fn start(
+        client: kube::Client,
+        args: &ElectionArgs,
+        identity: String,
+    ) -> Result<Self> {
         let duration = args.lease_duration.as_secs().max(2);
         let grace = (duration / 3).max(1);
         let manager = LeaseManagerBuilder::new(client, &args.lease_name)
@@ -48,7 +52,12 @@ impl Election {
                 Err(e) => tracing::warn!(error = %e, "lease manager task failed"),
             }
         });
-        tracing::info!(identity, lease = args.lease_name, namespace = args.lease_namespace, "leader election started");
+        tracing::info!(
+            identity,
+            lease = args.lease_name,
+            namespace = args.lease_namespace,
+            "leader election started"
+        );
         Ok(Self {
             leading,
             task: Some(task),

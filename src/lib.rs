@@ -5,15 +5,15 @@
 #![forbid(unsafe_code)]
 
 pub mod api;
-pub mod metrics;
-pub mod registry;
 pub mod cache;
 pub mod config;
 pub mod controller;
 pub mod error;
+pub mod metrics;
+pub mod registry;
 
 pub use error::{Error, Result};
-pub mod webhook;
 pub mod admin;
 pub mod leader;
 pub mod server;
+pub mod webhook;

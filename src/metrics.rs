@@ -78,21 +78,41 @@ impl Metrics {
         let registry_calls = Family::<RegistryLabels, Counter>::default();
         let snapshot_tags_kept = Counter::default();
         let leader = Gauge::default();
-        registry.register("reconcile_passes", "Reconcile passes run", reconcile_passes.clone());
-        registry.register("reconcile_errors", "Reconcile passes that returned an error", reconcile_errors.clone());
+        registry.register(
+            "reconcile_passes",
+            "Reconcile passes run",
+            reconcile_passes.clone(),
+        );
+        registry.register(
+            "reconcile_errors",
+            "Reconcile passes that returned an error",
+            reconcile_errors.clone(),
+        );
         registry.register(
             "phase_duration_seconds",
             "Time from entering Hibernating or Waking to its end",
             phase_duration.clone(),
         );
-        registry.register("admission_decisions", "Admission reviews answered", admission_decisions.clone());
-        registry.register("registry_calls", "OCI registry calls", registry_calls.clone());
+        registry.register(
+            "admission_decisions",
+            "Admission reviews answered",
+            admission_decisions.clone(),
+        );
+        registry.register(
+            "registry_calls",
+            "OCI registry calls",
+            registry_calls.clone(),
+        );
         registry.register(
             "snapshot_tags_kept",
             "Snapshot tags not deleted because another tag shares their manifest digest",
             snapshot_tags_kept.clone(),
         );
-        registry.register("leader", "1 while this replica holds the leader lease", leader.clone());
+        registry.register(
+            "leader",
+            "1 while this replica holds the leader lease",
+            leader.clone(),
+        );
         Self {
             reconcile_passes,
             reconcile_errors,
@@ -144,8 +164,12 @@ mod tests {
         m.phase_done(Transition::hibernate, TransitionResult::ok, 3.0);
         let text = m.encode().unwrap();
         assert!(text.contains("cocoon_hibernation_reconcile_passes_total 1"));
-        assert!(text.contains(r#"cocoon_hibernation_registry_calls_total{operation="probe",outcome="present"} 1"#));
-        assert!(text.contains(r#"cocoon_hibernation_admission_decisions_total{operation="CREATE",result="denied"} 1"#));
+        assert!(text.contains(
+            r#"cocoon_hibernation_registry_calls_total{operation="probe",outcome="present"} 1"#
+        ));
+        assert!(text.contains(
+            r#"cocoon_hibernation_admission_decisions_total{operation="CREATE",result="denied"} 1"#
+        ));
         assert!(text.contains(r#"cocoon_hibernation_phase_duration_seconds_count{transition="hibernate",result="ok"} 1"#));
     }
 }

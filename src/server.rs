@@ -101,7 +101,11 @@ pub async fn run(args: ServerArgs) -> Result<()> {
         let _ = tokio::time::timeout(Duration::from_secs(5), task).await;
     }
     if !webhook_server.is_finished() {
-        let _ = tokio::time::timeout(args.shutdown_grace + Duration::from_secs(1), &mut webhook_server).await;
+        let _ = tokio::time::timeout(
+            args.shutdown_grace + Duration::from_secs(1),
+            &mut webhook_server,
+        )
+        .await;
     }
     let _ = admin_server.await;
     cache_task.abort();
@@ -141,7 +145,13 @@ async fn wait_for_signal() {
 
 /// Turns the registry flags into a client config; reads credential files (P3).
 pub fn registry_config(args: &RegistryArgs) -> Result<RegistryConfig> {
-    let base = args.registry_base.clone().unwrap_or_default().trim().trim_end_matches('/').to_owned();
+    let base = args
+        .registry_base
+        .clone()
+        .unwrap_or_default()
+        .trim()
+        .trim_end_matches('/')
+        .to_owned();
     let host = base.split('/').next().unwrap_or_default().to_owned();
     let auth = if let Some(user) = &args.registry_username {
         RegistryAuth::Basic {
@@ -149,12 +159,20 @@ pub fn registry_config(args: &RegistryArgs) -> Result<RegistryConfig> {
             password: args.registry_password.clone().unwrap_or_default(),
         }
     } else if let Some(path) = &args.registry_docker_config {
-        let raw = std::fs::read(path)
-            .map_err(|e| Error::Config(crate::config::ConfigError(format!("reading --registry-docker-config {}: {e}", path.display()))))?;
+        let raw = std::fs::read(path).map_err(|e| {
+            Error::Config(crate::config::ConfigError(format!(
+                "reading --registry-docker-config {}: {e}",
+                path.display()
+            )))
+        })?;
         RegistryAuth::from_docker_config(&raw, &host)?
     } else if let Some(path) = &args.registry_token_file {
-        let token = std::fs::read_to_string(path)
-            .map_err(|e| Error::Config(crate::config::ConfigError(format!("reading --registry-token-file {}: {e}", path.display()))))?;
+        let token = std::fs::read_to_string(path).map_err(|e| {
+            Error::Config(crate::config::ConfigError(format!(
+                "reading --registry-token-file {}: {e}",
+                path.display()
+            )))
+        })?;
         RegistryAuth::Bearer {
             token: token.trim().to_owned(),
         }
@@ -163,8 +181,12 @@ pub fn registry_config(args: &RegistryArgs) -> Result<RegistryConfig> {
     };
     let mut extra_ca_pems = Vec::new();
     for path in &args.registry_ca_file {
-        let pem = std::fs::read(path)
-            .map_err(|e| Error::Config(crate::config::ConfigError(format!("reading --registry-ca-file {}: {e}", path.display()))))?;
+        let pem = std::fs::read(path).map_err(|e| {
+            Error::Config(crate::config::ConfigError(format!(
+                "reading --registry-ca-file {}: {e}",
+                path.display()
+            )))
+        })?;
         extra_ca_pems.push(pem);
     }
     Ok(RegistryConfig {

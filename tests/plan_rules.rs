@@ -3,7 +3,8 @@
 use cocoon_hibernation::api::annotations::PodView;
 use cocoon_hibernation::api::conditions::{self, READY, SNAPSHOT_DELETED};
 use cocoon_hibernation::api::{
-    CocoonHibernation, CocoonHibernationSpec, CocoonHibernationStatus, Desire, FINALIZER, Phase, PodRef,
+    CocoonHibernation, CocoonHibernationSpec, CocoonHibernationStatus, Desire, FINALIZER, Phase,
+    PodRef,
 };
 use cocoon_hibernation::controller::plan::{self, EventKind, Plan, PodPatch, Probe, Settings};
 use cocoon_hibernation::metrics::{Transition, TransitionResult};
@@ -21,7 +22,9 @@ fn cr(desire: Desire, phase: Option<Phase>) -> CocoonHibernation {
     let mut cr = CocoonHibernation::new(
         "pod-a",
         CocoonHibernationSpec {
-            pod_ref: PodRef { name: "pod-a".into() },
+            pod_ref: PodRef {
+                name: "pod-a".into(),
+            },
             desire,
         },
     );
@@ -40,7 +43,14 @@ fn cr(desire: Desire, phase: Option<Phase>) -> CocoonHibernation {
             Phase::Failed => (false, conditions::REASON_FAILED),
             _ => (false, conditions::REASON_PENDING),
         };
-        conditions::upsert(&mut status.conditions, READY, ok, reason, "m", Some(2), at(0), true);
+        let update = conditions::Update {
+            type_: READY,
+            status: ok,
+            reason,
+            message: "m",
+            observed_generation: Some(2),
+        };
+        conditions::upsert(&mut status.conditions, update, at(0), true);
         cr.status = Some(status);
     }
     cr
@@ -89,7 +99,12 @@ fn phase_of(p: &Plan) -> Option<Phase> {
 fn ready(p: &Plan) -> (String, String, String, Time) {
     let s = p.status.as_ref().expect("a status write");
     let c = conditions::find(&s.conditions, READY).expect("a Ready condition");
-    (c.status.clone(), c.reason.clone(), c.message.clone(), c.last_transition_time.clone())
+    (
+        c.status.clone(),
+        c.reason.clone(),
+        c.message.clone(),
+        c.last_transition_time.clone(),
+    )
 }
 
 fn reasons(p: &Plan) -> Vec<&'static str> {
@@ -110,8 +125,16 @@ fn r1_finalizer_first_and_the_pass_ends_there() {
 #[rstest]
 #[case::missing_pod(None, "pod ns/pod-a not found")]
 #[case::no_vm_name(Some(PodView { vm_name: None, ..running_pod() }), "has no vm.cocoonstack.io/name")]
-fn r2_missing_pod_or_vm_name_is_pending_and_rechecked_every_5s(#[case] pod: Option<PodView>, #[case] msg: &str) {
-    let p = run(&cr(Desire::Hibernate, None), pod.as_ref(), Probe::NotProbed, 0);
+fn r2_missing_pod_or_vm_name_is_pending_and_rechecked_every_5s(
+    #[case] pod: Option<PodView>,
+    #[case] msg: &str,
+) {
+    let p = run(
+        &cr(Desire::Hibernate, None),
+        pod.as_ref(),
+        Probe::NotProbed,
+        0,
+    );
     assert_eq!(phase_of(&p), Some(Phase::Pending));
     assert!(ready(&p).2.contains(msg), "{:?}", ready(&p));
     assert_eq!(ready(&p).1, "Pending");
@@ -122,9 +145,15 @@ fn r2_missing_pod_or_vm_name_is_pending_and_rechecked_every_5s(#[case] pod: Opti
 #[rstest]
 #[case::hibernated(Phase::Hibernated, Desire::Wake)]
 #[case::waking(Phase::Waking, Desire::Wake)]
-fn r2_hibernated_and_waking_keep_their_phase_without_a_pod(#[case] phase: Phase, #[case] desire: Desire) {
+fn r2_hibernated_and_waking_keep_their_phase_without_a_pod(
+    #[case] phase: Phase,
+    #[case] desire: Desire,
+) {
     let p = run(&cr(desire, Some(phase)), None, Probe::NotProbed, 10);
-    assert_eq!(p.status, None, "no write: the phase carries the restore intent");
+    assert_eq!(
+        p.status, None,
+        "no write: the phase carries the restore intent"
+    );
     assert_eq!(p.requeue, Some(Duration::from_secs(5)));
 }
 
@@ -133,7 +162,12 @@ fn r2_hibernated_and_waking_keep_their_phase_without_a_pod(#[case] phase: Phase,
 #[case::hibernating(Phase::Hibernating)]
 #[case::failed(Phase::Failed)]
 fn r2_other_phases_fall_back_to_pending_without_a_pod(#[case] phase: Phase) {
-    let p = run(&cr(Desire::Hibernate, Some(phase)), None, Probe::NotProbed, 10);
+    let p = run(
+        &cr(Desire::Hibernate, Some(phase)),
+        None,
+        Probe::NotProbed,
+        10,
+    );
     assert_eq!(phase_of(&p), Some(Phase::Pending));
 }
 
@@ -148,16 +182,33 @@ fn r2_pending_pass_that_changes_nothing_writes_nothing() {
 
 #[test]
 fn r3_unknown_desire_fails_with_a_message() {
-    let p = run(&cr(Desire::Unknown, None), Some(&running_pod()), Probe::NotProbed, 0);
+    let p = run(
+        &cr(Desire::Unknown, None),
+        Some(&running_pod()),
+        Probe::NotProbed,
+        0,
+    );
     assert_eq!(phase_of(&p), Some(Phase::Failed));
-    assert!(ready(&p).2.contains("spec.desire must be Hibernate or Wake"));
+    assert!(
+        ready(&p)
+            .2
+            .contains("spec.desire must be Hibernate or Wake")
+    );
     assert_eq!(p.pod_patch, None);
 }
 
 #[test]
 fn h1_h2_first_pass_sets_annotation_and_enters_hibernating_without_probing() {
-    let p = run(&cr(Desire::Hibernate, None), Some(&running_pod()), Probe::NotProbed, 0);
-    assert!(!p.needs_probe, "H2: entering does not depend on the registry");
+    let p = run(
+        &cr(Desire::Hibernate, None),
+        Some(&running_pod()),
+        Probe::NotProbed,
+        0,
+    );
+    assert!(
+        !p.needs_probe,
+        "H2: entering does not depend on the registry"
+    );
     assert_eq!(p.pod_patch, Some(PodPatch::SetHibernate));
     assert_eq!(phase_of(&p), Some(Phase::Hibernating));
     assert_eq!(p.status.as_ref().unwrap().vm_name.as_deref(), Some("vm-a"));
@@ -173,7 +224,12 @@ fn h1_no_patch_when_annotation_already_set() {
         hibernate_requested: true,
         ..running_pod()
     };
-    let p = run(&cr(Desire::Hibernate, Some(Phase::Hibernating)), Some(&pod), Probe::NotProbed, 5);
+    let p = run(
+        &cr(Desire::Hibernate, Some(Phase::Hibernating)),
+        Some(&pod),
+        Probe::NotProbed,
+        5,
+    );
     assert_eq!(p.pod_patch, None);
     assert_eq!(p.status, None, "waiting writes nothing");
 }
@@ -199,7 +255,10 @@ fn h3_done_when_lifecycle_round_and_tag_all_hold() {
     assert_eq!((st.as_str(), reason.as_str()), ("True", "Done"));
     assert_eq!(reasons(&p), vec!["Hibernated"]);
     assert_eq!(p.events[0].kind, EventKind::Normal);
-    assert_eq!(p.phase_metric, Some((Transition::hibernate, TransitionResult::ok, 42.0)));
+    assert_eq!(
+        p.phase_metric,
+        Some((Transition::hibernate, TransitionResult::ok, 42.0))
+    );
     assert_eq!(p.requeue, None);
 }
 
@@ -236,7 +295,12 @@ fn h4_probe_error_is_returned_and_phase_kept() {
 #[test]
 fn h4_h5_probe_errors_still_count_against_the_clock() {
     let c = cr(Desire::Hibernate, Some(Phase::Hibernating));
-    let p = run(&c, Some(&hibernated_pod()), Probe::Failed("connection refused".into()), 181);
+    let p = run(
+        &c,
+        Some(&hibernated_pod()),
+        Probe::Failed("connection refused".into()),
+        181,
+    );
     assert_eq!(phase_of(&p), Some(Phase::Failed));
     assert_eq!(p.error, None, "the timeout is the answer now");
 }
@@ -256,7 +320,10 @@ fn h5_hibernate_timeout_fails_with_the_timeout_in_the_message() {
     assert!(msg.contains("3m"), "{msg}");
     assert_eq!(reasons(&p), vec!["HibernateTimedOut"]);
     assert_eq!(p.events[0].kind, EventKind::Warning);
-    assert_eq!(p.phase_metric.as_ref().map(|m| m.1.clone()), Some(TransitionResult::timeout));
+    assert_eq!(
+        p.phase_metric.as_ref().map(|m| m.1.clone()),
+        Some(TransitionResult::timeout)
+    );
 }
 
 #[test]
@@ -272,7 +339,12 @@ fn w1_wake_removes_annotation_and_enters_waking() {
         hibernate_requested: true,
         ..hibernated_pod()
     };
-    let p = run(&cr(Desire::Wake, Some(Phase::Hibernated)), Some(&pod), Probe::NotProbed, 0);
+    let p = run(
+        &cr(Desire::Wake, Some(Phase::Hibernated)),
+        Some(&pod),
+        Probe::NotProbed,
+        0,
+    );
     assert_eq!(p.pod_patch, Some(PodPatch::ClearHibernate));
     assert_eq!(phase_of(&p), Some(Phase::Waking));
     assert_eq!(ready(&p).3, at(0));
@@ -284,37 +356,70 @@ fn w1_no_patch_when_annotation_already_absent() {
         hibernate_requested: false,
         ..hibernated_pod()
     };
-    let p = run(&cr(Desire::Wake, Some(Phase::Waking)), Some(&pod), Probe::NotProbed, 3);
+    let p = run(
+        &cr(Desire::Wake, Some(Phase::Waking)),
+        Some(&pod),
+        Probe::NotProbed,
+        3,
+    );
     assert_eq!(p.pod_patch, None);
     assert_eq!(p.status, None);
 }
 
 #[test]
 fn w2_running_with_fresh_vmid_is_active_then_tag_deleted() {
-    let p = run(&cr(Desire::Wake, Some(Phase::Waking)), Some(&running_pod()), Probe::NotProbed, 20);
+    let p = run(
+        &cr(Desire::Wake, Some(Phase::Waking)),
+        Some(&running_pod()),
+        Probe::NotProbed,
+        20,
+    );
     assert_eq!(phase_of(&p), Some(Phase::Active));
     assert_eq!(reasons(&p), vec!["WokenActive"]);
     assert_eq!(p.delete_tag.as_deref(), Some("vm-a"));
     let s = p.status.as_ref().unwrap();
-    assert_eq!(conditions::find(&s.conditions, SNAPSHOT_DELETED).unwrap().status, "False");
+    assert_eq!(
+        conditions::find(&s.conditions, SNAPSHOT_DELETED)
+            .unwrap()
+            .status,
+        "False"
+    );
     let after = p.status_after_delete.as_ref().unwrap();
-    assert_eq!(conditions::find(&after.conditions, SNAPSHOT_DELETED).unwrap().status, "True");
+    assert_eq!(
+        conditions::find(&after.conditions, SNAPSHOT_DELETED)
+            .unwrap()
+            .status,
+        "True"
+    );
     assert_eq!(after.phase, Some(Phase::Active));
-    assert_eq!(p.phase_metric, Some((Transition::wake, TransitionResult::ok, 20.0)));
+    assert_eq!(
+        p.phase_metric,
+        Some((Transition::wake, TransitionResult::ok, 20.0))
+    );
 }
 
 #[rstest]
 #[case::running_without_vmid(PodView { vm_id: None, ..running_pod() })]
 #[case::vmid_not_running(PodView { container_running: false, ..running_pod() })]
 fn w2_running_alone_or_vmid_alone_is_not_woken(#[case] pod: PodView) {
-    let p = run(&cr(Desire::Wake, Some(Phase::Waking)), Some(&pod), Probe::NotProbed, 20);
+    let p = run(
+        &cr(Desire::Wake, Some(Phase::Waking)),
+        Some(&pod),
+        Probe::NotProbed,
+        20,
+    );
     assert_eq!(p.status, None);
     assert_eq!(p.delete_tag, None);
 }
 
 #[test]
 fn w3_settled_active_retries_an_owed_tag_delete_without_writing() {
-    let first = run(&cr(Desire::Wake, Some(Phase::Waking)), Some(&running_pod()), Probe::NotProbed, 20);
+    let first = run(
+        &cr(Desire::Wake, Some(Phase::Waking)),
+        Some(&running_pod()),
+        Probe::NotProbed,
+        20,
+    );
     let mut c = cr(Desire::Wake, Some(Phase::Active));
     c.status = first.status.clone();
     let p = run(&c, Some(&running_pod()), Probe::NotProbed, 60);
@@ -345,7 +450,11 @@ fn w4_wake_timeout_fails_with_the_timeout_in_the_message() {
 fn d1_wake_while_hibernating_first_finishes_the_hibernate() {
     let c = cr(Desire::Wake, Some(Phase::Hibernating));
     let waiting = run(&c, Some(&running_pod()), Probe::NotProbed, 5);
-    assert_eq!(waiting.pod_patch, Some(PodPatch::SetHibernate), "the annotation stays");
+    assert_eq!(
+        waiting.pod_patch,
+        Some(PodPatch::SetHibernate),
+        "the annotation stays"
+    );
     assert_eq!(waiting.status, None);
     let done = run(&c, Some(&hibernated_pod()), Probe::Present, 9);
     assert_eq!(phase_of(&done), Some(Phase::Hibernated));
@@ -370,7 +479,10 @@ fn d1_hibernate_while_waking_first_finishes_the_wake() {
         ..running_pod()
     };
     let waiting = run(&c, Some(&pod), Probe::NotProbed, 5);
-    assert_eq!(waiting.pod_patch, None, "no hibernate annotation while waking");
+    assert_eq!(
+        waiting.pod_patch, None,
+        "no hibernate annotation while waking"
+    );
     assert_eq!(waiting.status, None);
     let done = run(&c, Some(&running_pod()), Probe::NotProbed, 9);
     assert_eq!(phase_of(&done), Some(Phase::Active));
@@ -380,7 +492,10 @@ fn d1_hibernate_while_waking_first_finishes_the_wake() {
     assert_eq!(phase_of(&next), Some(Phase::Hibernating));
     assert_eq!(next.pod_patch, Some(PodPatch::SetHibernate));
     assert!(
-        next.status.as_ref().map(|s| conditions::find(&s.conditions, SNAPSHOT_DELETED).is_none()).unwrap_or(false),
+        next.status
+            .as_ref()
+            .map(|s| conditions::find(&s.conditions, SNAPSHOT_DELETED).is_none())
+            .unwrap_or(false),
         "a new hibernate wants the tag: no delete is owed"
     );
 }
@@ -388,13 +503,24 @@ fn d1_hibernate_while_waking_first_finishes_the_wake() {
 #[rstest]
 #[case::hibernate(Desire::Hibernate, Phase::Hibernating)]
 #[case::wake(Desire::Wake, Phase::Waking)]
-fn f1_f2_f3_failed_is_retried_with_a_fresh_budget_and_an_event(#[case] desire: Desire, #[case] next: Phase) {
+fn f1_f2_f3_failed_is_retried_with_a_fresh_budget_and_an_event(
+    #[case] desire: Desire,
+    #[case] next: Phase,
+) {
     let mut c = cr(desire, Some(Phase::Failed));
-    let pod = if desire == Desire::Wake { hibernated_pod() } else { running_pod() };
+    let pod = if desire == Desire::Wake {
+        hibernated_pod()
+    } else {
+        running_pod()
+    };
     c.metadata.generation = Some(2);
     let p = run(&c, Some(&pod), Probe::NotProbed, 500);
     assert_eq!(phase_of(&p), Some(next));
-    assert_eq!(ready(&p).3, at(500), "F2: lastTransitionTime refreshed though Ready stays False");
+    assert_eq!(
+        ready(&p).3,
+        at(500),
+        "F2: lastTransitionTime refreshed though Ready stays False"
+    );
     assert_eq!(reasons(&p), vec!["RetryRequested"]);
     assert_eq!(p.events[0].kind, EventKind::Normal);
 }
@@ -467,7 +593,12 @@ fn g1_no_vm_name_means_nothing_to_delete_and_other_namespaces_do_not_count() {
     let mut elsewhere = cr(Desire::Hibernate, Some(Phase::Hibernated));
     elsewhere.metadata.namespace = Some("other-ns".into());
     elsewhere.metadata.name = Some("x".into());
-    assert_eq!(plan::plan_cleanup(&held, [&elsewhere]).delete_tag.as_deref(), Some("vm-a"));
+    assert_eq!(
+        plan::plan_cleanup(&held, [&elsewhere])
+            .delete_tag
+            .as_deref(),
+        Some("vm-a")
+    );
 }
 
 #[test]
@@ -482,7 +613,11 @@ fn g2_cleanup_without_our_finalizer_does_nothing() {
 #[rstest]
 #[case::hibernated(Desire::Hibernate, Phase::Hibernated, hibernated_pod())]
 #[case::active(Desire::Wake, Phase::Active, running_pod())]
-fn c3_settled_crs_plan_no_writes_and_no_requeue(#[case] desire: Desire, #[case] phase: Phase, #[case] pod: PodView) {
+fn c3_settled_crs_plan_no_writes_and_no_requeue(
+    #[case] desire: Desire,
+    #[case] phase: Phase,
+    #[case] pod: PodView,
+) {
     let p = run(&cr(desire, Some(phase)), Some(&pod), Probe::NotProbed, 1000);
     assert_eq!(p, Plan::default());
 }
@@ -492,5 +627,8 @@ fn observed_generation_follows_a_desire_flip_on_a_settled_cr() {
     let mut c = cr(Desire::Hibernate, Some(Phase::Hibernated));
     c.metadata.generation = Some(4);
     let p = run(&c, Some(&hibernated_pod()), Probe::NotProbed, 10);
-    assert_eq!(p.status.as_ref().and_then(|s| s.observed_generation), Some(4));
+    assert_eq!(
+        p.status.as_ref().and_then(|s| s.observed_generation),
+        Some(4)
+    );
 }

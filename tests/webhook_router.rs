@@ -72,14 +72,25 @@ fn verdict(body: &Value) -> (bool, String) {
     assert_eq!(body["response"]["uid"], UID, "V5: the uid is echoed");
     (
         body["response"]["allowed"].as_bool().unwrap(),
-        body["response"]["status"]["message"].as_str().unwrap_or_default().to_owned(),
+        body["response"]["status"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned(),
     )
 }
 
 #[rstest]
 #[case::v1_valid_create("create_valid.json", true, "")]
-#[case::v1_name_must_equal_pod_ref("create_name_mismatch.json", false, "metadata.name \"my-hib\" must equal spec.podRef.name \"web-0\"")]
-#[case::v2_live_duplicate("create_duplicate.json", false, "team-a/old-web-1 already targets pod web-1; flip its spec.desire instead")]
+#[case::v1_name_must_equal_pod_ref(
+    "create_name_mismatch.json",
+    false,
+    "metadata.name \"my-hib\" must equal spec.podRef.name \"web-0\""
+)]
+#[case::v2_live_duplicate(
+    "create_duplicate.json",
+    false,
+    "team-a/old-web-1 already targets pod web-1; flip its spec.desire instead"
+)]
 #[case::v4_pod_ref_immutable("update_podref_changed.json", false, "spec.podRef is immutable")]
 #[case::v4_desire_flip_allowed("update_desire_flip.json", true, "")]
 #[case::delete_allowed("delete.json", true, "")]
@@ -92,7 +103,10 @@ async fn admission_fixtures(#[case] file: &str, #[case] allowed: bool, #[case] m
     assert_eq!(status, StatusCode::OK);
     let (got_allowed, got_message) = verdict(&body);
     assert_eq!(got_allowed, allowed, "{got_message}");
-    assert!(got_message.contains(message), "{got_message:?} lacks {message:?}");
+    assert!(
+        got_message.contains(message),
+        "{got_message:?} lacks {message:?}"
+    );
 }
 
 #[tokio::test]
@@ -104,7 +118,10 @@ async fn v2_terminating_duplicate_says_retry_after_cleanup() {
     let (_, body) = post(view, fixture("create_duplicate.json")).await;
     let (allowed, message) = verdict(&body);
     assert!(!allowed);
-    assert!(message.contains("is terminating; retry after its cleanup finishes"), "{message}");
+    assert!(
+        message.contains("is terminating; retry after its cleanup finishes"),
+        "{message}"
+    );
 }
 
 #[tokio::test]
@@ -173,7 +190,10 @@ async fn v5_arbitrary_bytes_never_panic() {
             body[at] = (seed >> 8) as u8;
         }
         let (status, _) = post(synced(), body).await;
-        assert!(status == StatusCode::OK || status == StatusCode::BAD_REQUEST, "{status}");
+        assert!(
+            status == StatusCode::OK || status == StatusCode::BAD_REQUEST,
+            "{status}"
+        );
     }
 }
 
@@ -184,13 +204,22 @@ async fn o1_admission_decisions_are_counted_by_result() {
         view: synced(),
         metrics: metrics.clone(),
     });
-    for file in ["create_valid.json", "create_name_mismatch.json", "not_json.txt"] {
-        let req = Request::post(webhook::PATH).body(Body::from(fixture(file))).unwrap();
+    for file in [
+        "create_valid.json",
+        "create_name_mismatch.json",
+        "not_json.txt",
+    ] {
+        let req = Request::post(webhook::PATH)
+            .body(Body::from(fixture(file)))
+            .unwrap();
         app.clone().oneshot(req).await.unwrap();
     }
     let text = metrics.encode().unwrap();
     for result in ["allowed", "denied", "invalid"] {
-        assert!(text.contains(&format!("result=\"{result}\"}} 1")), "{result} missing in\n{text}");
+        assert!(
+            text.contains(&format!("result=\"{result}\"}} 1")),
+            "{result} missing in\n{text}"
+        );
     }
 }
 
@@ -200,8 +229,15 @@ async fn wrong_method_and_path_are_not_served() {
         view: synced(),
         metrics: Metrics::new(),
     });
-    let get = app.clone().oneshot(Request::get(webhook::PATH).body(Body::empty()).unwrap()).await.unwrap();
+    let get = app
+        .clone()
+        .oneshot(Request::get(webhook::PATH).body(Body::empty()).unwrap())
+        .await
+        .unwrap();
     assert_eq!(get.status(), StatusCode::METHOD_NOT_ALLOWED);
-    let other = app.oneshot(Request::post("/other").body(Body::empty()).unwrap()).await.unwrap();
+    let other = app
+        .oneshot(Request::post("/other").body(Body::empty()).unwrap())
+        .await
+        .unwrap();
     assert_eq!(other.status(), StatusCode::NOT_FOUND);
 }

@@ -31,7 +31,9 @@ struct Pair {
 }
 
 fn new_pair() -> Pair {
-    let ck = rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_owned(), "localhost".to_owned()]).unwrap();
+    let ck =
+        rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_owned(), "localhost".to_owned()])
+            .unwrap();
     Pair {
         cert_pem: ck.cert.pem(),
         key_pem: ck.signing_key.serialize_pem(),
@@ -64,7 +66,8 @@ async fn start(cert: &Path, key: &Path) -> Server {
         view: Synced,
         metrics: Metrics::new(),
     });
-    let server = axum_server::bind_rustls("127.0.0.1:0".parse::<SocketAddr>().unwrap(), config).handle(handle.clone());
+    let server = axum_server::bind_rustls("127.0.0.1:0".parse::<SocketAddr>().unwrap(), config)
+        .handle(handle.clone());
     tokio::spawn(server.serve(app.into_make_service()));
     let addr = handle.listening().await.expect("server listens");
     Server { addr, stop, handle }
@@ -84,18 +87,34 @@ async fn call(
         .with_root_certificates(roots)
         .with_no_client_auth();
     let connector = tokio_rustls::TlsConnector::from(Arc::new(cfg));
-    let tcp = tokio::net::TcpStream::connect(addr).await.map_err(|e| e.to_string())?;
-    let name = ServerName::try_from("127.0.0.1").map_err(|e| e.to_string())?;
-    let mut stream = connector.connect(name, tcp).await.map_err(|e| e.to_string())?;
-    let served = stream.get_ref().1.peer_certificates().and_then(|c| c.first().cloned()).ok_or("no cert")?;
-    let body = std::fs::read(format!("{}/tests/data/admission/create_valid.json", env!("CARGO_MANIFEST_DIR")))
+    let tcp = tokio::net::TcpStream::connect(addr)
+        .await
         .map_err(|e| e.to_string())?;
+    let name = ServerName::try_from("127.0.0.1").map_err(|e| e.to_string())?;
+    let mut stream = connector
+        .connect(name, tcp)
+        .await
+        .map_err(|e| e.to_string())?;
+    let served = stream
+        .get_ref()
+        .1
+        .peer_certificates()
+        .and_then(|c| c.first().cloned())
+        .ok_or("no cert")?;
+    let body = std::fs::read(format!(
+        "{}/tests/data/admission/create_valid.json",
+        env!("CARGO_MANIFEST_DIR")
+    ))
+    .map_err(|e| e.to_string())?;
     let head = format!(
         "POST {} HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
         webhook::PATH,
         body.len()
     );
-    stream.write_all(head.as_bytes()).await.map_err(|e| e.to_string())?;
+    stream
+        .write_all(head.as_bytes())
+        .await
+        .map_err(|e| e.to_string())?;
     stream.write_all(&body).await.map_err(|e| e.to_string())?;
     let mut out = Vec::new();
     let _ = stream.read_to_end(&mut out).await;
@@ -115,7 +134,10 @@ async fn v6_https_handshake_serves_reviews_over_tls12_and_tls13() {
     write(dir.path(), "tls.crt", &pair.cert_pem);
     write(dir.path(), "tls.key", &pair.key_pem);
     let server = start(&dir.path().join("tls.crt"), &dir.path().join("tls.key")).await;
-    for versions in [&[&rustls::version::TLS13][..], &[&rustls::version::TLS12][..]] {
+    for versions in [
+        &[&rustls::version::TLS13][..],
+        &[&rustls::version::TLS12][..],
+    ] {
         let (served, status) = call(server.addr, &pair.der, versions).await.unwrap();
         assert_eq!(served, pair.der);
         assert!(status.contains("200"), "{status}");
@@ -132,9 +154,11 @@ async fn v6_plain_http_is_not_served() {
     write(dir.path(), "tls.key", &pair.key_pem);
     let server = start(&dir.path().join("tls.crt"), &dir.path().join("tls.key")).await;
     let mut tcp = tokio::net::TcpStream::connect(server.addr).await.unwrap();
-    tcp.write_all(b"POST /validate-cocoonhibernation HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\n\r\n{}")
-        .await
-        .unwrap();
+    tcp.write_all(
+        b"POST /validate-cocoonhibernation HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\n\r\n{}",
+    )
+    .await
+    .unwrap();
     let mut out = Vec::new();
     let read = tokio::time::timeout(Duration::from_secs(5), tcp.read_to_end(&mut out)).await;
     assert!(read.is_ok(), "the server must not hang on a non-TLS client");
@@ -161,7 +185,13 @@ async fn v6_certificate_rewritten_in_place_is_reloaded_without_restart() {
     write(dir.path(), "tls.crt", &first.cert_pem);
     write(dir.path(), "tls.key", &first.key_pem);
     let server = start(&dir.path().join("tls.crt"), &dir.path().join("tls.key")).await;
-    assert_eq!(call(server.addr, &first.der, &[&rustls::version::TLS13]).await.unwrap().0, first.der);
+    assert_eq!(
+        call(server.addr, &first.der, &[&rustls::version::TLS13])
+            .await
+            .unwrap()
+            .0,
+        first.der
+    );
     write(dir.path(), "tls.crt", &second.cert_pem);
     write(dir.path(), "tls.key", &second.key_pem);
     wait_for_cert(server.addr, &second.der).await;
@@ -187,7 +217,13 @@ async fn v6_secret_volume_symlink_swap_is_reloaded() {
     symlink("..data/tls.crt", dir.path().join("tls.crt")).unwrap();
     symlink("..data/tls.key", dir.path().join("tls.key")).unwrap();
     let server = start(&dir.path().join("tls.crt"), &dir.path().join("tls.key")).await;
-    assert_eq!(call(server.addr, &first.der, &[&rustls::version::TLS13]).await.unwrap().0, first.der);
+    assert_eq!(
+        call(server.addr, &first.der, &[&rustls::version::TLS13])
+            .await
+            .unwrap()
+            .0,
+        first.der
+    );
     // Atomic swap, as the kubelet does: new link, then rename over ..data.
     symlink("..v2", dir.path().join("..data_tmp")).unwrap();
     std::fs::rename(dir.path().join("..data_tmp"), dir.path().join("..data")).unwrap();
@@ -204,7 +240,9 @@ async fn v6_a_broken_new_pair_keeps_the_old_certificate_serving() {
     let server = start(&dir.path().join("tls.crt"), &dir.path().join("tls.key")).await;
     write(dir.path(), "tls.crt", "not a certificate");
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let (served, status) = call(server.addr, &first.der, &[&rustls::version::TLS13]).await.unwrap();
+    let (served, status) = call(server.addr, &first.der, &[&rustls::version::TLS13])
+        .await
+        .unwrap();
     assert_eq!(served, first.der);
     assert!(status.contains("200"));
     server.handle.shutdown();
@@ -213,11 +251,13 @@ async fn v6_a_broken_new_pair_keeps_the_old_certificate_serving() {
 #[test]
 fn v6_start_refuses_a_missing_or_mismatched_pair_with_a_clear_error() {
     let dir = tempfile::tempdir().unwrap();
-    let missing = tls::server_config(&dir.path().join("nope.crt"), &dir.path().join("nope.key")).unwrap_err();
+    let missing =
+        tls::server_config(&dir.path().join("nope.crt"), &dir.path().join("nope.key")).unwrap_err();
     assert!(missing.to_string().contains("nope.crt"), "{missing}");
     let (a, b) = (new_pair(), new_pair());
     write(dir.path(), "a.crt", &a.cert_pem);
     write(dir.path(), "b.key", &b.key_pem);
-    let mismatch = tls::server_config(&dir.path().join("a.crt"), &dir.path().join("b.key")).unwrap_err();
+    let mismatch =
+        tls::server_config(&dir.path().join("a.crt"), &dir.path().join("b.key")).unwrap_err();
     assert!(mismatch.to_string().contains("do not match"), "{mismatch}");
 }

@@ -136,7 +136,9 @@ pub fn clear_hibernate_patch(pod: &Pod) -> Patch {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use k8s_openapi::api::core::v1::{ContainerState, ContainerStateRunning, ContainerStatus, PodStatus};
+    use k8s_openapi::api::core::v1::{
+        ContainerState, ContainerStateRunning, ContainerStatus, PodStatus,
+    };
     use kube::api::ObjectMeta;
     use std::collections::BTreeMap;
 

@@ -15,18 +15,26 @@ pub fn find<'a>(conditions: &'a [Condition], type_: &str) -> Option<&'a Conditio
     conditions.iter().find(|c| c.type_ == type_)
 }
 
+/// The content of one condition, without its transition time.
+#[derive(Clone, Copy, Debug)]
+pub struct Update<'a> {
+    pub type_: &'a str,
+    pub status: bool,
+    pub reason: &'a str,
+    pub message: &'a str,
+    pub observed_generation: Option<i64>,
+}
+
 /// Upserts a condition. Like apimachinery's SetStatusCondition, the transition time is kept
 /// when the status does not change, unless `refresh` asks for a new one (F2).
-pub fn upsert(
-    conditions: &mut Vec<Condition>,
-    type_: &str,
-    status: bool,
-    reason: &str,
-    message: &str,
-    observed_generation: Option<i64>,
-    now: Time,
-    refresh: bool,
-) {
+pub fn upsert(conditions: &mut Vec<Condition>, update: Update<'_>, now: Time, refresh: bool) {
+    let Update {
+        type_,
+        status,
+        reason,
+        message,
+        observed_generation,
+    } = update;
     let status = if status { "True" } else { "False" }.to_owned();
     match conditions.iter_mut().find(|c| c.type_ == type_) {
         Some(existing) => {
@@ -60,13 +68,57 @@ mod tests {
     #[test]
     fn f2_same_status_keeps_transition_time_unless_refreshed() {
         let mut c = Vec::new();
-        upsert(&mut c, READY, false, REASON_PENDING, "a", Some(1), t(10), false);
-        upsert(&mut c, READY, false, REASON_FAILED, "b", Some(1), t(20), false);
+        upsert(
+            &mut c,
+            Update {
+                type_: READY,
+                status: false,
+                reason: REASON_PENDING,
+                message: "a",
+                observed_generation: Some(1),
+            },
+            t(10),
+            false,
+        );
+        upsert(
+            &mut c,
+            Update {
+                type_: READY,
+                status: false,
+                reason: REASON_FAILED,
+                message: "b",
+                observed_generation: Some(1),
+            },
+            t(20),
+            false,
+        );
         assert_eq!(find(&c, READY).unwrap().last_transition_time, t(10));
         assert_eq!(find(&c, READY).unwrap().reason, REASON_FAILED);
-        upsert(&mut c, READY, false, REASON_PENDING, "c", Some(1), t(30), true);
+        upsert(
+            &mut c,
+            Update {
+                type_: READY,
+                status: false,
+                reason: REASON_PENDING,
+                message: "c",
+                observed_generation: Some(1),
+            },
+            t(30),
+            true,
+        );
         assert_eq!(find(&c, READY).unwrap().last_transition_time, t(30));
-        upsert(&mut c, READY, true, REASON_DONE, "d", Some(1), t(40), false);
+        upsert(
+            &mut c,
+            Update {
+                type_: READY,
+                status: true,
+                reason: REASON_DONE,
+                message: "d",
+                observed_generation: Some(1),
+            },
+            t(40),
+            false,
+        );
         assert_eq!(find(&c, READY).unwrap().last_transition_time, t(40));
         assert_eq!(c.len(), 1);
     }

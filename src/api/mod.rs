@@ -136,12 +136,21 @@ mod tests {
     #[test]
     fn a1_names_short_name_category_and_scope() {
         let crd = crd_json();
-        assert_eq!(crd["metadata"]["name"], "cocoonhibernations.cocoonset.cocoonstack.io");
+        assert_eq!(
+            crd["metadata"]["name"],
+            "cocoonhibernations.cocoonset.cocoonstack.io"
+        );
         assert_eq!(crd["spec"]["scope"], "Namespaced");
         assert_eq!(crd["spec"]["names"]["kind"], "CocoonHibernation");
         assert_eq!(crd["spec"]["names"]["plural"], "cocoonhibernations");
-        assert_eq!(crd["spec"]["names"]["shortNames"], serde_json::json!(["ch"]));
-        assert_eq!(crd["spec"]["names"]["categories"], serde_json::json!(["cocoon"]));
+        assert_eq!(
+            crd["spec"]["names"]["shortNames"],
+            serde_json::json!(["ch"])
+        );
+        assert_eq!(
+            crd["spec"]["names"]["categories"],
+            serde_json::json!(["cocoon"])
+        );
     }
 
     #[test]
@@ -151,7 +160,12 @@ mod tests {
             .as_array()
             .unwrap()
             .iter()
-            .map(|c| (c["name"].as_str().unwrap().to_owned(), c["jsonPath"].as_str().unwrap().to_owned()))
+            .map(|c| {
+                (
+                    c["name"].as_str().unwrap().to_owned(),
+                    c["jsonPath"].as_str().unwrap().to_owned(),
+                )
+            })
             .collect::<Vec<_>>();
         let want = [
             ("Pod", ".spec.podRef.name"),
@@ -160,7 +174,10 @@ mod tests {
             ("VM", ".status.vmName"),
             ("Age", ".metadata.creationTimestamp"),
         ];
-        assert_eq!(cols, want.map(|(a, b)| (a.to_owned(), b.to_owned())).to_vec());
+        assert_eq!(
+            cols,
+            want.map(|(a, b)| (a.to_owned(), b.to_owned())).to_vec()
+        );
     }
 
     #[test]
@@ -168,14 +185,26 @@ mod tests {
         let crd = crd_json();
         let spec = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"];
         let pod_ref = &spec["properties"]["podRef"];
-        assert_eq!(pod_ref["x-kubernetes-validations"][0]["rule"], "self == oldSelf");
-        assert_eq!(pod_ref["x-kubernetes-validations"][0]["message"], "spec.podRef is immutable");
+        assert_eq!(
+            pod_ref["x-kubernetes-validations"][0]["rule"],
+            "self == oldSelf"
+        );
+        assert_eq!(
+            pod_ref["x-kubernetes-validations"][0]["message"],
+            "spec.podRef is immutable"
+        );
         assert_eq!(pod_ref["properties"]["name"]["minLength"], 1);
         assert_eq!(pod_ref["required"], serde_json::json!(["name"]));
-        assert_eq!(spec["properties"]["desire"]["enum"], serde_json::json!(["Hibernate", "Wake"]));
+        assert_eq!(
+            spec["properties"]["desire"]["enum"],
+            serde_json::json!(["Hibernate", "Wake"])
+        );
         let mut required = spec["required"].as_array().unwrap().clone();
         required.sort_by_key(|v| v.to_string());
-        assert_eq!(required, vec![serde_json::json!("desire"), serde_json::json!("podRef")]);
+        assert_eq!(
+            required,
+            vec![serde_json::json!("desire"), serde_json::json!("podRef")]
+        );
     }
 
     #[test]
@@ -186,18 +215,30 @@ mod tests {
         let status = &version["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"];
         assert_eq!(
             status["phase"]["enum"],
-            serde_json::json!(["Pending", "Hibernating", "Hibernated", "Waking", "Active", "Failed"])
+            serde_json::json!([
+                "Pending",
+                "Hibernating",
+                "Hibernated",
+                "Waking",
+                "Active",
+                "Failed"
+            ])
         );
         assert_eq!(status["conditions"]["x-kubernetes-list-type"], "map");
-        assert_eq!(status["conditions"]["x-kubernetes-list-map-keys"], serde_json::json!(["type"]));
+        assert_eq!(
+            status["conditions"]["x-kubernetes-list-map-keys"],
+            serde_json::json!(["type"])
+        );
         assert!(status["vmName"].is_object());
         assert!(status["observedGeneration"].is_object());
     }
 
     #[test]
     fn r3_unknown_desire_decodes_instead_of_failing() {
-        let spec: CocoonHibernationSpec =
-            serde_json::from_value(serde_json::json!({"podRef": {"name": "p"}, "desire": "Explode"})).unwrap();
+        let spec: CocoonHibernationSpec = serde_json::from_value(
+            serde_json::json!({"podRef": {"name": "p"}, "desire": "Explode"}),
+        )
+        .unwrap();
         assert_eq!(spec.desire, Desire::Unknown);
     }
 }

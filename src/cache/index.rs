@@ -64,7 +64,12 @@ impl PodRefIndex {
 
     pub fn finish_resync(&mut self) {
         if let Some(seen) = self.resync_seen.take() {
-            let gone: Vec<Key> = self.by_cr.keys().filter(|k| !seen.contains(*k)).cloned().collect();
+            let gone: Vec<Key> = self
+                .by_cr
+                .keys()
+                .filter(|k| !seen.contains(*k))
+                .cloned()
+                .collect();
             for k in gone {
                 self.unlink(&k);
             }
@@ -116,7 +121,12 @@ impl PodChangeTracker {
         let Some(seen) = self.resync_seen.take() else {
             return Vec::new();
         };
-        let gone: Vec<Key> = self.views.keys().filter(|k| !seen.contains(*k)).cloned().collect();
+        let gone: Vec<Key> = self
+            .views
+            .keys()
+            .filter(|k| !seen.contains(*k))
+            .cloned()
+            .collect();
         for k in &gone {
             self.views.remove(k);
         }
@@ -155,7 +165,11 @@ mod tests {
         idx.upsert("a", "gone", "p2");
         idx.begin_resync();
         idx.upsert("a", "kept", "p1");
-        assert_eq!(idx.crs_for_pod("a", "p2"), vec!["gone"], "live until the relist ends");
+        assert_eq!(
+            idx.crs_for_pod("a", "p2"),
+            vec!["gone"],
+            "live until the relist ends"
+        );
         idx.finish_resync();
         assert!(idx.crs_for_pod("a", "p2").is_empty());
         assert_eq!(idx.crs_for_pod("a", "p1"), vec!["kept"]);
@@ -169,7 +183,10 @@ mod tests {
             ..Default::default()
         };
         assert!(t.observe(key("a", "p"), v.clone()), "create enqueues");
-        assert!(!t.observe(key("a", "p"), v.clone()), "unrelated churn does not");
+        assert!(
+            !t.observe(key("a", "p"), v.clone()),
+            "unrelated churn does not"
+        );
         let running = PodView {
             container_running: true,
             ..v

@@ -81,7 +81,10 @@ pub fn start(
     client: Client,
     scope: &CacheScope,
     triggers: UnboundedSender<Trigger>,
-) -> (SharedCache, impl std::future::Future<Output = ()> + Send + 'static) {
+) -> (
+    SharedCache,
+    impl std::future::Future<Output = ()> + Send + 'static,
+) {
     let (cr_store, cr_writer) = reflector::store::<CocoonHibernation>();
     let (pod_store, pod_writer) = reflector::store::<Pod>();
     let (cr_api, pod_api): (Api<CocoonHibernation>, Api<Pod>) = if scope.namespace.is_empty() {
@@ -189,7 +192,8 @@ impl EventHandler {
                 self.trigger(&ns, &name);
             }
             watcher::Event::Delete(cr) => {
-                self.index().remove(&cr.namespace().unwrap_or_default(), &cr.name_any());
+                self.index()
+                    .remove(&cr.namespace().unwrap_or_default(), &cr.name_any());
             }
             watcher::Event::InitDone => {
                 self.index().finish_resync();

@@ -2,7 +2,9 @@
 //! Nothing here does I/O; `reconcile.rs` fetches the inputs and carries out the plan.
 
 use crate::api::annotations::PodView;
-use crate::api::conditions::{self, READY, REASON_DONE, REASON_FAILED, REASON_PENDING, SNAPSHOT_DELETED};
+use crate::api::conditions::{
+    self, READY, REASON_DONE, REASON_FAILED, REASON_PENDING, SNAPSHOT_DELETED, Update,
+};
 use crate::api::{CocoonHibernation, CocoonHibernationStatus, Desire, Phase};
 use crate::metrics::{Transition, TransitionResult};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -86,7 +88,13 @@ pub struct Cleanup {
     pub remove_finalizer: bool,
 }
 
-pub fn plan(cr: &CocoonHibernation, pod: Option<&PodView>, probe: &Probe, now: Time, settings: &Settings) -> Plan {
+pub fn plan(
+    cr: &CocoonHibernation,
+    pod: Option<&PodView>,
+    probe: &Probe,
+    now: Time,
+    settings: &Settings,
+) -> Plan {
     if !cr.has_finalizer() {
         return Plan {
             add_finalizer: true,
@@ -97,7 +105,12 @@ pub fn plan(cr: &CocoonHibernation, pod: Option<&PodView>, probe: &Probe, now: T
 
     if cr.spec.desire == Desire::Unknown {
         // R3: the CRD's enum should have refused it; report rather than guess.
-        pass.set_phase(Phase::Failed, READY_FAILED, "spec.desire must be Hibernate or Wake", false);
+        pass.set_phase(
+            Phase::Failed,
+            READY_FAILED,
+            "spec.desire must be Hibernate or Wake",
+            false,
+        );
         return pass.finish(None);
     }
 
@@ -107,7 +120,10 @@ pub fn plan(cr: &CocoonHibernation, pod: Option<&PodView>, probe: &Probe, now: T
         None => return pass.pending(&format!("pod {ns}/{pod_name} not found"), settings),
         Some(v) => match v.vm_name.clone() {
             None => {
-                return pass.pending(&format!("pod {ns}/{pod_name} has no vm.cocoonstack.io/name yet"), settings);
+                return pass.pending(
+                    &format!("pod {ns}/{pod_name} has no vm.cocoonstack.io/name yet"),
+                    settings,
+                );
             }
             Some(vm) => (v, vm),
         },
@@ -129,7 +145,10 @@ pub fn plan(cr: &CocoonHibernation, pod: Option<&PodView>, probe: &Probe, now: T
     }
 }
 
-pub fn plan_cleanup<'a>(cr: &CocoonHibernation, others: impl IntoIterator<Item = &'a CocoonHibernation>) -> Cleanup {
+pub fn plan_cleanup<'a>(
+    cr: &CocoonHibernation,
+    others: impl IntoIterator<Item = &'a CocoonHibernation>,
+) -> Cleanup {
     if !cr.has_finalizer() {
         return Cleanup {
             delete_tag: None,
@@ -146,7 +165,10 @@ pub fn plan_cleanup<'a>(cr: &CocoonHibernation, others: impl IntoIterator<Item =
         })
     };
     // G1: the last holder of a VM deletes its tag.
-    let delete_tag = cr.vm_name().filter(|vm| !held_elsewhere(vm)).map(str::to_owned);
+    let delete_tag = cr
+        .vm_name()
+        .filter(|vm| !held_elsewhere(vm))
+        .map(str::to_owned);
     Cleanup {
         delete_tag,
         remove_finalizer: true,
@@ -182,16 +204,14 @@ impl<'a> Pass<'a> {
     fn set_phase(&mut self, phase: Phase, ready: (bool, &str), message: &str, refresh: bool) {
         self.next.phase = Some(phase);
         self.next.observed_generation = self.cr.metadata.generation;
-        conditions::upsert(
-            &mut self.next.conditions,
-            READY,
-            ready.0,
-            ready.1,
+        let update = Update {
+            type_: READY,
+            status: ready.0,
+            reason: ready.1,
             message,
-            self.cr.metadata.generation,
-            self.now.clone(),
-            refresh,
-        );
+            observed_generation: self.cr.metadata.generation,
+        };
+        conditions::upsert(&mut self.next.conditions, update, self.now.clone(), refresh);
     }
 
     fn event(&mut self, kind: EventKind, reason: &'static str, note: String) {
@@ -226,7 +246,11 @@ impl<'a> Pass<'a> {
     /// Enter Hibernating or Waking with a full budget (F2); a retry from Failed is announced (F3).
     fn enter(&mut self, phase: Phase, vm: &str, message: &str) {
         if self.phase() == Some(Phase::Failed) {
-            self.event(EventKind::Normal, "RetryRequested", format!("retrying after failure: now {phase}"));
+            self.event(
+                EventKind::Normal,
+                "RetryRequested",
+                format!("retrying after failure: now {phase}"),
+            );
         }
         self.next.vm_name = Some(vm.to_owned());
         self.set_phase(phase, READY_PENDING, message, true);
@@ -250,9 +274,22 @@ impl<'a> Pass<'a> {
                             };
                         }
                         Probe::Present => {
-                            self.set_phase(Phase::Hibernated, READY_DONE, &format!("vm {vm} hibernated; snapshot {vm}:hibernate stored"), false);
-                            self.event(EventKind::Normal, "Hibernated", format!("vm {vm} hibernated"));
-                            self.plan.phase_metric = Some((Transition::hibernate, TransitionResult::ok, elapsed.as_secs_f64()));
+                            self.set_phase(
+                                Phase::Hibernated,
+                                READY_DONE,
+                                &format!("vm {vm} hibernated; snapshot {vm}:hibernate stored"),
+                                false,
+                            );
+                            self.event(
+                                EventKind::Normal,
+                                "Hibernated",
+                                format!("vm {vm} hibernated"),
+                            );
+                            self.plan.phase_metric = Some((
+                                Transition::hibernate,
+                                TransitionResult::ok,
+                                elapsed.as_secs_f64(),
+                            ));
                             return self.finish(None);
                         }
                         Probe::Absent => {}
@@ -263,9 +300,22 @@ impl<'a> Pass<'a> {
                 if elapsed >= settings.hibernate_timeout {
                     self.plan.error = None;
                     let timeout = humanize(settings.hibernate_timeout);
-                    self.set_phase(Phase::Failed, READY_FAILED, &format!("hibernate of vm {vm} did not complete within {timeout}"), false);
-                    self.event(EventKind::Warning, "HibernateTimedOut", format!("hibernate of vm {vm} timed out after {timeout}"));
-                    self.plan.phase_metric = Some((Transition::hibernate, TransitionResult::timeout, elapsed.as_secs_f64()));
+                    self.set_phase(
+                        Phase::Failed,
+                        READY_FAILED,
+                        &format!("hibernate of vm {vm} did not complete within {timeout}"),
+                        false,
+                    );
+                    self.event(
+                        EventKind::Warning,
+                        "HibernateTimedOut",
+                        format!("hibernate of vm {vm} timed out after {timeout}"),
+                    );
+                    self.plan.phase_metric = Some((
+                        Transition::hibernate,
+                        TransitionResult::timeout,
+                        elapsed.as_secs_f64(),
+                    ));
                     return self.finish(None);
                 }
                 let remaining = settings.hibernate_timeout - elapsed;
@@ -278,8 +328,14 @@ impl<'a> Pass<'a> {
             }
             _ => {
                 self.next.conditions.retain(|c| c.type_ != SNAPSHOT_DELETED); // the tag is wanted again
-                self.enter(Phase::Hibernating, vm, &format!("waiting for vk-cocoon to hibernate vm {vm}"));
-                self.finish(Some(settings.transition_poll.min(settings.hibernate_timeout)))
+                self.enter(
+                    Phase::Hibernating,
+                    vm,
+                    &format!("waiting for vk-cocoon to hibernate vm {vm}"),
+                );
+                self.finish(Some(
+                    settings.transition_poll.min(settings.hibernate_timeout),
+                ))
             }
         }
     }
@@ -291,7 +347,8 @@ impl<'a> Pass<'a> {
         match self.phase() {
             Some(Phase::Active) => {
                 // W3: a tag delete still owed is retried on passes of the settled CR.
-                let owed = conditions::find(&self.next.conditions, SNAPSHOT_DELETED).is_some_and(|c| c.status != "True");
+                let owed = conditions::find(&self.next.conditions, SNAPSHOT_DELETED)
+                    .is_some_and(|c| c.status != "True");
                 if owed {
                     let tag_vm = self.next.vm_name.clone().unwrap_or_else(|| vm.to_owned());
                     self.owe_delete(&tag_vm);
@@ -301,24 +358,54 @@ impl<'a> Pass<'a> {
             Some(Phase::Waking) => {
                 let elapsed = self.elapsed();
                 if view.woken() {
-                    self.set_phase(Phase::Active, READY_DONE, &format!("vm {vm} is running"), false);
-                    self.event(EventKind::Normal, "WokenActive", format!("vm {vm} is running again"));
-                    self.plan.phase_metric = Some((Transition::wake, TransitionResult::ok, elapsed.as_secs_f64()));
+                    self.set_phase(
+                        Phase::Active,
+                        READY_DONE,
+                        &format!("vm {vm} is running"),
+                        false,
+                    );
+                    self.event(
+                        EventKind::Normal,
+                        "WokenActive",
+                        format!("vm {vm} is running again"),
+                    );
+                    self.plan.phase_metric = Some((
+                        Transition::wake,
+                        TransitionResult::ok,
+                        elapsed.as_secs_f64(),
+                    ));
                     self.owe_delete(vm);
                     return self.finish(None);
                 }
                 if elapsed >= settings.wake_timeout {
                     let timeout = humanize(settings.wake_timeout);
-                    self.set_phase(Phase::Failed, READY_FAILED, &format!("wake of vm {vm} did not complete within {timeout}"), false);
-                    self.event(EventKind::Warning, "WakeTimedOut", format!("wake of vm {vm} timed out after {timeout}"));
-                    self.plan.phase_metric = Some((Transition::wake, TransitionResult::timeout, elapsed.as_secs_f64()));
+                    self.set_phase(
+                        Phase::Failed,
+                        READY_FAILED,
+                        &format!("wake of vm {vm} did not complete within {timeout}"),
+                        false,
+                    );
+                    self.event(
+                        EventKind::Warning,
+                        "WakeTimedOut",
+                        format!("wake of vm {vm} timed out after {timeout}"),
+                    );
+                    self.plan.phase_metric = Some((
+                        Transition::wake,
+                        TransitionResult::timeout,
+                        elapsed.as_secs_f64(),
+                    ));
                     return self.finish(None);
                 }
                 let remaining = settings.wake_timeout - elapsed;
                 self.finish(Some(settings.transition_poll.min(remaining)))
             }
             _ => {
-                self.enter(Phase::Waking, vm, &format!("waiting for vk-cocoon to wake vm {vm}"));
+                self.enter(
+                    Phase::Waking,
+                    vm,
+                    &format!("waiting for vk-cocoon to wake vm {vm}"),
+                );
                 self.finish(Some(settings.transition_poll.min(settings.wake_timeout)))
             }
         }
@@ -327,11 +414,24 @@ impl<'a> Pass<'a> {
     /// Mark the tag delete as owed in the status to write, and plan the write once it is done.
     fn owe_delete(&mut self, vm: &str) {
         let generation = self.cr.metadata.generation;
-        let message = format!("deleting snapshot {vm}:hibernate");
-        conditions::upsert(&mut self.next.conditions, SNAPSHOT_DELETED, false, REASON_PENDING, &message, generation, self.now.clone(), false);
+        let owed = format!("deleting snapshot {vm}:hibernate");
+        let owed = Update {
+            type_: SNAPSHOT_DELETED,
+            status: false,
+            reason: REASON_PENDING,
+            message: &owed,
+            observed_generation: generation,
+        };
+        conditions::upsert(&mut self.next.conditions, owed, self.now.clone(), false);
         let mut done = self.next.clone();
-        let message = format!("snapshot {vm}:hibernate deleted");
-        conditions::upsert(&mut done.conditions, SNAPSHOT_DELETED, true, REASON_DONE, &message, generation, self.now.clone(), false);
+        let deleted = format!("snapshot {vm}:hibernate deleted");
+        let deleted = Update {
+            status: true,
+            reason: REASON_DONE,
+            message: &deleted,
+            ..owed
+        };
+        conditions::upsert(&mut done.conditions, deleted, self.now.clone(), false);
         self.plan.delete_tag = Some(vm.to_owned());
         self.plan.status_after_delete = Some(done);
     }

@@ -12,10 +12,10 @@ use json_patch::{AddOperation, PatchOperation, ReplaceOperation, TestOperation};
 use jsonptr::PointerBuf;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType, Recorder};
 use kube::runtime::reflector::ObjectRef;
-use kube::api::{Patch, PatchParams};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::{Value, json};
 use std::collections::HashMap;
@@ -65,7 +65,9 @@ pub fn error_policy(cr: Arc<CocoonHibernation>, err: &Error, ctx: Arc<Context>) 
     };
     ctx.metrics
         .reconcile_errors
-        .get_or_create(&crate::metrics::ErrorLabels { error: err.metric_label() })
+        .get_or_create(&crate::metrics::ErrorLabels {
+            error: err.metric_label(),
+        })
         .inc();
     tracing::warn!(
         namespace = cr.namespace().unwrap_or_default(),
@@ -104,9 +106,18 @@ async fn reconcile_inner(cr: Arc<CocoonHibernation>, ctx: &Context) -> Result<Ac
     let view = pod.as_deref().map(PodView::from_pod);
     let now = Time(jiff::Timestamp::now());
 
-    let mut plan = plan::plan(&cr, view.as_ref(), &Probe::NotProbed, now.clone(), &ctx.settings);
+    let mut plan = plan::plan(
+        &cr,
+        view.as_ref(),
+        &Probe::NotProbed,
+        now.clone(),
+        &ctx.settings,
+    );
     if plan.needs_probe {
-        let vm = view.as_ref().and_then(|v| v.vm_name.as_deref()).unwrap_or_default();
+        let vm = view
+            .as_ref()
+            .and_then(|v| v.vm_name.as_deref())
+            .unwrap_or_default();
         let probe = match ctx.registry.snapshot_exists(vm).await {
             Ok(true) => Probe::Present,
             Ok(false) => Probe::Absent,
@@ -127,19 +138,29 @@ async fn execute(
     let name = cr.name_any();
     if plan.add_finalizer {
         // R1: the pass that adds the finalizer ends there.
-        api.patch(&name, &patch_params(), &Patch::Json::<()>(add_finalizer_patch(cr)))
-            .await?;
+        api.patch(
+            &name,
+            &patch_params(),
+            &Patch::Json::<()>(add_finalizer_patch(cr)),
+        )
+        .await?;
         return Ok(Action::await_change());
     }
     if let (Some(patch), Some(pod)) = (plan.pod_patch, pod) {
-        let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &cr.namespace().unwrap_or_default());
+        let pods: Api<Pod> =
+            Api::namespaced(ctx.client.clone(), &cr.namespace().unwrap_or_default());
         let json = match patch {
             PodPatch::SetHibernate => annotations::set_hibernate_patch(pod),
             PodPatch::ClearHibernate => annotations::clear_hibernate_patch(pod),
         };
         pods.patch(&pod.name_any(), &patch_params(), &Patch::Json::<()>(json))
             .await?;
-        tracing::info!(pod = pod.name_any(), cr = name, ?patch, "patched pod annotation");
+        tracing::info!(
+            pod = pod.name_any(),
+            cr = name,
+            ?patch,
+            "patched pod annotation"
+        );
     }
     if let Some(status) = &plan.status {
         write_status(cr, api, status).await?;
@@ -168,7 +189,10 @@ async fn execute(
     if let Some(e) = plan.error {
         return Err(Error::Probe(e));
     }
-    Ok(plan.requeue.map(Action::requeue).unwrap_or_else(Action::await_change))
+    Ok(plan
+        .requeue
+        .map(Action::requeue)
+        .unwrap_or_else(Action::await_change))
 }
 
 /// Status goes to the status subresource; the resourceVersion makes a write based on a
@@ -205,7 +229,11 @@ async fn publish(ctx: &Context, cr: &CocoonHibernation, kind: EventKind, reason:
 }
 
 /// G1, G2: delete the tag unless another live CR holds the VM; never block on the registry.
-async fn cleanup(cr: &CocoonHibernation, api: &Api<CocoonHibernation>, ctx: &Context) -> Result<Action> {
+async fn cleanup(
+    cr: &CocoonHibernation,
+    api: &Api<CocoonHibernation>,
+    ctx: &Context,
+) -> Result<Action> {
     let ns = cr.namespace().unwrap_or_default();
     let name = cr.name_any();
     let lock_key = cr
@@ -213,23 +241,50 @@ async fn cleanup(cr: &CocoonHibernation, api: &Api<CocoonHibernation>, ctx: &Con
         .map(str::to_owned)
         .unwrap_or_else(|| format!("pod:{ns}/{}", cr.spec.pod_ref.name));
     let _guard = ctx.locks.lock(&lock_key).await;
-    let cr = ctx.cache.cr(&ns, &name).map(|c| (*c).clone()).unwrap_or_else(|| cr.clone());
+    let cr = ctx
+        .cache
+        .cr(&ns, &name)
+        .map(|c| (*c).clone())
+        .unwrap_or_else(|| cr.clone());
     let others = ctx.cache.crs_in_namespace(&ns);
-    let Cleanup { delete_tag, remove_finalizer } = plan::plan_cleanup(&cr, others.iter().map(Arc::as_ref));
+    let Cleanup {
+        delete_tag,
+        remove_finalizer,
+    } = plan::plan_cleanup(&cr, others.iter().map(Arc::as_ref));
     if let Some(vm) = delete_tag {
         match ctx.registry.delete_snapshot(&vm).await {
             Ok(DeleteOutcome::KeptSharedDigest { other_tags }) => {
-                tracing::warn!(cr = name, vm, ?other_tags, "snapshot tag kept: its digest is shared")
+                tracing::warn!(
+                    cr = name,
+                    vm,
+                    ?other_tags,
+                    "snapshot tag kept: its digest is shared"
+                )
             }
-            Ok(outcome) => tracing::info!(cr = name, vm, ?outcome, "snapshot tag cleaned up on deletion"),
-            Err(e) => tracing::error!(cr = name, vm, error = %e, "snapshot tag cleanup failed; removing finalizer anyway"),
+            Ok(outcome) => tracing::info!(
+                cr = name,
+                vm,
+                ?outcome,
+                "snapshot tag cleaned up on deletion"
+            ),
+            Err(e) => {
+                tracing::error!(cr = name, vm, error = %e, "snapshot tag cleanup failed; removing finalizer anyway")
+            }
         }
     } else if let Some(vm) = cr.vm_name() {
-        tracing::info!(cr = name, vm, "snapshot tag kept: another CocoonHibernation holds the VM");
+        tracing::info!(
+            cr = name,
+            vm,
+            "snapshot tag kept: another CocoonHibernation holds the VM"
+        );
     }
     if remove_finalizer {
-        api.patch(&name, &patch_params(), &Patch::Json::<()>(remove_finalizer_patch(&cr)))
-            .await?;
+        api.patch(
+            &name,
+            &patch_params(),
+            &Patch::Json::<()>(remove_finalizer_patch(&cr)),
+        )
+        .await?;
     }
     Ok(Action::await_change())
 }
@@ -307,7 +362,10 @@ mod tests {
         let c = cr(Some(vec!["other/finalizer"]));
         let mut doc = serde_json::to_value(&c).unwrap();
         json_patch::patch(&mut doc, &add_finalizer_patch(&c).0).unwrap();
-        assert_eq!(doc["metadata"]["finalizers"], json!(["other/finalizer", FINALIZER]));
+        assert_eq!(
+            doc["metadata"]["finalizers"],
+            json!(["other/finalizer", FINALIZER])
+        );
         // A concurrent change to the list makes the patch fail instead of clobbering it.
         let mut changed = serde_json::to_value(cr(Some(vec!["x", "y"]))).unwrap();
         assert!(json_patch::patch(&mut changed, &add_finalizer_patch(&c).0).is_err());

@@ -16,7 +16,10 @@ pub enum RegistryAuth {
     Bearer { token: String },
 }
 impl RegistryAuth {
-    pub fn from_docker_config(_json: &[u8], _registry_host: &str) -> Result<RegistryAuth, RegistryError> {
+    pub fn from_docker_config(
+        _json: &[u8],
+        _registry_host: &str,
+    ) -> Result<RegistryAuth, RegistryError> {
         Ok(RegistryAuth::Anonymous)
     }
 }

@@ -3,9 +3,9 @@
 use super::validate::{self, ClaimView, Operation};
 use crate::api::CocoonHibernation;
 use crate::metrics::Metrics;
+use axum::Json;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use axum::Json;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
@@ -14,17 +14,26 @@ const API_VERSION: &str = "admission.k8s.io/v1";
 /// Answer to one HTTP request: a review response, or a 4xx for input that is not one.
 #[derive(Debug, PartialEq)]
 pub enum Reply {
-    Review { uid: String, allowed: bool, message: Option<String> },
+    Review {
+        uid: String,
+        allowed: bool,
+        message: Option<String>,
+    },
     BadRequest(String),
 }
 
 impl IntoResponse for Reply {
     fn into_response(self) -> Response {
         match self {
-            Reply::Review { uid, allowed, message } => {
+            Reply::Review {
+                uid,
+                allowed,
+                message,
+            } => {
                 let mut response = json!({ "uid": uid, "allowed": allowed });
                 if let Some(message) = message {
-                    response["status"] = json!({ "code": 403, "reason": "Forbidden", "message": message });
+                    response["status"] =
+                        json!({ "code": 403, "reason": "Forbidden", "message": message });
                 }
                 Json(json!({ "apiVersion": API_VERSION, "kind": "AdmissionReview", "response": response }))
                     .into_response()
@@ -74,21 +83,41 @@ fn review_inner(body: &[u8], view: &impl ClaimView) -> Reply {
         allowed: false,
         message: Some(message),
     };
-    let Some(op) = request.get("operation").and_then(Value::as_str).and_then(Operation::parse) else {
+    let Some(op) = request
+        .get("operation")
+        .and_then(Value::as_str)
+        .and_then(Operation::parse)
+    else {
         return deny("request.operation must be CREATE, UPDATE, DELETE or CONNECT".into());
     };
-    let kind = request.pointer("/kind/kind").and_then(Value::as_str).unwrap_or_default();
+    let kind = request
+        .pointer("/kind/kind")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
     if kind != "CocoonHibernation" {
-        return deny(format!("this webhook validates CocoonHibernation, not {kind:?}"));
+        return deny(format!(
+            "this webhook validates CocoonHibernation, not {kind:?}"
+        ));
     }
-    let namespace = request.get("namespace").and_then(Value::as_str).unwrap_or_default();
+    let namespace = request
+        .get("namespace")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
     let object = match decode(request.get("object")) {
         Ok(o) => o,
-        Err(e) => return deny(format!("object does not decode as a CocoonHibernation: {e}")),
+        Err(e) => {
+            return deny(format!(
+                "object does not decode as a CocoonHibernation: {e}"
+            ));
+        }
     };
     let old = match decode(request.get("oldObject")) {
         Ok(o) => o,
-        Err(e) => return deny(format!("oldObject does not decode as a CocoonHibernation: {e}")),
+        Err(e) => {
+            return deny(format!(
+                "oldObject does not decode as a CocoonHibernation: {e}"
+            ));
+        }
     };
     match validate::validate(op, namespace, object.as_ref(), old.as_ref(), view) {
         Ok(()) => Reply::Review {

@@ -24,7 +24,9 @@ pub struct WebhookState<V> {
     pub metrics: Metrics,
 }
 
-pub fn router<V: validate::ClaimView + Clone + Send + Sync + 'static>(state: WebhookState<V>) -> Router {
+pub fn router<V: validate::ClaimView + Clone + Send + Sync + 'static>(
+    state: WebhookState<V>,
+) -> Router {
     Router::new()
         .route(PATH, post(validate_handler::<V>))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
@@ -44,5 +46,8 @@ async fn validate_handler<V: validate::ClaimView + Clone + Send + Sync + 'static
 
 /// The production router over the shared cache.
 pub fn cache_router(cache: SharedCache, metrics: Metrics) -> Router {
-    router(WebhookState { view: cache, metrics })
+    router(WebhookState {
+        view: cache,
+        metrics,
+    })
 }

@@ -18,7 +18,10 @@ pub fn server_config(cert_file: &Path, key_file: &Path) -> Result<ServerConfig> 
         .collect::<Result<_, _>>()
         .map_err(|e| Error::Tls(format!("parsing {}: {e}", cert_file.display())))?;
     if certs.is_empty() {
-        return Err(Error::Tls(format!("{} holds no certificate", cert_file.display())));
+        return Err(Error::Tls(format!(
+            "{} holds no certificate",
+            cert_file.display()
+        )));
     }
     let key = PrivateKeyDer::from_pem_file(key_file)
         .map_err(|e| Error::Tls(format!("reading key {}: {e}", key_file.display())))?;
@@ -80,7 +83,9 @@ pub async fn reload_on_change(
                 tracing::info!(cert = %cert_file.display(), "serving certificate reloaded");
             }
             // Likely caught mid-write: retry on the next tick without moving `last`.
-            Err(e) => tracing::warn!(error = %e, "serving certificate changed but could not be loaded"),
+            Err(e) => {
+                tracing::warn!(error = %e, "serving certificate changed but could not be loaded")
+            }
         }
     }
 }

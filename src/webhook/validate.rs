@@ -83,13 +83,19 @@ pub fn validate(
                 Err(Denial("spec.podRef is immutable".into()))
             }
             (Some(_), Some(_)) => Ok(()),
-            _ => Err(Denial("UPDATE request needs both object and oldObject".into())),
+            _ => Err(Denial(
+                "UPDATE request needs both object and oldObject".into(),
+            )),
         },
         Operation::Delete | Operation::Connect => Ok(()),
     }
 }
 
-fn validate_create(namespace: &str, cr: &CocoonHibernation, view: &impl ClaimView) -> Result<(), Denial> {
+fn validate_create(
+    namespace: &str,
+    cr: &CocoonHibernation,
+    view: &impl ClaimView,
+) -> Result<(), Denial> {
     let name = cr.metadata.name.as_deref().unwrap_or_default();
     let pod = cr.spec.pod_ref.name.as_str();
     if name != pod {
@@ -105,7 +111,11 @@ fn validate_create(namespace: &str, cr: &CocoonHibernation, view: &impl ClaimVie
         ));
     }
     // V2: one CR per pod.
-    let others: Vec<Claim> = view.claims(namespace, pod).into_iter().filter(|c| c.name != name).collect();
+    let others: Vec<Claim> = view
+        .claims(namespace, pod)
+        .into_iter()
+        .filter(|c| c.name != name)
+        .collect();
     if let Some(live) = others.iter().find(|c| !c.terminating) {
         return Err(Denial(format!(
             "CocoonHibernation {ns}/{other} already targets pod {pod}; flip its spec.desire instead",
