@@ -222,18 +222,22 @@ impl RegistryClient {
     ) -> Result<Option<String>, RegistryError> {
         let inner = &self.inner;
         let result = self
-            .timed(
-                operation,
-                inner.oci.fetch_manifest_digest(reference, &inner.oci_auth),
-            )
-            .await
-            .and_then(|r| match r {
-                Ok(digest) => Ok(Some(digest)),
-                Err(e) => match classify(e, operation, inner.timeout) {
-                    Failure::NotFound => Ok(None),
-                    Failure::Error(e) => Err(e),
-                },
-            });
+            .retry_transport(operation, || async {
+                match self
+                    .timed(
+                        operation,
+                        inner.oci.fetch_manifest_digest(reference, &inner.oci_auth),
+                    )
+                    .await?
+                {
+                    Ok(digest) => Ok(Some(digest)),
+                    Err(e) => match classify(e, operation, inner.timeout) {
+                        Failure::NotFound => Ok(None),
+                        Failure::Error(e) => Err(e),
+                    },
+                }
+            })
+            .await;
         let outcome = match &result {
             Ok(Some(_)) => "present",
             Ok(None) => "absent",
@@ -276,26 +280,35 @@ impl RegistryClient {
         let mut seen = HashSet::new();
         let mut last: Option<String> = None;
         for _ in 0..MAX_TAG_PAGES {
-            let result = self
-                .timed(
-                    "list_tags",
-                    inner.oci.list_tags(
-                        reference,
-                        &inner.oci_auth,
-                        Some(TAG_PAGE_SIZE),
-                        last.as_deref(),
-                    ),
-                )
-                .await;
-            let page = match result {
-                Ok(Ok(page)) => page.tags,
-                Ok(Err(e)) => match classify(e, "list_tags", inner.timeout) {
-                    Failure::NotFound => {
-                        inner.metrics.registry_call("list_tags", "absent");
-                        return Ok(tags);
+            let page = self
+                .retry_transport("list_tags", || async {
+                    let listed = self
+                        .timed(
+                            "list_tags",
+                            inner.oci.list_tags(
+                                reference,
+                                &inner.oci_auth,
+                                Some(TAG_PAGE_SIZE),
+                                last.as_deref(),
+                            ),
+                        )
+                        .await?;
+                    match listed {
+                        Ok(page) => Ok(Some(page.tags)),
+                        Err(e) => match classify(e, "list_tags", inner.timeout) {
+                            Failure::NotFound => Ok(None),
+                            Failure::Error(e) => Err(e),
+                        },
                     }
-                    Failure::Error(e) => return Err(self.failed("list_tags", e)),
-                },
+                })
+                .await;
+            let page = match page {
+                Ok(Some(page)) => page,
+                // The repository vanished meanwhile: no tags.
+                Ok(None) => {
+                    inner.metrics.registry_call("list_tags", "absent");
+                    return Ok(tags);
+                }
                 Err(e) => return Err(self.failed("list_tags", e)),
             };
             inner.metrics.registry_call("list_tags", "ok");
@@ -333,6 +346,27 @@ impl RegistryClient {
         tokio::time::timeout(after, call)
             .await
             .map_err(|_| RegistryError::Timeout { operation, after })
+    }
+
+    /// Runs `call` once more after a transport failure. A registry restart leaves dead
+    /// connections in the pool, and the first request on one fails without reaching the
+    /// new process; every call here is idempotent (HEAD, GET, DELETE).
+    pub(super) async fn retry_transport<T, F, Fut>(
+        &self,
+        operation: &'static str,
+        mut call: F,
+    ) -> Result<T, RegistryError>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, RegistryError>>,
+    {
+        match call().await {
+            Err(RegistryError::Transport { message, .. }) => {
+                debug!(operation, %message, "retrying once after a transport error");
+                call().await
+            }
+            other => other,
+        }
     }
 
     /// Records a failed call and hands the error back.

@@ -72,13 +72,19 @@ impl RegistryClient {
             inner.scheme, inner.base.registry
         );
         let mut answer = self
-            .send_delete(&url, operation, session.token.as_deref())
+            .retry_transport(operation, || {
+                self.send_delete(&url, operation, session.token.as_deref())
+            })
             .await?;
         if answer.status == StatusCode::UNAUTHORIZED
             && let Some(challenge) = answer.challenge.take()
         {
             let token = self.fetch_delete_token(&challenge, repository).await?;
-            answer = self.send_delete(&url, operation, Some(&token)).await?;
+            answer = self
+                .retry_transport(operation, || {
+                    self.send_delete(&url, operation, Some(&token))
+                })
+                .await?;
             session.token = Some(token);
         }
         let status = answer.status;
@@ -191,21 +197,24 @@ impl RegistryClient {
             }
             query.append_pair("scope", &format!("repository:{repository}:delete"));
         }
-        let request = inner.http.get(url);
-        let request = match &inner.auth {
-            RegistryAuth::Basic { username, password } => {
-                request.basic_auth(username, Some(password))
-            }
-            _ => request,
-        };
         let (status, body) = self
-            .timed(OP, async {
-                let response = request.send().await?;
-                let status = response.status();
-                Ok::<_, reqwest::Error>((status, response.text().await?))
+            .retry_transport(OP, || async {
+                let request = inner.http.get(url.clone());
+                let request = match &inner.auth {
+                    RegistryAuth::Basic { username, password } => {
+                        request.basic_auth(username, Some(password))
+                    }
+                    _ => request,
+                };
+                self.timed(OP, async {
+                    let response = request.send().await?;
+                    let status = response.status();
+                    Ok::<_, reqwest::Error>((status, response.text().await?))
+                })
+                .await?
+                .map_err(|e| transport(OP, &e, inner.timeout))
             })
-            .await?
-            .map_err(|e| transport(OP, &e, inner.timeout))?;
+            .await?;
         if !status.is_success() {
             return Err(RegistryError::Unauthorized {
                 operation: OP,
