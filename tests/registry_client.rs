@@ -157,6 +157,44 @@ async fn w2_basic_auth_from_docker_config_probes_and_deletes() {
     assert!(!client.snapshot_exists(VM).await.unwrap());
 }
 
+// H3/W2 with Docker token auth: the probe goes through oci-client's pull token, the delete
+// asks the token server for a `repository:<repo>:delete` token and reuses it for the digest.
+#[tokio::test]
+async fn w2_token_auth_probe_and_delete_with_delete_scope() {
+    let server =
+        RegistryServer::launch(RegistryOptions::default().with_token_auth("carol", "s3cret"));
+    let (client, metrics) = client_for(&server);
+    assert!(!client.snapshot_exists(VM).await.unwrap());
+    server.push_artifact(VM, "hibernate").await;
+    assert!(client.snapshot_exists(VM).await.unwrap());
+    assert_eq!(
+        client.delete_snapshot(VM).await.unwrap(),
+        DeleteOutcome::DeletedByDigest
+    );
+    assert!(!client.snapshot_exists(VM).await.unwrap());
+    assert_eq!(server.digest_of(VM, "hibernate").await, None);
+    assert_eq!(
+        calls(&metrics, "token", "ok"),
+        1,
+        "one delete token per delete"
+    );
+
+    // H4: refused credentials are auth errors on both paths.
+    server.push_artifact(VM, "hibernate").await;
+    let mut config = server.registry_config();
+    config.auth = RegistryAuth::Basic {
+        username: "carol".into(),
+        password: "wrong".into(),
+    };
+    let (refused, _) = client_with(config);
+    let err = refused.snapshot_exists(VM).await.unwrap_err();
+    assert!(matches!(err, RegistryError::Unauthorized { .. }), "{err:?}");
+    let err = refused.delete_snapshot(VM).await.unwrap_err();
+    assert!(matches!(err, RegistryError::Unauthorized { .. }), "{err:?}");
+    assert!(!err.to_string().contains("wrong"), "password leaked: {err}");
+    assert!(server.digest_of(VM, "hibernate").await.is_some());
+}
+
 // W2/W3: Distribution 2.8 refuses delete-by-tag (400 DIGEST_INVALID); the client falls back
 // to deleting the digest, leaving unrelated tags alone.
 #[tokio::test]

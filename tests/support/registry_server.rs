@@ -34,8 +34,12 @@ const MANIFEST_ACCEPT: &str = "application/vnd.oci.image.manifest.v1+json, \
 pub struct RegistryOptions {
     /// `storage.delete.enabled`.
     pub delete_enabled: bool,
-    /// htpasswd basic auth with this user and password.
+    /// The user and password the registry accepts: htpasswd basic auth, or with
+    /// `token_auth` the credentials the token server wants.
     pub basic_auth: Option<(String, String)>,
+    /// Docker token auth: the registry answers `401 Bearer realm=…` and a test token
+    /// server (checking `basic_auth`) hands out signed JWTs for any requested scope.
+    pub token_auth: bool,
     /// Serve https with a certificate signed by a fresh test CA (see `ca_pem`).
     pub tls: bool,
 }
@@ -45,6 +49,7 @@ impl Default for RegistryOptions {
         Self {
             delete_enabled: true,
             basic_auth: None,
+            token_auth: false,
             tls: false,
         }
     }
@@ -53,6 +58,13 @@ impl Default for RegistryOptions {
 impl RegistryOptions {
     pub fn with_basic_auth(mut self, user: &str, password: &str) -> Self {
         self.basic_auth = Some((user.to_string(), password.to_string()));
+        self
+    }
+
+    /// Token auth (Bearer challenge + token server) with these credentials.
+    pub fn with_token_auth(mut self, user: &str, password: &str) -> Self {
+        self.basic_auth = Some((user.to_string(), password.to_string()));
+        self.token_auth = true;
         self
     }
 
@@ -74,6 +86,7 @@ pub struct RegistryServer {
     options: RegistryOptions,
     child: Option<Child>,
     ca_pem: Option<String>,
+    token_server: Option<TokenServer>,
     // Built once per run of the process: a restart leaves dead pooled connections behind.
     oci: OnceLock<Client>,
     http: OnceLock<reqwest::Client>,
@@ -92,9 +105,15 @@ impl RegistryServer {
             .tempdir()
             .expect("create registry tempdir");
         std::fs::create_dir_all(dir.path().join("storage")).expect("create storage dir");
-        if let Some((user, password)) = &options.basic_auth {
-            write_htpasswd(&dir.path().join("htpasswd"), user, password);
-        }
+        let token_server = match (&options.basic_auth, options.token_auth) {
+            (Some(creds), true) => Some(TokenServer::start(dir.path(), creds.clone())),
+            (None, true) => panic!("token auth needs credentials: use with_token_auth"),
+            (Some((user, password)), false) => {
+                write_htpasswd(&dir.path().join("htpasswd"), user, password);
+                None
+            }
+            (None, false) => None,
+        };
         let ca_pem = options.tls.then(|| write_tls_files(dir.path()));
         let mut server = Self {
             dir,
@@ -102,6 +121,7 @@ impl RegistryServer {
             options,
             child: None,
             ca_pem,
+            token_server,
             oci: OnceLock::new(),
             http: OnceLock::new(),
         };
@@ -276,7 +296,9 @@ impl RegistryServer {
             .http_client()
             .head(&url)
             .header("Accept", MANIFEST_ACCEPT);
-        if let Some((user, password)) = &self.options.basic_auth {
+        if let Some(tokens) = &self.token_server {
+            request = request.bearer_auth(tokens.signer.token(&format!("repository:{repo}:pull")));
+        } else if let Some((user, password)) = &self.options.basic_auth {
             request = request.basic_auth(user, Some(password));
         }
         let response = request
@@ -436,7 +458,14 @@ impl RegistryServer {
                 dir.join("server.key").display()
             ));
         }
-        if self.options.basic_auth.is_some() {
+        if let Some(tokens) = &self.token_server {
+            yaml.push_str(&format!(
+                "auth:\n  token:\n    realm: http://127.0.0.1:{}/token\n    service: {SERVICE}\n    \
+                 issuer: {ISSUER}\n    rootcertbundle: {}\n",
+                tokens.port,
+                dir.join("token-ca.pem").display()
+            ));
+        } else if self.options.basic_auth.is_some() {
             yaml.push_str(&format!(
                 "auth:\n  htpasswd:\n    realm: registry-test\n    path: {}\n",
                 dir.join("htpasswd").display()
@@ -560,4 +589,187 @@ fn free_port() -> u16 {
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
         .expect("find a free loopback port")
+}
+
+const ISSUER: &str = "registry-test-issuer";
+const SERVICE: &str = "registry-test";
+
+/// Signs ES256 JWTs the way Distribution's token auth verifies them: an `x5c` header
+/// whose certificate chains to `rootcertbundle`.
+struct TokenSigner {
+    key: rcgen::KeyPair,
+    x5c: String,
+}
+
+impl TokenSigner {
+    /// A token granting every action of `scope` ("repository:<name>:<a,b>"), or none.
+    fn token(&self, scope: &str) -> String {
+        use base64::Engine as _;
+        use rcgen::SigningKey as _;
+        let url = base64::engine::general_purpose::URL_SAFE_NO_PAD;
+        let access: Vec<serde_json::Value> = scope
+            .split(' ')
+            .filter_map(|s| {
+                let (kind, rest) = s.split_once(':')?;
+                let (name, actions) = rest.rsplit_once(':')?;
+                Some(serde_json::json!({
+                    "type": kind, "name": name, "actions": actions.split(',').collect::<Vec<_>>()
+                }))
+            })
+            .collect();
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("clock after 1970")
+            .as_secs();
+        let header = serde_json::json!({ "typ": "JWT", "alg": "ES256", "x5c": [self.x5c] });
+        let claims = serde_json::json!({
+            "iss": ISSUER, "sub": "test", "aud": SERVICE,
+            "exp": now + 300, "nbf": now - 60, "iat": now,
+            "jti": format!("{now}-{}", access.len()), "access": access,
+        });
+        let signing_input = format!(
+            "{}.{}",
+            url.encode(header.to_string()),
+            url.encode(claims.to_string())
+        );
+        let der = self.key.sign(signing_input.as_bytes()).expect("sign token");
+        format!("{signing_input}.{}", url.encode(ecdsa_der_to_raw(&der)))
+    }
+}
+
+/// JWS wants r||s (32 bytes each); ring signs ASN.1 `SEQUENCE { INTEGER r, INTEGER s }`.
+fn ecdsa_der_to_raw(der: &[u8]) -> Vec<u8> {
+    fn integer(der: &[u8], at: &mut usize) -> Vec<u8> {
+        assert_eq!(der[*at], 0x02, "ASN.1 INTEGER expected");
+        let len = der[*at + 1] as usize;
+        let value = &der[*at + 2..*at + 2 + len];
+        *at += 2 + len;
+        let value: Vec<u8> = value.iter().copied().skip_while(|b| *b == 0).collect();
+        let mut out = vec![0u8; 32 - value.len()];
+        out.extend(value);
+        out
+    }
+    assert_eq!(der[0], 0x30, "ASN.1 SEQUENCE expected");
+    let mut at = 2;
+    let mut raw = integer(der, &mut at);
+    raw.extend(integer(der, &mut at));
+    raw
+}
+
+/// A minimal Docker token server on a loopback thread: `GET /token?scope=..` with the
+/// right basic credentials gets a JWT for that scope, anything else a 401.
+struct TokenServer {
+    port: u16,
+    signer: Arc<TokenSigner>,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl TokenServer {
+    fn start(dir: &Path, credentials: (String, String)) -> Self {
+        use base64::Engine as _;
+        use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair};
+        let key = KeyPair::generate().expect("token key");
+        let mut params = CertificateParams::new(Vec::<String>::new()).expect("token params");
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params
+            .distinguished_name
+            .push(DnType::CommonName, "registry test token signer");
+        let cert = params.self_signed(&key).expect("token certificate");
+        std::fs::write(dir.join("token-ca.pem"), cert.pem()).expect("write token-ca.pem");
+        let signer = Arc::new(TokenSigner {
+            x5c: base64::engine::general_purpose::STANDARD.encode(cert.der()),
+            key,
+        });
+
+        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("bind token server");
+        let port = listener.local_addr().expect("token server address").port();
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let expected = format!(
+            "Basic {}",
+            base64::engine::general_purpose::STANDARD
+                .encode(format!("{}:{}", credentials.0, credentials.1))
+        );
+        let thread = {
+            let (signer, stop) = (signer.clone(), stop.clone());
+            std::thread::spawn(move || {
+                for stream in listener.incoming() {
+                    if stop.load(std::sync::atomic::Ordering::SeqCst) {
+                        break;
+                    }
+                    if let Ok(stream) = stream {
+                        let _ = serve_token(stream, &signer, &expected);
+                    }
+                }
+            })
+        };
+        Self {
+            port,
+            signer,
+            stop,
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for TokenServer {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        // Wake the blocking accept so the thread sees the flag.
+        let _ = TcpStream::connect((Ipv4Addr::LOCALHOST, self.port));
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+fn serve_token(
+    mut stream: TcpStream,
+    signer: &TokenSigner,
+    expected_auth: &str,
+) -> std::io::Result<()> {
+    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+    let mut request = Vec::new();
+    let mut buf = [0u8; 2048];
+    while !request.windows(4).any(|w| w == b"\r\n\r\n") {
+        let n = stream.read(&mut buf)?;
+        if n == 0 {
+            return Ok(());
+        }
+        request.extend_from_slice(&buf[..n]);
+    }
+    let request = String::from_utf8_lossy(&request);
+    let target = request.split(' ').nth(1).unwrap_or("/");
+    let url = reqwest::Url::parse(&format!("http://token{target}")).expect("request target");
+    let authorized = request.lines().any(|line| {
+        line.split_once(':').is_some_and(|(name, value)| {
+            name.eq_ignore_ascii_case("authorization") && value.trim() == expected_auth
+        })
+    });
+    let (status, body) = if url.path() != "/token" {
+        ("404 Not Found", "{}".to_string())
+    } else if !authorized {
+        (
+            "401 Unauthorized",
+            r#"{"details":"bad credentials"}"#.to_string(),
+        )
+    } else {
+        let scopes: Vec<String> = url
+            .query_pairs()
+            .filter(|(k, _)| k == "scope")
+            .map(|(_, v)| v.into_owned())
+            .collect();
+        let token = signer.token(&scopes.join(" "));
+        (
+            "200 OK",
+            serde_json::json!({ "token": token, "access_token": token, "expires_in": 300 })
+                .to_string(),
+        )
+    };
+    write!(
+        stream,
+        "HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )?;
+    stream.flush()
 }
