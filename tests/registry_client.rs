@@ -366,6 +366,47 @@ async fn h4_unresponsive_registry_times_out() {
     holder.abort();
 }
 
+// H4: a 5xx (here a proxy in front of a failing registry) is an error, not "absent".
+#[tokio::test]
+async fn h4_registry_5xx_is_error() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let responder = tokio::spawn(async move {
+        while let Ok((mut socket, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut buf = [0u8; 4096];
+                let _ = socket.read(&mut buf).await;
+                let body = "upstream down";
+                let answer = format!(
+                    "HTTP/1.1 503 Service Unavailable\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = socket.write_all(answer.as_bytes()).await;
+            });
+        }
+    });
+    let (client, metrics) = client_with(RegistryConfig {
+        base: addr.to_string(),
+        plain_http: true,
+        auth: RegistryAuth::Anonymous,
+        extra_ca_pems: vec![],
+        timeout: Duration::from_secs(5),
+    });
+    let err = client.snapshot_exists(VM).await.unwrap_err();
+    assert!(
+        matches!(err, RegistryError::Server { status: 503, .. }),
+        "{err:?}"
+    );
+    assert_eq!(calls(&metrics, "probe", "error"), 1);
+    let err = client.delete_snapshot(VM).await.unwrap_err();
+    assert!(
+        matches!(err, RegistryError::Server { status: 503, .. }),
+        "{err:?}"
+    );
+    responder.abort();
+}
+
 // R3-style: a name that cannot be an OCI repository is a clear error, never a panic.
 #[tokio::test]
 async fn h4_invalid_vm_name_is_error_not_panic() {

@@ -17,6 +17,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tracing::{debug, info, warn};
 
+const USER_AGENT: &str = concat!("cocoon-hibernation/", env!("CARGO_PKG_VERSION"));
 /// Tags asked for per `tags/list` page.
 const TAG_PAGE_SIZE: usize = 100;
 /// Upper bound on pages, so a registry that ignores `last` cannot loop us forever.
@@ -94,6 +95,7 @@ impl RegistryClient {
                 .collect(),
             read_timeout: Some(config.timeout),
             connect_timeout: Some(config.timeout),
+            user_agent: USER_AGENT,
             ..ClientConfig::default()
         };
         let oci = oci_client::Client::try_from(oci_config).map_err(|e| {
@@ -118,7 +120,7 @@ impl RegistryClient {
             .tls_certs_merge(roots)
             // Never let a redirect or a token realm downgrade an https registry to http.
             .https_only(!config.plain_http)
-            .user_agent(concat!("cocoon-hibernation/", env!("CARGO_PKG_VERSION")))
+            .user_agent(USER_AGENT)
             .build()
             .map_err(|e| {
                 RegistryError::InvalidConfig(format!(
@@ -155,10 +157,12 @@ impl RegistryClient {
     /// that delete would take the other tag with it, so it is left alone.
     pub async fn delete_snapshot(&self, vm: &str) -> Result<DeleteOutcome, RegistryError> {
         let reference = self.snapshot_reference(vm)?;
+        // The host oci-client talks to (it maps docker.io to index.docker.io).
+        let registry = reference.resolve_registry();
         let repository = reference.repository();
         let mut session = DeleteSession::default();
         match self
-            .delete_manifest(repository, SNAPSHOT_TAG, "delete", &mut session)
+            .delete_manifest(registry, repository, SNAPSHOT_TAG, "delete", &mut session)
             .await?
         {
             RawDelete::Deleted => {
@@ -189,7 +193,7 @@ impl RegistryClient {
             return Ok(DeleteOutcome::KeptSharedDigest { other_tags });
         }
         match self
-            .delete_manifest(repository, &digest, "delete_digest", &mut session)
+            .delete_manifest(registry, repository, &digest, "delete_digest", &mut session)
             .await?
         {
             RawDelete::Deleted => {
@@ -198,7 +202,7 @@ impl RegistryClient {
             }
             RawDelete::NotFound => Ok(DeleteOutcome::Absent),
             RawDelete::Unsupported { status, message } => Err(RegistryError::DeleteRefused {
-                reference: format!("{}/{repository}@{digest}", self.inner.base.registry),
+                reference: format!("{registry}/{repository}@{digest}"),
                 status,
                 message,
             }),
@@ -403,4 +407,30 @@ fn parse_ca_pems(pems: &[Vec<u8>]) -> Result<Vec<CertificateDer<'static>>, Regis
         }
     }
     Ok(ders)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn client_debug_redacts_secrets() {
+        let client = RegistryClient::new(
+            RegistryConfig {
+                base: "reg.example:5000/snap".into(),
+                plain_http: false,
+                auth: RegistryAuth::Basic {
+                    username: "alice".into(),
+                    password: "hunter2".into(),
+                },
+                extra_ca_pems: vec![],
+                timeout: Duration::from_secs(3),
+            },
+            Metrics::new(),
+        )
+        .unwrap();
+        let printed = format!("{client:?}");
+        assert!(printed.contains("reg.example:5000"), "{printed}");
+        assert!(!printed.contains("hunter2"), "{printed}");
+    }
 }

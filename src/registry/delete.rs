@@ -33,17 +33,18 @@ struct Answer {
 }
 
 impl RegistryClient {
-    /// DELETE /v2/<repository>/manifests/<reference>, with a delete-scoped token when
-    /// the registry asks for one.
+    /// DELETE /v2/<repository>/manifests/<reference> on `registry` (host[:port]), with a
+    /// delete-scoped token when the registry asks for one.
     pub(super) async fn delete_manifest(
         &self,
+        registry: &str,
         repository: &str,
         reference: &str,
         operation: &'static str,
         session: &mut DeleteSession,
     ) -> Result<RawDelete, RegistryError> {
         let result = self
-            .delete_manifest_inner(repository, reference, operation, session)
+            .delete_manifest_inner(registry, repository, reference, operation, session)
             .await;
         let outcome = match &result {
             Ok(RawDelete::Deleted) => "deleted",
@@ -61,6 +62,7 @@ impl RegistryClient {
 
     async fn delete_manifest_inner(
         &self,
+        registry: &str,
         repository: &str,
         reference: &str,
         operation: &'static str,
@@ -68,8 +70,8 @@ impl RegistryClient {
     ) -> Result<RawDelete, RegistryError> {
         let inner = &self.inner;
         let url = format!(
-            "{}://{}/v2/{repository}/manifests/{reference}",
-            inner.scheme, inner.base.registry
+            "{}://{registry}/v2/{repository}/manifests/{reference}",
+            inner.scheme
         );
         let mut answer = self
             .retry_transport(operation, || {
@@ -87,35 +89,7 @@ impl RegistryClient {
                 .await?;
             session.token = Some(token);
         }
-        let status = answer.status;
-        let message = excerpt(&answer.body);
-        match status.as_u16() {
-            200 | 202 | 204 => Ok(RawDelete::Deleted),
-            404 => Ok(RawDelete::NotFound),
-            405 => Ok(RawDelete::Unsupported {
-                status: 405,
-                message,
-            }),
-            // Distribution 2.x answers a delete by tag with 400 DIGEST_INVALID.
-            400 if answer.body.contains("DIGEST_INVALID")
-                || answer.body.contains("UNSUPPORTED") =>
-            {
-                Ok(RawDelete::Unsupported {
-                    status: 400,
-                    message,
-                })
-            }
-            401 | 403 => Err(RegistryError::Unauthorized {
-                operation,
-                status: status.as_u16(),
-                message,
-            }),
-            code => Err(RegistryError::Server {
-                operation,
-                status: code,
-                message,
-            }),
-        }
+        interpret_delete(answer.status, &answer.body, operation)
     }
 
     async fn send_delete(
@@ -226,6 +200,40 @@ impl RegistryClient {
     }
 }
 
+/// What a DELETE status means. 404 is "already gone"; 405 (delete disabled) and
+/// Distribution 2.x's 400 DIGEST_INVALID for a tag mean "not this way".
+fn interpret_delete(
+    status: StatusCode,
+    body: &str,
+    operation: &'static str,
+) -> Result<RawDelete, RegistryError> {
+    let message = excerpt(body);
+    match status.as_u16() {
+        200 | 202 | 204 => Ok(RawDelete::Deleted),
+        404 => Ok(RawDelete::NotFound),
+        405 => Ok(RawDelete::Unsupported {
+            status: 405,
+            message,
+        }),
+        400 if body.contains("DIGEST_INVALID") || body.contains("UNSUPPORTED") => {
+            Ok(RawDelete::Unsupported {
+                status: 400,
+                message,
+            })
+        }
+        code @ (401 | 403) => Err(RegistryError::Unauthorized {
+            operation,
+            status: code,
+            message,
+        }),
+        code => Err(RegistryError::Server {
+            operation,
+            status: code,
+            message,
+        }),
+    }
+}
+
 /// Token servers answer `token` (Docker) or `access_token` (OAuth2), sometimes both.
 fn token_from_body(body: &str) -> Result<String, RegistryError> {
     let value: serde_json::Value =
@@ -262,6 +270,41 @@ fn transport(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn interpret(status: u16, body: &str) -> Result<RawDelete, RegistryError> {
+        interpret_delete(StatusCode::from_u16(status).unwrap(), body, "delete")
+    }
+
+    #[test]
+    fn w3_delete_statuses_map_to_outcomes_and_errors() {
+        assert!(matches!(interpret(202, ""), Ok(RawDelete::Deleted)));
+        assert!(matches!(interpret(200, ""), Ok(RawDelete::Deleted)));
+        assert!(matches!(
+            interpret(404, "MANIFEST_UNKNOWN"),
+            Ok(RawDelete::NotFound)
+        ));
+        let distribution = r#"{"errors":[{"code":"DIGEST_INVALID","message":"provided digest did not match uploaded content"}]}"#;
+        assert!(matches!(
+            interpret(400, distribution),
+            Ok(RawDelete::Unsupported { status: 400, .. })
+        ));
+        assert!(matches!(
+            interpret(405, r#"{"errors":[{"code":"UNSUPPORTED"}]}"#),
+            Ok(RawDelete::Unsupported { status: 405, .. })
+        ));
+        assert!(matches!(
+            interpret(400, r#"{"errors":[{"code":"NAME_INVALID"}]}"#),
+            Err(RegistryError::Server { status: 400, .. })
+        ));
+        assert!(matches!(
+            interpret(403, "denied"),
+            Err(RegistryError::Unauthorized { status: 403, .. })
+        ));
+        assert!(matches!(
+            interpret(503, "down"),
+            Err(RegistryError::Server { status: 503, .. })
+        ));
+    }
 
     #[test]
     fn token_answers_in_docker_and_oauth_shapes() {

@@ -87,3 +87,73 @@ fn classify_envelope(envelope: &OciEnvelope, operation: &'static str) -> Failure
         message: excerpt(&envelope.to_string()),
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const T: Duration = Duration::from_secs(1);
+
+    fn envelope(code: &str) -> OciDistributionError {
+        let envelope = serde_json::from_value(serde_json::json!({
+            "errors": [{ "code": code, "message": "m" }]
+        }))
+        .unwrap();
+        OciDistributionError::RegistryError {
+            envelope,
+            url: "u".into(),
+        }
+    }
+
+    fn server(code: u16) -> OciDistributionError {
+        OciDistributionError::ServerError {
+            code,
+            url: "u".into(),
+            message: "body".into(),
+        }
+    }
+
+    #[test]
+    fn h3_not_found_answers_are_absent() {
+        for err in [
+            envelope("MANIFEST_UNKNOWN"),
+            envelope("NAME_UNKNOWN"),
+            envelope("NOT_FOUND"),
+            server(404),
+        ] {
+            assert!(matches!(classify(err, "probe", T), Failure::NotFound));
+        }
+    }
+
+    #[test]
+    fn h4_auth_server_and_other_failures_are_errors() {
+        let error = |err| match classify(err, "probe", T) {
+            Failure::Error(e) => e,
+            Failure::NotFound => panic!("not an error"),
+        };
+        assert!(matches!(
+            error(OciDistributionError::UnauthorizedError { url: "u".into() }),
+            RegistryError::Unauthorized { status: 401, .. }
+        ));
+        assert!(matches!(
+            error(envelope("DENIED")),
+            RegistryError::Unauthorized { status: 403, .. }
+        ));
+        assert!(matches!(
+            error(server(403)),
+            RegistryError::Unauthorized { status: 403, .. }
+        ));
+        assert!(matches!(
+            error(server(503)),
+            RegistryError::Server { status: 503, .. }
+        ));
+        assert!(matches!(
+            error(envelope("TOOMANYREQUESTS")),
+            RegistryError::Rejected { .. }
+        ));
+        assert!(matches!(
+            error(OciDistributionError::RegistryNoDigestError),
+            RegistryError::Protocol { .. }
+        ));
+    }
+}
