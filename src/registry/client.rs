@@ -413,6 +413,18 @@ fn parse_ca_pems(pems: &[Vec<u8>]) -> Result<Vec<CertificateDer<'static>>, Regis
 mod tests {
     use super::*;
 
+    /// The controller spawns these calls on a multi-threaded runtime (C2).
+    #[allow(dead_code)]
+    fn calls_are_send_and_client_is_shareable(client: RegistryClient) {
+        fn send<T: Send>(_: &T) {}
+        fn shareable<T: Send + Sync + Clone + 'static>() {}
+        shareable::<RegistryClient>();
+        send(&client.snapshot_exists("vm"));
+        send(&client.delete_snapshot("vm"));
+        fn error<T: std::error::Error + Send + Sync + 'static>() {}
+        error::<RegistryError>();
+    }
+
     #[test]
     fn client_debug_redacts_secrets() {
         let client = RegistryClient::new(
