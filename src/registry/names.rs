@@ -1,0 +1,156 @@
+//! Registry base ("host[:port][/prefix]") and OCI repository names.
+
+use super::error::RegistryError;
+
+/// Tag that holds a VM's hibernation snapshot.
+pub const SNAPSHOT_TAG: &str = "hibernate";
+
+/// Distribution refuses repository names longer than this.
+const MAX_REPOSITORY_LEN: usize = 255;
+
+/// The parsed `RegistryConfig::base`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct RegistryBase {
+    /// "host[:port]" as it appears in URLs.
+    pub registry: String,
+    /// Repository path prefix without slashes at the ends, if any.
+    pub prefix: Option<String>,
+}
+
+impl RegistryBase {
+    pub fn parse(base: &str) -> Result<Self, RegistryError> {
+        let invalid =
+            |why: &str| RegistryError::InvalidConfig(format!("registry base {base:?}: {why}"));
+        let trimmed = base.trim().trim_end_matches('/');
+        if trimmed.contains("://") {
+            return Err(invalid(
+                "give host[:port][/path/prefix] without a scheme (plain_http selects http)",
+            ));
+        }
+        let (host, prefix) = match trimmed.split_once('/') {
+            Some((host, prefix)) => (host, Some(prefix)),
+            None => (trimmed, None),
+        };
+        validate_host(host).map_err(invalid)?;
+        if let Some(prefix) = prefix {
+            for component in prefix.split('/') {
+                validate_component(component)
+                    .map_err(|why| invalid(&format!("path component {component:?} {why}")))?;
+            }
+        }
+        Ok(Self {
+            registry: host.to_string(),
+            prefix: prefix.map(str::to_string),
+        })
+    }
+
+    /// "<prefix>/<vm>", after checking `vm` is one valid path component.
+    pub fn repository(&self, vm: &str) -> Result<String, RegistryError> {
+        validate_component(vm).map_err(|reason| RegistryError::InvalidVmName {
+            name: vm.to_string(),
+            reason,
+        })?;
+        let repository = match &self.prefix {
+            Some(prefix) => format!("{prefix}/{vm}"),
+            None => vm.to_string(),
+        };
+        if repository.len() > MAX_REPOSITORY_LEN {
+            return Err(RegistryError::InvalidVmName {
+                name: vm.to_string(),
+                reason: "the repository name would exceed 255 characters",
+            });
+        }
+        Ok(repository)
+    }
+}
+
+fn validate_host(host: &str) -> Result<(), &'static str> {
+    if host.is_empty() {
+        return Err("the host is empty");
+    }
+    if !host
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | ':' | '[' | ']'))
+    {
+        return Err("the host may only hold letters, digits, '.', '-', ':' and IPv6 brackets");
+    }
+    // A port follows the last ':' unless that ':' sits inside an IPv6 literal.
+    let port = match host.rsplit_once(':') {
+        Some((_, port)) if !port.contains(']') => Some(port),
+        _ => None,
+    };
+    if let Some(port) = port
+        && port.parse::<u16>().is_err()
+    {
+        return Err("the port is not a number between 0 and 65535");
+    }
+    Ok(())
+}
+
+/// One OCI path component: `[a-z0-9]+((\.|_|__|-+)[a-z0-9]+)*`.
+pub(crate) fn validate_component(name: &str) -> Result<(), &'static str> {
+    if name.is_empty() {
+        return Err("must not be empty");
+    }
+    let alnum = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit();
+    if !name
+        .chars()
+        .all(|c| alnum(c) || matches!(c, '.' | '_' | '-'))
+    {
+        return Err("may only hold lowercase letters, digits, '.', '_' and '-'");
+    }
+    if !name.starts_with(alnum) || !name.ends_with(alnum) {
+        return Err("must start and end with a lowercase letter or digit");
+    }
+    for separator in name.split(alnum).filter(|s| !s.is_empty()) {
+        let ok = matches!(separator, "." | "_" | "__") || separator.chars().all(|c| c == '-');
+        if !ok {
+            return Err("separators must be '.', '_', '__' or a run of '-'");
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_host_port_and_prefix() {
+        let b = RegistryBase::parse("reg.example:5000/snap/team/").unwrap();
+        assert_eq!(b.registry, "reg.example:5000");
+        assert_eq!(b.prefix.as_deref(), Some("snap/team"));
+        assert_eq!(b.repository("vm-1").unwrap(), "snap/team/vm-1");
+        let b = RegistryBase::parse("127.0.0.1:5000").unwrap();
+        assert_eq!(b.prefix, None);
+        assert_eq!(b.repository("vm").unwrap(), "vm");
+        assert!(RegistryBase::parse("[::1]:5000/x").is_ok());
+    }
+
+    #[test]
+    fn rejects_bad_bases_with_clear_messages() {
+        for bad in ["", "https://reg", "reg:port", "reg/Upper", "reg//x", "re g"] {
+            let err = RegistryBase::parse(bad).unwrap_err();
+            assert!(
+                matches!(err, RegistryError::InvalidConfig(_)),
+                "{bad}: {err}"
+            );
+        }
+    }
+
+    #[test]
+    fn vm_names_follow_the_oci_component_grammar() {
+        for good in ["vm", "vm-1", "a.b", "a_b", "a__b", "a---b", "0"] {
+            assert!(validate_component(good).is_ok(), "{good}");
+        }
+        for bad in [
+            "", "VM", "-vm", "vm-", ".vm", "a..b", "a___b", "a._b", "a/b", "a b", "vm:tag", "ü",
+        ] {
+            assert!(validate_component(bad).is_err(), "{bad}");
+        }
+        let base = RegistryBase::parse("reg").unwrap();
+        let err = base.repository("Bad/Name").unwrap_err();
+        assert!(err.to_string().contains("invalid VM name"), "{err}");
+        assert!(base.repository(&"a".repeat(300)).is_err());
+    }
+}
