@@ -57,7 +57,10 @@ impl Default for Setup {
 
 async fn setup(prefix: &str, s: Setup) -> Env {
     let cluster = cluster::cluster();
-    eprintln!("kube-apiserver {} at {}", cluster.k8s_version, cluster.apiserver_url);
+    eprintln!(
+        "kube-apiserver {} at {}",
+        cluster.k8s_version, cluster.apiserver_url
+    );
     let client = cluster.client().await;
     product::ensure_crd(&client).await;
     let ns = cluster.fresh_namespace(&client, prefix).await;
@@ -66,7 +69,14 @@ async fn setup(prefix: &str, s: Setup) -> Env {
     opts.hibernate_timeout = s.hibernate_timeout.into();
     opts.wake_timeout = s.wake_timeout.into();
     let product = Product::start(cluster, &opts).await;
-    product::install_webhook(&client, cluster, &ns, product.webhook_port, "cocoonset.cocoonstack.io").await;
+    product::install_webhook(
+        &client,
+        cluster,
+        &ns,
+        product.webhook_port,
+        "cocoonset.cocoonstack.io",
+    )
+    .await;
     let knobs = Arc::new(SimKnobs::new(s.hibernate_delay, s.wake_delay));
     let sim = vk_sim::spawn(client.clone(), Some(ns.clone()), registry.clone(), knobs);
     Env {
@@ -92,7 +102,9 @@ impl Env {
     }
 
     async fn tag_exists(&self, vm: &str) -> bool {
-        tag_exists(&self.registry, vm).await.expect("registry reachable")
+        tag_exists(&self.registry, vm)
+            .await
+            .expect("registry reachable")
     }
 
     async fn events(&self, cr: &str) -> Vec<String> {
@@ -102,7 +114,9 @@ impl Env {
     async fn wait_events(&self, cr: &str, want: &[&str]) -> Vec<String> {
         eventually(&format!("events {want:?} on {cr}"), LONG, || async {
             let got = self.events(cr).await;
-            want.iter().all(|w| got.iter().any(|g| g == w)).then_some(got)
+            want.iter()
+                .all(|w| got.iter().any(|g| g == w))
+                .then_some(got)
         })
         .await
     }
@@ -148,24 +162,62 @@ async fn e2e_round_trip_hibernate_then_wake() {
     product::create_cr(&env.crs, "web-0", "web-0", Desire::Hibernate).await;
     let mut seen = Vec::new();
     let cr = wait_phase(&env.crs, "web-0", Phase::Hibernated, LONG, &mut seen).await;
-    assert_eq!(cr.status.as_ref().and_then(|s| s.vm_name.clone()), Some(vm.clone()));
+    assert_eq!(
+        cr.status.as_ref().and_then(|s| s.vm_name.clone()),
+        Some(vm.clone())
+    );
     assert_eq!(condition_status(&cr, READY).as_deref(), Some("True"));
     assert!(cr.has_finalizer(), "R1");
-    assert!(env.tag_exists(&vm).await, "H3: the snapshot is in the registry");
+    assert!(
+        env.tag_exists(&vm).await,
+        "H3: the snapshot is in the registry"
+    );
     let pod = env.pods.get("web-0").await.unwrap();
-    assert_eq!(pod.metadata.annotations.as_ref().unwrap().get(HIBERNATE).map(String::as_str), Some("true"));
+    assert_eq!(
+        pod.metadata
+            .annotations
+            .as_ref()
+            .unwrap()
+            .get(HIBERNATE)
+            .map(String::as_str),
+        Some("true")
+    );
 
     product::set_desire(&env.crs, "web-0", Desire::Wake).await;
     let cr = wait_phase(&env.crs, "web-0", Phase::Active, LONG, &mut seen).await;
-    assert_eq!(seen, vec![Phase::Hibernating, Phase::Hibernated, Phase::Waking, Phase::Active]);
-    eventually("tag deleted after wake", LONG, || async { (!env.tag_exists(&vm).await).then_some(()) }).await;
+    assert_eq!(
+        seen,
+        vec![
+            Phase::Hibernating,
+            Phase::Hibernated,
+            Phase::Waking,
+            Phase::Active
+        ]
+    );
+    eventually("tag deleted after wake", LONG, || async {
+        (!env.tag_exists(&vm).await).then_some(())
+    })
+    .await;
     let pod = env.pods.get("web-0").await.unwrap();
-    assert!(pod.metadata.annotations.as_ref().unwrap().get(HIBERNATE).is_none(), "W1");
+    assert!(
+        pod.metadata
+            .annotations
+            .as_ref()
+            .unwrap()
+            .get(HIBERNATE)
+            .is_none(),
+        "W1"
+    );
     assert_eq!(condition_status(&cr, READY).as_deref(), Some("True"));
-    let events = env.wait_events("web-0", &["Hibernated", "WokenActive"]).await;
+    let events = env
+        .wait_events("web-0", &["Hibernated", "WokenActive"])
+        .await;
     assert!(!events.iter().any(|e| e.contains("TimedOut")), "{events:?}");
     let metrics = env.product.get("/metrics").unwrap().1;
-    assert!(metrics.contains(r#"phase_duration_seconds_count{transition="hibernate",result="ok"} 1"#), "{metrics}");
+    assert!(
+        metrics.contains(r#"phase_duration_seconds_count{transition="hibernate",result="ok"} 1"#),
+        "{metrics}"
+    );
     assert!(metrics.contains(r#"phase_duration_seconds_count{transition="wake",result="ok"} 1"#));
     assert!(metrics.contains(r#"registry_calls_total{operation="probe",outcome="present"}"#));
 }
@@ -194,7 +246,10 @@ async fn e2e_stale_lifecycle_round_never_completes_hibernate() {
     let vm = env.vm("db-1");
     env.sim.knobs.set_never_complete(true);
     env.sim.stage_stale_tag(&vm).await.unwrap();
-    env.sim.stage_stale_lifecycle(&env.ns, "db-1").await.unwrap();
+    env.sim
+        .stage_stale_lifecycle(&env.ns, "db-1")
+        .await
+        .unwrap();
     product::create_cr(&env.crs, "db-1", "db-1", Desire::Hibernate).await;
     wait_phase(&env.crs, "db-1", Phase::Hibernating, LONG, &mut vec![]).await;
     never_phase(&env.crs, "db-1", Phase::Hibernated, Duration::from_secs(6)).await;
@@ -221,7 +276,15 @@ async fn e2e_reversal_mid_transition_both_ways() {
     wait_phase(&env.crs, "app-0", Phase::Hibernating, LONG, &mut seen).await;
     product::set_desire(&env.crs, "app-0", Desire::Wake).await;
     wait_phase(&env.crs, "app-0", Phase::Active, LONG, &mut seen).await;
-    assert_eq!(seen, vec![Phase::Hibernating, Phase::Hibernated, Phase::Waking, Phase::Active]);
+    assert_eq!(
+        seen,
+        vec![
+            Phase::Hibernating,
+            Phase::Hibernated,
+            Phase::Waking,
+            Phase::Active
+        ]
+    );
 
     let mut seen = Vec::new();
     product::set_desire(&env.crs, "app-0", Desire::Hibernate).await;
@@ -232,7 +295,14 @@ async fn e2e_reversal_mid_transition_both_ways() {
     wait_phase(&env.crs, "app-0", Phase::Hibernated, LONG, &mut seen).await;
     assert_eq!(
         seen,
-        vec![Phase::Hibernating, Phase::Hibernated, Phase::Waking, Phase::Active, Phase::Hibernating, Phase::Hibernated]
+        vec![
+            Phase::Hibernating,
+            Phase::Hibernated,
+            Phase::Waking,
+            Phase::Active,
+            Phase::Hibernating,
+            Phase::Hibernated
+        ]
     );
 }
 
@@ -251,11 +321,19 @@ async fn e2e_hibernate_timeout_then_recovery() {
     env.sim.knobs.set_never_complete(true);
     product::create_cr(&env.crs, "w-0", "w-0", Desire::Hibernate).await;
     let cr = wait_phase(&env.crs, "w-0", Phase::Failed, LONG, &mut vec![]).await;
-    assert!(ready_message(&cr).contains("within 5s"), "{}", ready_message(&cr));
+    assert!(
+        ready_message(&cr).contains("within 5s"),
+        "{}",
+        ready_message(&cr)
+    );
     env.wait_events("w-0", &["HibernateTimedOut"]).await;
     env.sim.knobs.set_never_complete(false);
     wait_phase(&env.crs, "w-0", Phase::Hibernated, LONG, &mut vec![]).await;
-    env.wait_events("w-0", &["HibernateTimedOut", "RetryRequested", "Hibernated"]).await;
+    env.wait_events(
+        "w-0",
+        &["HibernateTimedOut", "RetryRequested", "Hibernated"],
+    )
+    .await;
 }
 
 /// W4 F2 F3: the wake times out, then recovers from Failed.
@@ -275,10 +353,15 @@ async fn e2e_wake_timeout_then_recovery() {
     env.sim.knobs.set_never_complete(true);
     product::set_desire(&env.crs, "w-1", Desire::Wake).await;
     let cr = wait_phase(&env.crs, "w-1", Phase::Failed, LONG, &mut vec![]).await;
-    assert!(ready_message(&cr).contains("within 5s"), "{}", ready_message(&cr));
+    assert!(
+        ready_message(&cr).contains("within 5s"),
+        "{}",
+        ready_message(&cr)
+    );
     env.sim.knobs.set_never_complete(false);
     wait_phase(&env.crs, "w-1", Phase::Active, LONG, &mut vec![]).await;
-    env.wait_events("w-1", &["WakeTimedOut", "RetryRequested", "WokenActive"]).await;
+    env.wait_events("w-1", &["WakeTimedOut", "RetryRequested", "WokenActive"])
+        .await;
 }
 
 /// H2 H4 H5: the registry the product probes is down from the first pass: Hibernating is
@@ -316,20 +399,34 @@ async fn e2e_registry_down_from_first_pass_then_recovery() {
     drop(sim_elsewhere);
     assert!(ready_message(&cr).contains("within 8s"));
     let metrics = env.product.get("/metrics").unwrap().1;
-    assert!(metrics.contains(r#"reconcile_errors_total{error="probe"}"#), "{metrics}");
-    assert!(metrics.contains(r#"registry_calls_total{operation="probe",outcome="error"}"#), "{metrics}");
+    assert!(
+        metrics.contains(r#"reconcile_errors_total{error="probe"}"#),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains(r#"registry_calls_total{operation="probe",outcome="error"}"#),
+        "{metrics}"
+    );
     // The registry comes back holding the snapshot.
     registry.start();
-    vk_sim::push_snapshot(&host, &vm, "after outage").await.unwrap();
+    vk_sim::push_snapshot(&host, &vm, "after outage")
+        .await
+        .unwrap();
     wait_phase(&env.crs, "r-0", Phase::Hibernated, LONG, &mut vec![]).await;
-    env.wait_events("r-0", &["HibernateTimedOut", "RetryRequested", "Hibernated"]).await;
+    env.wait_events(
+        "r-0",
+        &["HibernateTimedOut", "RetryRequested", "Hibernated"],
+    )
+    .await;
 }
 
 /// W3: a registry refusing the tag delete after a wake keeps the CR Active and the delete
 /// owed; once the registry accepts deletes, the tag is gone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn e2e_registry_refusing_tag_delete_keeps_active_then_tag_gone() {
-    let mut registry = registry_server::RegistryServer::launch(registry_server::RegistryOptions::default().with_delete(false));
+    let mut registry = registry_server::RegistryServer::launch(
+        registry_server::RegistryOptions::default().with_delete(false),
+    );
     let env = setup(
         "refuse-delete",
         Setup {
@@ -348,12 +445,17 @@ async fn e2e_registry_refusing_tag_delete_keeps_active_then_tag_gone() {
     tokio::time::sleep(Duration::from_secs(3)).await;
     let cr = env.crs.get("d-0").await.unwrap();
     assert_eq!(product::phase(&cr), Some(Phase::Active));
-    assert_eq!(condition_status(&cr, SNAPSHOT_DELETED).as_deref(), Some("False"));
+    assert_eq!(
+        condition_status(&cr, SNAPSHOT_DELETED).as_deref(),
+        Some("False")
+    );
     assert!(env.tag_exists(&vm).await);
     registry.restart_with_delete(true);
-    eventually("tag deleted once the registry accepts deletes", LONG, || async {
-        (!env.tag_exists(&vm).await).then_some(())
-    })
+    eventually(
+        "tag deleted once the registry accepts deletes",
+        LONG,
+        || async { (!env.tag_exists(&vm).await).then_some(()) },
+    )
     .await;
     let cr = eventually("SnapshotDeleted=True", LONG, || async {
         let cr = env.crs.get("d-0").await.ok()?;
@@ -370,7 +472,9 @@ async fn e2e_deletion_gcs_tag_and_keeps_it_while_another_cr_holds_the_vm() {
     // Two pods backed by one VM: a pod recreated under a new name keeps its VM.
     let shared_vm = env.vm("shared");
     for pod in ["old-pod", "new-pod"] {
-        vk_sim::create_vm_pod(&env.client, &env.ns, pod, &shared_vm).await.unwrap();
+        vk_sim::create_vm_pod(&env.client, &env.ns, pod, &shared_vm)
+            .await
+            .unwrap();
     }
     product::create_cr(&env.crs, "old-pod", "old-pod", Desire::Hibernate).await;
     wait_phase(&env.crs, "old-pod", Phase::Hibernated, LONG, &mut vec![]).await;
@@ -378,13 +482,41 @@ async fn e2e_deletion_gcs_tag_and_keeps_it_while_another_cr_holds_the_vm() {
     wait_phase(&env.crs, "new-pod", Phase::Hibernated, LONG, &mut vec![]).await;
     assert!(env.tag_exists(&shared_vm).await);
 
-    env.crs.delete("old-pod", &DeleteParams::default()).await.unwrap();
-    eventually("old CR gone", LONG, || async { env.crs.get_opt("old-pod").await.ok()?.is_none().then_some(()) }).await;
-    assert!(env.tag_exists(&shared_vm).await, "G1: another live CR holds the VM");
+    env.crs
+        .delete("old-pod", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually("old CR gone", LONG, || async {
+        env.crs
+            .get_opt("old-pod")
+            .await
+            .ok()?
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    assert!(
+        env.tag_exists(&shared_vm).await,
+        "G1: another live CR holds the VM"
+    );
 
-    env.crs.delete("new-pod", &DeleteParams::default()).await.unwrap();
-    eventually("last CR gone", LONG, || async { env.crs.get_opt("new-pod").await.ok()?.is_none().then_some(()) }).await;
-    assert!(!env.tag_exists(&shared_vm).await, "G1: the last holder deletes the tag");
+    env.crs
+        .delete("new-pod", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually("last CR gone", LONG, || async {
+        env.crs
+            .get_opt("new-pod")
+            .await
+            .ok()?
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    assert!(
+        !env.tag_exists(&shared_vm).await,
+        "G1: the last holder deletes the tag"
+    );
 }
 
 /// G2: deletion with the registry down still removes the finalizer.
@@ -404,14 +536,20 @@ async fn e2e_deletion_with_registry_down_never_blocks() {
     wait_phase(&env.crs, "g-0", Phase::Hibernated, LONG, &mut vec![]).await;
     registry.stop();
     let started = Instant::now();
-    env.crs.delete("g-0", &DeleteParams::default()).await.unwrap();
+    env.crs
+        .delete("g-0", &DeleteParams::default())
+        .await
+        .unwrap();
     eventually("CR gone with the registry down", LONG, || async {
         env.crs.get_opt("g-0").await.ok()?.is_none().then_some(())
     })
     .await;
     eprintln!("deleted with the registry down in {:?}", started.elapsed());
     let log = env.product.log_text();
-    assert!(log.contains("snapshot tag cleanup failed"), "G2: logged at error level");
+    assert!(
+        log.contains("snapshot tag cleanup failed"),
+        "G2: logged at error level"
+    );
 }
 
 /// V1 V2: the apiserver calls our webhook over TLS; a name that differs from podRef is
@@ -429,7 +567,14 @@ async fn e2e_webhook_denies_mismatched_name_and_duplicates_live_or_terminating()
     crs.create(&Default::default(), &legacy).await.unwrap();
 
     let product = Product::start(cluster, &ProductOptions::new(&ns, &cluster.registry)).await;
-    product::install_webhook(&client, cluster, &ns, product.webhook_port, "cocoonset.cocoonstack.io").await;
+    product::install_webhook(
+        &client,
+        cluster,
+        &ns,
+        product.webhook_port,
+        "cocoonset.cocoonstack.io",
+    )
+    .await;
 
     let denied = |res: Result<CocoonHibernation, kube::Error>| match res {
         Err(kube::Error::Api(s)) => s.message,
@@ -437,28 +582,63 @@ async fn e2e_webhook_denies_mismatched_name_and_duplicates_live_or_terminating()
         Err(e) => panic!("unexpected error {e}"),
     };
     let msg = eventually("webhook answering", LONG, || async {
-        let res = crs.create(&Default::default(), &product::new_cr("my-name", "web-0", Desire::Hibernate)).await;
+        let res = crs
+            .create(
+                &Default::default(),
+                &product::new_cr("my-name", "web-0", Desire::Hibernate),
+            )
+            .await;
         let msg = denied(res);
         msg.contains("must equal spec.podRef.name").then_some(msg)
     })
     .await;
-    assert!(msg.contains("\"my-name\"") && msg.contains("\"web-0\""), "V1 names both: {msg}");
+    assert!(
+        msg.contains("\"my-name\"") && msg.contains("\"web-0\""),
+        "V1 names both: {msg}"
+    );
 
-    let msg = denied(crs.create(&Default::default(), &product::new_cr("web-0", "web-0", Desire::Hibernate)).await);
-    assert!(msg.contains("legacy already targets pod web-0; flip its spec.desire instead"), "V2 live: {msg}");
+    let msg = denied(
+        crs.create(
+            &Default::default(),
+            &product::new_cr("web-0", "web-0", Desire::Hibernate),
+        )
+        .await,
+    );
+    assert!(
+        msg.contains("legacy already targets pod web-0; flip its spec.desire instead"),
+        "V2 live: {msg}"
+    );
 
-    crs.delete("legacy", &DeleteParams::default()).await.unwrap();
+    crs.delete("legacy", &DeleteParams::default())
+        .await
+        .unwrap();
     eventually("legacy terminating in the cache", LONG, || async {
-        let res = crs.create(&Default::default(), &product::new_cr("web-0", "web-0", Desire::Hibernate)).await;
+        let res = crs
+            .create(
+                &Default::default(),
+                &product::new_cr("web-0", "web-0", Desire::Hibernate),
+            )
+            .await;
         let msg = denied(res);
-        msg.contains("is terminating; retry after its cleanup finishes").then_some(())
+        msg.contains("is terminating; retry after its cleanup finishes")
+            .then_some(())
     })
     .await;
     // Clean up the hold so the namespace is tidy.
     let patch = serde_json::json!({ "metadata": { "finalizers": null } });
-    crs.patch("legacy", &PatchParams::default(), &Patch::Merge(&patch)).await.unwrap();
-    eventually("legacy gone", LONG, || async { crs.get_opt("legacy").await.ok()?.is_none().then_some(()) }).await;
-    crs.create(&Default::default(), &product::new_cr("web-0", "web-0", Desire::Hibernate)).await.unwrap();
+    crs.patch("legacy", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+    eventually("legacy gone", LONG, || async {
+        crs.get_opt("legacy").await.ok()?.is_none().then_some(())
+    })
+    .await;
+    crs.create(
+        &Default::default(),
+        &product::new_cr("web-0", "web-0", Desire::Hibernate),
+    )
+    .await
+    .unwrap();
     let text = product.get("/metrics").unwrap().1;
     assert!(text.contains(r#"admission_decisions_total{operation="review",result="denied"}"#));
 }
@@ -475,14 +655,26 @@ async fn e2e_podref_update_denied_by_cel_and_by_webhook_alone() {
     let crs: Api<CocoonHibernation> = Api::namespaced(client.clone(), &ns);
 
     // With CEL (no webhook installed for this namespace yet): the apiserver refuses.
-    crs.create(&Default::default(), &product::new_cr("p-0", "p-0", Desire::Wake)).await.unwrap();
+    crs.create(
+        &Default::default(),
+        &product::new_cr("p-0", "p-0", Desire::Wake),
+    )
+    .await
+    .unwrap();
     let change = serde_json::json!({ "spec": { "podRef": { "name": "other" } } });
-    let err = crs.patch("p-0", &PatchParams::default(), &Patch::Merge(&change)).await.unwrap_err();
-    assert!(err.to_string().contains("spec.podRef is immutable"), "CEL: {err}");
+    let err = crs
+        .patch("p-0", &PatchParams::default(), &Patch::Merge(&change))
+        .await
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("spec.podRef is immutable"),
+        "CEL: {err}"
+    );
 
     // A copy of the CRD in another group, without the rule, validated by the webhook.
     let group = "nocel.cocoonstack.io";
-    let mut crd = serde_json::to_value(<CocoonHibernation as kube::CustomResourceExt>::crd()).unwrap();
+    let mut crd =
+        serde_json::to_value(<CocoonHibernation as kube::CustomResourceExt>::crd()).unwrap();
     crd["metadata"]["name"] = format!("cocoonhibernations.{group}").into();
     crd["spec"]["group"] = group.into();
     crd["spec"]["names"]["shortNames"] = serde_json::json!(["chnocel"]);
@@ -495,7 +687,11 @@ async fn e2e_podref_update_denied_by_cel_and_by_webhook_alone() {
     let crd_api: Api<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition> =
         Api::all(client.clone());
     crd_api
-        .patch(&format!("cocoonhibernations.{group}"), &PatchParams::apply("cocoon-e2e").force(), &Patch::Apply(&crd))
+        .patch(
+            &format!("cocoonhibernations.{group}"),
+            &PatchParams::apply("cocoon-e2e").force(),
+            &Patch::Apply(&crd),
+        )
         .await
         .unwrap();
     let ar = kube::core::ApiResource {
@@ -511,19 +707,41 @@ async fn e2e_podref_update_denied_by_cel_and_by_webhook_alone() {
         "metadata": { "name": "p-1" }, "spec": { "podRef": { "name": "p-1" }, "desire": "Wake" }
     }))
     .unwrap();
-    eventually("no-CEL CRD served", LONG, || async { dyn_api.create(&Default::default(), &obj).await.ok() }).await;
+    eventually("no-CEL CRD served", LONG, || async {
+        dyn_api.create(&Default::default(), &obj).await.ok()
+    })
+    .await;
     // Without the webhook, the update would pass: prove the copy lacks the rule.
     let change_to = |name: &str| serde_json::json!({ "spec": { "podRef": { "name": name } } });
-    dyn_api.patch("p-1", &PatchParams::default(), &Patch::Merge(&change_to("x"))).await.unwrap();
+    dyn_api
+        .patch(
+            "p-1",
+            &PatchParams::default(),
+            &Patch::Merge(&change_to("x")),
+        )
+        .await
+        .unwrap();
     product::install_webhook(&client, cluster, &ns, product.webhook_port, group).await;
     let msg = eventually("webhook refuses podRef change", LONG, || async {
-        match dyn_api.patch("p-1", &PatchParams::default(), &Patch::Merge(&change_to("y"))).await {
-            Err(kube::Error::Api(s)) if s.message.contains("spec.podRef is immutable") => Some(s.message),
+        match dyn_api
+            .patch(
+                "p-1",
+                &PatchParams::default(),
+                &Patch::Merge(&change_to("y")),
+            )
+            .await
+        {
+            Err(kube::Error::Api(s)) if s.message.contains("spec.podRef is immutable") => {
+                Some(s.message)
+            }
             _ => None,
         }
     })
     .await;
-    assert!(msg.contains("denied the request"), "the webhook, not CEL: {msg}");
+    assert!(
+        msg.contains("denied the request"),
+        "the webhook, not CEL: {msg}"
+    );
 }
 
 /// Crash safety: `kill -9` mid-hibernate and mid-wake; after a restart the CR converges,
@@ -545,10 +763,16 @@ async fn e2e_kill9_mid_transition_converges_without_leaking_or_losing_the_tag() 
     wait_phase(&env.crs, "c-0", Phase::Hibernating, LONG, &mut vec![]).await;
     env.product.kill9();
     // vk finishes while we are down.
-    eventually("vk pushed the snapshot", LONG, || async { env.tag_exists(&vm).await.then_some(()) }).await;
+    eventually("vk pushed the snapshot", LONG, || async {
+        env.tag_exists(&vm).await.then_some(())
+    })
+    .await;
     env.product.restart().await;
     wait_phase(&env.crs, "c-0", Phase::Hibernated, LONG, &mut vec![]).await;
-    assert!(env.tag_exists(&vm).await, "the tag a Hibernated CR needs is kept");
+    assert!(
+        env.tag_exists(&vm).await,
+        "the tag a Hibernated CR needs is kept"
+    );
 
     product::set_desire(&env.crs, "c-0", Desire::Wake).await;
     wait_phase(&env.crs, "c-0", Phase::Waking, LONG, &mut vec![]).await;
@@ -556,13 +780,21 @@ async fn e2e_kill9_mid_transition_converges_without_leaking_or_losing_the_tag() 
     assert!(env.tag_exists(&vm).await, "no delete before Active");
     eventually("vk woke the VM", LONG, || async {
         let pod = env.pods.get("c-0").await.ok()?;
-        cocoon_hibernation::api::annotations::PodView::from_pod(&pod).woken().then_some(())
+        cocoon_hibernation::api::annotations::PodView::from_pod(&pod)
+            .woken()
+            .then_some(())
     })
     .await;
-    assert!(env.tag_exists(&vm).await, "nobody deletes while we are down");
+    assert!(
+        env.tag_exists(&vm).await,
+        "nobody deletes while we are down"
+    );
     env.product.restart().await;
     wait_phase(&env.crs, "c-0", Phase::Active, LONG, &mut vec![]).await;
-    eventually("tag deleted after restart", LONG, || async { (!env.tag_exists(&vm).await).then_some(()) }).await;
+    eventually("tag deleted after restart", LONG, || async {
+        (!env.tag_exists(&vm).await).then_some(())
+    })
+    .await;
 }
 
 /// C3: settled CRs cause no API writes over 30 s, and pod churn that a pass does not read
@@ -581,12 +813,17 @@ async fn e2e_quiet_when_settled_no_api_writes_for_30s() {
     tokio::time::sleep(Duration::from_secs(3)).await;
     let cluster = cluster::cluster();
     let mark = cluster.audit_mark();
-    let passes_before = env.product.metric("cocoon_hibernation_reconcile_passes_total");
+    let passes_before = env
+        .product
+        .metric("cocoon_hibernation_reconcile_passes_total");
     // Churn that no pass reads: a label, many times.
     let mut churn = 0;
     for i in 0..10 {
         let patch = serde_json::json!({ "metadata": { "labels": { "churn": i.to_string() } } });
-        env.pods.patch("q-0", &PatchParams::default(), &Patch::Merge(&patch)).await.unwrap();
+        env.pods
+            .patch("q-0", &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .unwrap();
         churn += 1;
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
@@ -595,14 +832,33 @@ async fn e2e_quiet_when_settled_no_api_writes_for_30s() {
         .audit_events_since(mark)
         .into_iter()
         .filter(|e| e["objectRef"]["namespace"].as_str() == Some(env.ns.as_str()))
-        .filter(|e| matches!(e["verb"].as_str(), Some("create" | "update" | "patch" | "delete")))
+        .filter(|e| {
+            matches!(
+                e["verb"].as_str(),
+                Some("create" | "update" | "patch" | "delete")
+            )
+        })
         .collect();
-    let pod_writes = writes.iter().filter(|e| e["objectRef"]["resource"] == "pods").count();
-    let other: Vec<_> = writes.iter().filter(|e| e["objectRef"]["resource"] != "pods").collect();
-    assert_eq!(pod_writes, churn, "only the test's own label patches touched pods");
+    let pod_writes = writes
+        .iter()
+        .filter(|e| e["objectRef"]["resource"] == "pods")
+        .count();
+    let other: Vec<_> = writes
+        .iter()
+        .filter(|e| e["objectRef"]["resource"] != "pods")
+        .collect();
+    assert_eq!(
+        pod_writes, churn,
+        "only the test's own label patches touched pods"
+    );
     assert!(other.is_empty(), "settled CRs wrote: {other:#?}");
-    let passes_after = env.product.metric("cocoon_hibernation_reconcile_passes_total");
-    assert_eq!(passes_before, passes_after, "label churn enqueued reconcile passes");
+    let passes_after = env
+        .product
+        .metric("cocoon_hibernation_reconcile_passes_total");
+    assert_eq!(
+        passes_before, passes_after,
+        "label churn enqueued reconcile passes"
+    );
     assert!(passes_before > 0.0);
 }
 
@@ -614,9 +870,23 @@ async fn e2e_pod_deletion_reaches_the_cr() {
     env.pod("x-0").await;
     product::create_cr(&env.crs, "x-0", "x-0", Desire::Wake).await;
     wait_phase(&env.crs, "x-0", Phase::Active, LONG, &mut vec![]).await;
-    env.pods.delete("x-0", &DeleteParams::default().grace_period(0)).await.unwrap();
-    let cr = wait_phase(&env.crs, "x-0", Phase::Pending, Duration::from_secs(20), &mut vec![]).await;
-    assert!(ready_message(&cr).contains("not found"), "R2: {}", ready_message(&cr));
+    env.pods
+        .delete("x-0", &DeleteParams::default().grace_period(0))
+        .await
+        .unwrap();
+    let cr = wait_phase(
+        &env.crs,
+        "x-0",
+        Phase::Pending,
+        Duration::from_secs(20),
+        &mut vec![],
+    )
+    .await;
+    assert!(
+        ready_message(&cr).contains("not found"),
+        "R2: {}",
+        ready_message(&cr)
+    );
     // The pod comes back: the CR follows without any CR change.
     env.pod("x-0").await;
     wait_phase(&env.crs, "x-0", Phase::Active, LONG, &mut vec![]).await;

@@ -168,10 +168,10 @@ async fn v6_plain_http_is_not_served() {
 
 async fn wait_for_cert(addr: SocketAddr, want: &CertificateDer<'static>) {
     for _ in 0..100 {
-        if let Ok((served, _)) = call(addr, want, &[&rustls::version::TLS13]).await {
-            if &served == want {
-                return;
-            }
+        if let Ok((served, _)) = call(addr, want, &[&rustls::version::TLS13]).await
+            && &served == want
+        {
+            return;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }

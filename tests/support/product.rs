@@ -146,7 +146,11 @@ impl Product {
     pub async fn wait_ready(&self) {
         let deadline = Instant::now() + Duration::from_secs(60);
         while Instant::now() < deadline {
-            if self.get("/readyz").map(|(code, _)| code == 200).unwrap_or(false) {
+            if self
+                .get("/readyz")
+                .map(|(code, _)| code == 200)
+                .unwrap_or(false)
+            {
                 return;
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
@@ -213,7 +217,9 @@ impl Product {
 
     /// The value of one metric sample line, e.g. `cocoon_hibernation_leader`.
     pub fn metric(&self, sample: &str) -> f64 {
-        let Ok((_, body)) = self.get("/metrics") else { return f64::NAN };
+        let Ok((_, body)) = self.get("/metrics") else {
+            return f64::NAN;
+        };
         body.lines()
             .find(|l| l.starts_with(sample) && l[sample.len()..].starts_with(' '))
             .and_then(|l| l.rsplit(' ').next())
@@ -226,7 +232,11 @@ impl Drop for Product {
     fn drop(&mut self) {
         self.kill9();
         if std::thread::panicking() {
-            eprintln!("---- server log ({}) ----\n{}", self.log.display(), self.log_text());
+            eprintln!(
+                "---- server log ({}) ----\n{}",
+                self.log.display(),
+                self.log_text()
+            );
         }
     }
 }
@@ -236,9 +246,13 @@ pub async fn ensure_crd(client: &kube::Client) {
     let api: Api<CustomResourceDefinition> = Api::all(client.clone());
     let crd = CocoonHibernation::crd();
     let name = crd.metadata.name.clone().expect("crd name");
-    api.patch(&name, &PatchParams::apply("cocoon-e2e").force(), &Patch::Apply(&crd))
-        .await
-        .expect("apply CRD");
+    api.patch(
+        &name,
+        &PatchParams::apply("cocoon-e2e").force(),
+        &Patch::Apply(&crd),
+    )
+    .await
+    .expect("apply CRD");
     eventually("CRD established", Duration::from_secs(30), || async {
         let crd = api.get(&name).await.ok()?;
         crd.status?
@@ -251,8 +265,17 @@ pub async fn ensure_crd(client: &kube::Client) {
 }
 
 /// A ValidatingWebhookConfiguration for one namespace, pointing at `port` on loopback.
-pub async fn install_webhook(client: &kube::Client, cluster: &Cluster, namespace: &str, port: u16, group: &str) -> String {
-    let name = format!("cocoon-e2e-{namespace}-{}", group.split('.').next().unwrap_or("g"));
+pub async fn install_webhook(
+    client: &kube::Client,
+    cluster: &Cluster,
+    namespace: &str,
+    port: u16,
+    group: &str,
+) -> String {
+    let name = format!(
+        "cocoon-e2e-{namespace}-{}",
+        group.split('.').next().unwrap_or("g")
+    );
     let ca = base64::engine::general_purpose::STANDARD.encode(&cluster.ca_cert_pem);
     let vwc: ValidatingWebhookConfiguration = serde_json::from_value(serde_json::json!({
         "apiVersion": "admissionregistration.k8s.io/v1",
@@ -281,9 +304,13 @@ pub async fn install_webhook(client: &kube::Client, cluster: &Cluster, namespace
     }))
     .expect("valid webhook configuration");
     let api: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
-    api.patch(&name, &PatchParams::apply("cocoon-e2e").force(), &Patch::Apply(&vwc))
-        .await
-        .expect("apply webhook configuration");
+    api.patch(
+        &name,
+        &PatchParams::apply("cocoon-e2e").force(),
+        &Patch::Apply(&vwc),
+    )
+    .await
+    .expect("apply webhook configuration");
     name
 }
 
@@ -297,7 +324,12 @@ pub fn new_cr(name: &str, pod: &str, desire: Desire) -> CocoonHibernation {
     )
 }
 
-pub async fn create_cr(api: &Api<CocoonHibernation>, name: &str, pod: &str, desire: Desire) -> CocoonHibernation {
+pub async fn create_cr(
+    api: &Api<CocoonHibernation>,
+    name: &str,
+    pod: &str,
+    desire: Desire,
+) -> CocoonHibernation {
     // The webhook configuration may take a moment to be honoured; retry refusals from an
     // unreachable hook only, never a denial.
     let cr = new_cr(name, pod, desire);
@@ -328,36 +360,57 @@ where
         if let Some(v) = probe().await {
             return v;
         }
-        assert!(Instant::now() < deadline, "timed out after {timeout:?} waiting for {what}");
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {timeout:?} waiting for {what}"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 
 /// Waits for the CR to reach `want`, recording every phase seen on the way.
-pub async fn wait_phase(api: &Api<CocoonHibernation>, name: &str, want: Phase, timeout: Duration, seen: &mut Vec<Phase>) -> CocoonHibernation {
+pub async fn wait_phase(
+    api: &Api<CocoonHibernation>,
+    name: &str,
+    want: Phase,
+    timeout: Duration,
+    seen: &mut Vec<Phase>,
+) -> CocoonHibernation {
     let deadline = Instant::now() + timeout;
     loop {
-        if let Ok(cr) = api.get(name).await {
-            if let Some(p) = phase(&cr) {
-                if seen.last() != Some(&p) {
-                    seen.push(p);
-                }
-                if p == want {
-                    return cr;
-                }
+        if let Ok(cr) = api.get(name).await
+            && let Some(p) = phase(&cr)
+        {
+            if seen.last() != Some(&p) {
+                seen.push(p);
+            }
+            if p == want {
+                return cr;
             }
         }
-        assert!(Instant::now() < deadline, "{name} did not reach {want} within {timeout:?}; phases seen: {seen:?}");
+        assert!(
+            Instant::now() < deadline,
+            "{name} did not reach {want} within {timeout:?}; phases seen: {seen:?}"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 
 /// Asserts the CR stays out of `forbidden` for `hold`.
-pub async fn never_phase(api: &Api<CocoonHibernation>, name: &str, forbidden: Phase, hold: Duration) {
+pub async fn never_phase(
+    api: &Api<CocoonHibernation>,
+    name: &str,
+    forbidden: Phase,
+    hold: Duration,
+) {
     let deadline = Instant::now() + hold;
     while Instant::now() < deadline {
         let cr = api.get(name).await.expect("get CR");
-        assert_ne!(phase(&cr), Some(forbidden), "{name} reached {forbidden} too early");
+        assert_ne!(
+            phase(&cr),
+            Some(forbidden),
+            "{name} reached {forbidden} too early"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
