@@ -23,7 +23,17 @@ pub enum Command {
     /// Print the CocoonHibernation CRD as YAML.
     Crd,
     /// Run the webhook, controller and metrics server (the default).
-    Run,
+    Run(Box<ServerArgs>),
+}
+
+impl Cli {
+    /// The server settings, whether given before or after `run`.
+    pub fn server_args(self) -> ServerArgs {
+        match self.command {
+            Some(Command::Run(args)) => *args,
+            _ => self.server,
+        }
+    }
 }
 
 #[derive(Args, Debug, Clone)]
@@ -264,6 +274,14 @@ mod tests {
         let cli = parse(args).unwrap();
         let e = cli.server.validate().unwrap_err();
         assert!(e.to_string().contains(needle), "{e}");
+    }
+
+    #[test]
+    fn flags_work_before_and_after_run() {
+        let after = Cli::try_parse_from(["x", "run", "--registry-base", "r:5000", "--concurrency", "7"]).unwrap();
+        assert_eq!(after.server_args().controller.concurrency, 7);
+        let before = Cli::try_parse_from(["x", "--registry-base", "r:5000", "--concurrency", "6"]).unwrap();
+        assert_eq!(before.server_args().controller.concurrency, 6);
     }
 
     #[test]

@@ -22,7 +22,7 @@ fn main() -> ExitCode {
             }
         };
     }
-    let args = cli.server;
+    let args = cli.server_args();
     if let Err(e) = args.validate() {
         eprintln!("error: {e}");
         return ExitCode::from(2);

@@ -143,9 +143,14 @@ impl Product {
         self.child = Some(child);
     }
 
-    pub async fn wait_ready(&self) {
+    pub async fn wait_ready(&mut self) {
         let deadline = Instant::now() + Duration::from_secs(60);
         while Instant::now() < deadline {
+            if let Some(child) = self.child.as_mut()
+                && let Ok(Some(status)) = child.try_wait()
+            {
+                panic!("server exited with {status} before it was ready; log:\n{}", self.log_text());
+            }
             if self
                 .get("/readyz")
                 .map(|(code, _)| code == 200)
