@@ -278,9 +278,18 @@ mod tests {
 
     #[test]
     fn flags_work_before_and_after_run() {
-        let after = Cli::try_parse_from(["x", "run", "--registry-base", "r:5000", "--concurrency", "7"]).unwrap();
+        let after = Cli::try_parse_from([
+            "x",
+            "run",
+            "--registry-base",
+            "r:5000",
+            "--concurrency",
+            "7",
+        ])
+        .unwrap();
         assert_eq!(after.server_args().controller.concurrency, 7);
-        let before = Cli::try_parse_from(["x", "--registry-base", "r:5000", "--concurrency", "6"]).unwrap();
+        let before =
+            Cli::try_parse_from(["x", "--registry-base", "r:5000", "--concurrency", "6"]).unwrap();
         assert_eq!(before.server_args().controller.concurrency, 6);
     }
 

@@ -3,6 +3,7 @@
 
 use clap::Parser;
 use cocoon_hibernation::config::{Cli, Command, LogFormat};
+use std::io::IsTerminal;
 use std::process::ExitCode;
 use tracing_subscriber::EnvFilter;
 

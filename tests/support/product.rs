@@ -149,7 +149,10 @@ impl Product {
             if let Some(child) = self.child.as_mut()
                 && let Ok(Some(status)) = child.try_wait()
             {
-                panic!("server exited with {status} before it was ready; log:\n{}", self.log_text());
+                panic!(
+                    "server exited with {status} before it was ready; log:\n{}",
+                    self.log_text()
+                );
             }
             if self
                 .get("/readyz")
@@ -373,7 +376,8 @@ where
     }
 }
 
-/// Waits for the CR to reach `want`, recording every phase seen on the way.
+/// Waits for the CR to reach `want`, recording every phase seen on the way. A watch sees
+/// every write in order, so a phase that lasts only milliseconds is still recorded.
 pub async fn wait_phase(
     api: &Api<CocoonHibernation>,
     name: &str,
@@ -381,23 +385,29 @@ pub async fn wait_phase(
     timeout: Duration,
     seen: &mut Vec<Phase>,
 ) -> CocoonHibernation {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Ok(cr) = api.get(name).await
-            && let Some(p) = phase(&cr)
-        {
-            if seen.last() != Some(&p) {
-                seen.push(p);
-            }
-            if p == want {
-                return cr;
+    use futures::StreamExt;
+    use kube::runtime::{WatchStreamExt, watcher};
+    let cfg = watcher::Config::default().fields(&format!("metadata.name={name}"));
+    let stream = watcher(api.clone(), cfg).applied_objects();
+    futures::pin_mut!(stream);
+    let found = tokio::time::timeout(timeout, async {
+        while let Some(item) = stream.next().await {
+            let Ok(cr) = item else { continue };
+            if let Some(p) = phase(&cr) {
+                if seen.last() != Some(&p) {
+                    seen.push(p);
+                }
+                if p == want {
+                    return Some(cr);
+                }
             }
         }
-        assert!(
-            Instant::now() < deadline,
-            "{name} did not reach {want} within {timeout:?}; phases seen: {seen:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        None
+    })
+    .await;
+    match found {
+        Ok(Some(cr)) => cr,
+        _ => panic!("{name} did not reach {want} within {timeout:?}; phases seen: {seen:?}"),
     }
 }
 
