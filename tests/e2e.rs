@@ -296,6 +296,7 @@ async fn e2e_reversal_mid_transition_both_ways() {
     assert_eq!(
         seen,
         vec![
+            Phase::Active, // where the watch starts
             Phase::Hibernating,
             Phase::Hibernated,
             Phase::Waking,
