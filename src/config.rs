@@ -262,7 +262,7 @@ mod tests {
 
     #[rstest]
     #[case::c1_zero_workers(&["--concurrency", "0"], "--concurrency")]
-    #[case::c1_negative_workers(&["--concurrency", "-3"], "--concurrency")]
+    #[case::c1_negative_workers(&["--concurrency=-3"], "--concurrency")]
     #[case::zero_timeout(&["--hibernate-timeout", "0s"], "--hibernate-timeout")]
     #[case::scheme_in_base(&["--registry-base", "https://r.example/x"], "without a scheme")]
     #[case::same_ports(&["--webhook-addr", "0.0.0.0:8080"], "must differ")]
