@@ -239,11 +239,10 @@ mod tests {
     use rstest::rstest;
 
     fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
-        let mut all = vec![
-            "cocoon-hibernation",
-            "--registry-base",
-            "127.0.0.1:5000/snap",
-        ];
+        let mut all = vec!["cocoon-hibernation"];
+        if !args.iter().any(|a| a.starts_with("--registry-base")) {
+            all.extend(["--registry-base", "127.0.0.1:5000/snap"]);
+        }
         all.extend_from_slice(args);
         Cli::try_parse_from(all)
     }
