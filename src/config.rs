@@ -259,6 +259,7 @@ mod tests {
         assert_eq!(cli.server.validate(), Ok(()));
     }
 
+    /// SPEC P3 C1: a clear error names the flag; below one worker is refused.
     #[rstest]
     #[case::c1_zero_workers(&["--concurrency", "0"], "--concurrency")]
     #[case::c1_negative_workers(&["--concurrency=-3"], "--concurrency")]
@@ -292,6 +293,7 @@ mod tests {
         assert_eq!(before.server_args().controller.concurrency, 6);
     }
 
+    /// SPEC P3.
     #[test]
     fn p3_missing_registry_base_is_refused() {
         let cli = Cli::try_parse_from(["cocoon-hibernation"]).unwrap();

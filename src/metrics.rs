@@ -155,6 +155,7 @@ impl Metrics {
 mod tests {
     use super::*;
 
+    /// SPEC O1.
     #[test]
     fn o1_families_are_exposed_with_low_cardinality_labels() {
         let m = Metrics::new();

@@ -153,7 +153,7 @@ fn condition_status(cr: &CocoonHibernation, type_: &str) -> Option<String> {
         .map(|c| c.status.clone())
 }
 
-/// H1 H2 H3 W1 W2 O1: hibernate then wake; the tag is created, then deleted.
+/// P1 H1 H2 H3 W1 W2 O1: one server process; hibernate then wake; the tag is created, then deleted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn e2e_round_trip_hibernate_then_wake() {
     let env = setup("round-trip", Setup::default()).await;
@@ -553,7 +553,7 @@ async fn e2e_deletion_with_registry_down_never_blocks() {
     );
 }
 
-/// V1 V2: the apiserver calls our webhook over TLS; a name that differs from podRef is
+/// V1 V2 V3 V6: the apiserver calls our webhook over TLS; a name that differs from podRef is
 /// denied, and so is a duplicate for a pod that a live or terminating CR already targets.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn e2e_webhook_denies_mismatched_name_and_duplicates_live_or_terminating() {

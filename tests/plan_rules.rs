@@ -111,6 +111,7 @@ fn reasons(p: &Plan) -> Vec<&'static str> {
     p.events.iter().map(|e| e.reason).collect()
 }
 
+/// SPEC R1.
 #[test]
 fn r1_finalizer_first_and_the_pass_ends_there() {
     let mut c = cr(Desire::Hibernate, None);
@@ -122,6 +123,7 @@ fn r1_finalizer_first_and_the_pass_ends_there() {
     assert!(p.events.is_empty());
 }
 
+/// SPEC R2.
 #[rstest]
 #[case::missing_pod(None, "pod ns/pod-a not found")]
 #[case::no_vm_name(Some(PodView { vm_name: None, ..running_pod() }), "has no vm.cocoonstack.io/name")]
@@ -142,6 +144,7 @@ fn r2_missing_pod_or_vm_name_is_pending_and_rechecked_every_5s(
     assert_eq!(p.pod_patch, None);
 }
 
+/// SPEC R2.
 #[rstest]
 #[case::hibernated(Phase::Hibernated, Desire::Wake)]
 #[case::waking(Phase::Waking, Desire::Wake)]
@@ -157,6 +160,7 @@ fn r2_hibernated_and_waking_keep_their_phase_without_a_pod(
     assert_eq!(p.requeue, Some(Duration::from_secs(5)));
 }
 
+/// SPEC R2.
 #[rstest]
 #[case::active(Phase::Active)]
 #[case::hibernating(Phase::Hibernating)]
@@ -171,6 +175,7 @@ fn r2_other_phases_fall_back_to_pending_without_a_pod(#[case] phase: Phase) {
     assert_eq!(phase_of(&p), Some(Phase::Pending));
 }
 
+/// SPEC R2.
 #[test]
 fn r2_pending_pass_that_changes_nothing_writes_nothing() {
     let first = run(&cr(Desire::Hibernate, None), None, Probe::NotProbed, 0);
@@ -180,6 +185,7 @@ fn r2_pending_pass_that_changes_nothing_writes_nothing() {
     assert_eq!(again.status, None);
 }
 
+/// SPEC R3 F1.
 #[test]
 fn r3_unknown_desire_fails_with_a_message() {
     let p = run(
@@ -197,6 +203,7 @@ fn r3_unknown_desire_fails_with_a_message() {
     assert_eq!(p.pod_patch, None);
 }
 
+/// SPEC H1 H2.
 #[test]
 fn h1_h2_first_pass_sets_annotation_and_enters_hibernating_without_probing() {
     let p = run(
@@ -218,6 +225,7 @@ fn h1_h2_first_pass_sets_annotation_and_enters_hibernating_without_probing() {
     assert_eq!(ltt, at(0), "H2: the hibernate clock starts now");
 }
 
+/// SPEC H1.
 #[test]
 fn h1_no_patch_when_annotation_already_set() {
     let pod = PodView {
@@ -234,6 +242,7 @@ fn h1_no_patch_when_annotation_already_set() {
     assert_eq!(p.status, None, "waiting writes nothing");
 }
 
+/// SPEC H3.
 #[test]
 fn h3_probe_is_requested_only_once_lifecycle_covers_the_round() {
     let c = cr(Desire::Hibernate, Some(Phase::Hibernating));
@@ -246,6 +255,7 @@ fn h3_probe_is_requested_only_once_lifecycle_covers_the_round() {
     assert!(!run(&c, Some(&not_yet), Probe::NotProbed, 5).needs_probe);
 }
 
+/// SPEC H3.
 #[test]
 fn h3_done_when_lifecycle_round_and_tag_all_hold() {
     let c = cr(Desire::Hibernate, Some(Phase::Hibernating));
@@ -262,6 +272,7 @@ fn h3_done_when_lifecycle_round_and_tag_all_hold() {
     assert_eq!(p.requeue, None);
 }
 
+/// SPEC H3.
 #[rstest]
 #[case::stale_tag_lifecycle_not_hibernated(PodView { lifecycle_state: Some("ready".into()), ..hibernated_pod() })]
 #[case::stale_round_lower_generation(PodView { observed_generation: 2, cocoonset_generation: 3, ..hibernated_pod() })]
@@ -275,6 +286,7 @@ fn h3_stale_tag_or_stale_lifecycle_round_never_completes(#[case] pod: PodView) {
     assert!(p.events.is_empty());
 }
 
+/// SPEC H3.
 #[test]
 fn h3_tag_absent_keeps_waiting_and_rechecks_soon() {
     let c = cr(Desire::Hibernate, Some(Phase::Hibernating));
@@ -284,6 +296,7 @@ fn h3_tag_absent_keeps_waiting_and_rechecks_soon() {
     assert_eq!(p.error, None);
 }
 
+/// SPEC H4.
 #[test]
 fn h4_probe_error_is_returned_and_phase_kept() {
     let c = cr(Desire::Hibernate, Some(Phase::Hibernating));
@@ -292,6 +305,7 @@ fn h4_probe_error_is_returned_and_phase_kept() {
     assert_eq!(p.status, None);
 }
 
+/// SPEC H4 H5.
 #[test]
 fn h4_h5_probe_errors_still_count_against_the_clock() {
     let c = cr(Desire::Hibernate, Some(Phase::Hibernating));
@@ -305,6 +319,7 @@ fn h4_h5_probe_errors_still_count_against_the_clock() {
     assert_eq!(p.error, None, "the timeout is the answer now");
 }
 
+/// SPEC H5 F1: the failure reason is in the Ready condition, and the pass does not requeue.
 #[test]
 fn h5_hibernate_timeout_fails_with_the_timeout_in_the_message() {
     let c = cr(Desire::Hibernate, Some(Phase::Hibernating));
@@ -319,6 +334,7 @@ fn h5_hibernate_timeout_fails_with_the_timeout_in_the_message() {
     assert_eq!((st.as_str(), reason.as_str()), ("False", "Failed"));
     assert!(msg.contains("3m"), "{msg}");
     assert_eq!(reasons(&p), vec!["HibernateTimedOut"]);
+    assert_eq!(p.requeue, None, "F1: no silent requeue loop; the status write drives the retry");
     assert_eq!(p.events[0].kind, EventKind::Warning);
     assert_eq!(
         p.phase_metric.as_ref().map(|m| m.1.clone()),
@@ -326,6 +342,7 @@ fn h5_hibernate_timeout_fails_with_the_timeout_in_the_message() {
     );
 }
 
+/// SPEC H5.
 #[test]
 fn h5_requeue_never_overshoots_the_deadline() {
     let c = cr(Desire::Hibernate, Some(Phase::Hibernating));
@@ -333,6 +350,7 @@ fn h5_requeue_never_overshoots_the_deadline() {
     assert_eq!(p.requeue, Some(Duration::from_secs(5)));
 }
 
+/// SPEC W1.
 #[test]
 fn w1_wake_removes_annotation_and_enters_waking() {
     let pod = PodView {
@@ -350,6 +368,7 @@ fn w1_wake_removes_annotation_and_enters_waking() {
     assert_eq!(ready(&p).3, at(0));
 }
 
+/// SPEC W1.
 #[test]
 fn w1_no_patch_when_annotation_already_absent() {
     let pod = PodView {
@@ -366,6 +385,7 @@ fn w1_no_patch_when_annotation_already_absent() {
     assert_eq!(p.status, None);
 }
 
+/// SPEC W2.
 #[test]
 fn w2_running_with_fresh_vmid_is_active_then_tag_deleted() {
     let p = run(
@@ -398,6 +418,7 @@ fn w2_running_with_fresh_vmid_is_active_then_tag_deleted() {
     );
 }
 
+/// SPEC W2.
 #[rstest]
 #[case::running_without_vmid(PodView { vm_id: None, ..running_pod() })]
 #[case::vmid_not_running(PodView { container_running: false, ..running_pod() })]
@@ -412,6 +433,7 @@ fn w2_running_alone_or_vmid_alone_is_not_woken(#[case] pod: PodView) {
     assert_eq!(p.delete_tag, None);
 }
 
+/// SPEC W3.
 #[test]
 fn w3_settled_active_retries_an_owed_tag_delete_without_writing() {
     let first = run(
@@ -431,6 +453,7 @@ fn w3_settled_active_retries_an_owed_tag_delete_without_writing() {
     assert_eq!(settled, Plan::default());
 }
 
+/// SPEC W4 F1.
 #[test]
 fn w4_wake_timeout_fails_with_the_timeout_in_the_message() {
     let pod = PodView {
@@ -446,6 +469,7 @@ fn w4_wake_timeout_fails_with_the_timeout_in_the_message() {
     assert_eq!(p.events[0].kind, EventKind::Warning);
 }
 
+/// SPEC D1.
 #[test]
 fn d1_wake_while_hibernating_first_finishes_the_hibernate() {
     let c = cr(Desire::Wake, Some(Phase::Hibernating));
@@ -467,6 +491,7 @@ fn d1_wake_while_hibernating_first_finishes_the_hibernate() {
     assert_eq!(next.pod_patch, Some(PodPatch::ClearHibernate));
 }
 
+/// SPEC D1.
 #[test]
 fn d1_hibernate_while_waking_first_finishes_the_wake() {
     let c = cr(Desire::Hibernate, Some(Phase::Waking));
@@ -500,6 +525,7 @@ fn d1_hibernate_while_waking_first_finishes_the_wake() {
     );
 }
 
+/// SPEC F1 F2 F3.
 #[rstest]
 #[case::hibernate(Desire::Hibernate, Phase::Hibernating)]
 #[case::wake(Desire::Wake, Phase::Waking)]
@@ -525,6 +551,7 @@ fn f1_f2_f3_failed_is_retried_with_a_fresh_budget_and_an_event(
     assert_eq!(p.events[0].kind, EventKind::Normal);
 }
 
+/// SPEC F2.
 #[test]
 fn f2_a_transition_that_cannot_complete_cycles_once_per_timeout() {
     let s = settings();
@@ -549,6 +576,7 @@ fn f2_a_transition_that_cannot_complete_cycles_once_per_timeout() {
     assert!(writes <= 8, "no spinning: {writes} writes");
 }
 
+/// SPEC G1.
 #[test]
 fn g1_deleting_last_holder_deletes_the_tag() {
     let c = cr(Desire::Hibernate, Some(Phase::Hibernated));
@@ -557,6 +585,7 @@ fn g1_deleting_last_holder_deletes_the_tag() {
     assert!(cleanup.remove_finalizer);
 }
 
+/// SPEC G1.
 #[rstest]
 #[case::same_vm_name("other", Some("vm-a"), "pod-x", false, None)]
 #[case::fresh_duplicate_same_pod("dup", None, "pod-a", false, None)]
@@ -585,6 +614,7 @@ fn g1_tag_kept_while_another_live_cr_tracks_the_vm(
     assert!(cleanup.remove_finalizer);
 }
 
+/// SPEC G1.
 #[test]
 fn g1_no_vm_name_means_nothing_to_delete_and_other_namespaces_do_not_count() {
     let c = cr(Desire::Hibernate, None);
@@ -601,6 +631,7 @@ fn g1_no_vm_name_means_nothing_to_delete_and_other_namespaces_do_not_count() {
     );
 }
 
+/// SPEC G2.
 #[test]
 fn g2_cleanup_without_our_finalizer_does_nothing() {
     let mut c = cr(Desire::Hibernate, Some(Phase::Hibernated));
@@ -610,6 +641,7 @@ fn g2_cleanup_without_our_finalizer_does_nothing() {
     assert!(!cleanup.remove_finalizer);
 }
 
+/// SPEC C3.
 #[rstest]
 #[case::hibernated(Desire::Hibernate, Phase::Hibernated, hibernated_pod())]
 #[case::active(Desire::Wake, Phase::Active, running_pod())]

@@ -79,6 +79,7 @@ fn verdict(body: &Value) -> (bool, String) {
     )
 }
 
+/// SPEC V1 V2 V4 V5: each fixture is a real AdmissionReview body.
 #[rstest]
 #[case::v1_valid_create("create_valid.json", true, "")]
 #[case::v1_name_must_equal_pod_ref(
@@ -109,6 +110,7 @@ async fn admission_fixtures(#[case] file: &str, #[case] allowed: bool, #[case] m
     );
 }
 
+/// SPEC V2.
 #[tokio::test]
 async fn v2_terminating_duplicate_says_retry_after_cleanup() {
     let view = FakeView {
@@ -124,6 +126,7 @@ async fn v2_terminating_duplicate_says_retry_after_cleanup() {
     );
 }
 
+/// SPEC V2.
 #[tokio::test]
 async fn v2_the_cr_itself_is_not_a_duplicate() {
     let view = FakeView {
@@ -134,6 +137,7 @@ async fn v2_the_cr_itself_is_not_a_duplicate() {
     assert!(verdict(&body).0);
 }
 
+/// SPEC V3.
 #[tokio::test]
 async fn v3_fails_closed_until_the_cache_has_synced() {
     let view = FakeView {
@@ -147,12 +151,14 @@ async fn v3_fails_closed_until_the_cache_has_synced() {
     assert!(message.contains("not synced"), "{message}");
 }
 
+/// SPEC V3.
 #[tokio::test]
 async fn v3_update_needs_no_cache() {
     let (_, body) = post(FakeView::default(), fixture("update_desire_flip.json")).await;
     assert!(verdict(&body).0);
 }
 
+/// SPEC V5.
 #[rstest]
 #[case::v5_not_json("not_json.txt", "not JSON")]
 #[case::v5_wrong_api_version("wrong_api_version.json", "expected apiVersion admission.k8s.io/v1")]
@@ -165,6 +171,7 @@ async fn v5_malformed_reviews_get_a_clear_400(#[case] file: &str, #[case] messag
     assert!(body["error"].as_str().unwrap().contains(message), "{body}");
 }
 
+/// SPEC V5.
 #[tokio::test]
 async fn v5_oversized_body_is_refused_with_413() {
     let mut big = b"{\"apiVersion\":\"admission.k8s.io/v1\",\"pad\":\"".to_vec();
@@ -173,6 +180,7 @@ async fn v5_oversized_body_is_refused_with_413() {
     assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
 }
 
+/// SPEC V5.
 #[tokio::test]
 async fn v5_arbitrary_bytes_never_panic() {
     // A cheap deterministic fuzz: truncations and byte flips of a valid review.
@@ -197,6 +205,7 @@ async fn v5_arbitrary_bytes_never_panic() {
     }
 }
 
+/// SPEC O1.
 #[tokio::test]
 async fn o1_admission_decisions_are_counted_by_result() {
     let metrics = Metrics::new();

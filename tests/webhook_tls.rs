@@ -127,6 +127,7 @@ fn write(dir: &Path, name: &str, content: &str) {
     std::fs::write(dir.join(name), content).unwrap();
 }
 
+/// SPEC V6.
 #[tokio::test]
 async fn v6_https_handshake_serves_reviews_over_tls12_and_tls13() {
     let dir = tempfile::tempdir().unwrap();
@@ -146,6 +147,7 @@ async fn v6_https_handshake_serves_reviews_over_tls12_and_tls13() {
     server.handle.shutdown();
 }
 
+/// SPEC V6.
 #[tokio::test]
 async fn v6_plain_http_is_not_served() {
     let dir = tempfile::tempdir().unwrap();
@@ -178,6 +180,7 @@ async fn wait_for_cert(addr: SocketAddr, want: &CertificateDer<'static>) {
     panic!("the new certificate was never served");
 }
 
+/// SPEC V6.
 #[tokio::test]
 async fn v6_certificate_rewritten_in_place_is_reloaded_without_restart() {
     let dir = tempfile::tempdir().unwrap();
@@ -198,6 +201,7 @@ async fn v6_certificate_rewritten_in_place_is_reloaded_without_restart() {
     server.handle.shutdown();
 }
 
+/// SPEC V6.
 #[cfg(unix)]
 #[tokio::test]
 async fn v6_secret_volume_symlink_swap_is_reloaded() {
@@ -231,6 +235,7 @@ async fn v6_secret_volume_symlink_swap_is_reloaded() {
     server.handle.shutdown();
 }
 
+/// SPEC V6.
 #[tokio::test]
 async fn v6_a_broken_new_pair_keeps_the_old_certificate_serving() {
     let dir = tempfile::tempdir().unwrap();
@@ -248,6 +253,7 @@ async fn v6_a_broken_new_pair_keeps_the_old_certificate_serving() {
     server.handle.shutdown();
 }
 
+/// SPEC V6.
 #[test]
 fn v6_start_refuses_a_missing_or_mismatched_pair_with_a_clear_error() {
     let dir = tempfile::tempdir().unwrap();

@@ -170,6 +170,7 @@ mod tests {
         }
     }
 
+    /// SPEC A4.
     #[test]
     fn a4_generations_missing_or_junk_read_as_zero() {
         assert_eq!(parse_generation(None), 0);
@@ -181,6 +182,7 @@ mod tests {
         assert_eq!(view.cocoonset_generation, 0);
     }
 
+    /// SPEC A4.
     #[test]
     fn a4_view_reads_every_key() {
         let view = PodView::from_pod(&pod(
@@ -202,12 +204,14 @@ mod tests {
         assert!(!view.woken());
     }
 
+    /// SPEC A4.
     #[test]
     fn a4_hibernate_value_other_than_true_is_not_a_request() {
         let view = PodView::from_pod(&pod(&[(HIBERNATE, "false")], false));
         assert!(!view.hibernate_requested);
     }
 
+    /// SPEC H1.
     #[test]
     fn h1_set_patch_touches_only_the_hibernate_key_and_guards_uid() {
         let mut target = serde_json::to_value(pod(&[(VM_ID, "id-1")], true)).unwrap();
@@ -221,6 +225,7 @@ mod tests {
         assert!(json_patch::patch(&mut recreated, &p.0).is_err());
     }
 
+    /// SPEC H1.
     #[test]
     fn h1_set_patch_creates_the_map_only_at_the_seen_resource_version() {
         let bare = pod(&[], false);
@@ -233,6 +238,7 @@ mod tests {
         assert!(json_patch::patch(&mut moved, &p.0).is_err());
     }
 
+    /// SPEC W1.
     #[test]
     fn w1_clear_patch_removes_only_the_hibernate_key() {
         let p = pod(&[(HIBERNATE, "true"), (VM_NAME, "vm-a")], false);

@@ -65,6 +65,7 @@ mod tests {
         Time(jiff::Timestamp::from_second(secs).unwrap())
     }
 
+    /// SPEC F2.
     #[test]
     fn f2_same_status_keeps_transition_time_unless_refreshed() {
         let mut c = Vec::new();

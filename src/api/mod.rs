@@ -133,6 +133,7 @@ mod tests {
         serde_json::to_value(CocoonHibernation::crd()).unwrap()
     }
 
+    /// SPEC A1.
     #[test]
     fn a1_names_short_name_category_and_scope() {
         let crd = crd_json();
@@ -153,6 +154,7 @@ mod tests {
         );
     }
 
+    /// SPEC A1.
     #[test]
     fn a1_printer_columns() {
         let crd = crd_json();
@@ -180,6 +182,7 @@ mod tests {
         );
     }
 
+    /// SPEC A2.
     #[test]
     fn a2_pod_ref_cel_rule_min_length_and_desire_enum() {
         let crd = crd_json();
@@ -207,6 +210,7 @@ mod tests {
         );
     }
 
+    /// SPEC A3.
     #[test]
     fn a3_status_subresource_phases_and_condition_list_map() {
         let crd = crd_json();
@@ -233,6 +237,7 @@ mod tests {
         assert!(status["observedGeneration"].is_object());
     }
 
+    /// SPEC R3.
     #[test]
     fn r3_unknown_desire_decodes_instead_of_failing() {
         let spec: CocoonHibernationSpec = serde_json::from_value(

@@ -142,6 +142,7 @@ mod tests {
         (ns.to_owned(), n.to_owned())
     }
 
+    /// SPEC C3.
     #[test]
     fn c3_index_maps_pod_to_its_crs_per_namespace() {
         let mut idx = PodRefIndex::default();
@@ -158,6 +159,7 @@ mod tests {
         assert_eq!(idx.len(), 2);
     }
 
+    /// SPEC C3.
     #[test]
     fn c3_index_relist_drops_crs_deleted_while_disconnected() {
         let mut idx = PodRefIndex::default();
@@ -175,6 +177,7 @@ mod tests {
         assert_eq!(idx.crs_for_pod("a", "p1"), vec!["kept"]);
     }
 
+    /// SPEC C3.
     #[test]
     fn c3_tracker_reports_only_relevant_changes() {
         let mut t = PodChangeTracker::default();
@@ -196,6 +199,7 @@ mod tests {
         assert!(!t.forget(&key("a", "p")));
     }
 
+    /// SPEC C3.
     #[test]
     fn c3_tracker_relist_reports_pods_deleted_while_disconnected() {
         let mut t = PodChangeTracker::default();

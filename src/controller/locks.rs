@@ -45,6 +45,7 @@ mod tests {
     use super::*;
     use std::time::Duration;
 
+    /// SPEC C2.
     #[tokio::test]
     async fn c2_same_vm_serializes_other_vms_proceed() {
         let locks = VmLocks::default();
@@ -60,6 +61,7 @@ mod tests {
         assert!(same.is_ok());
     }
 
+    /// SPEC C2.
     #[tokio::test]
     async fn c2_released_locks_are_forgotten() {
         let locks = VmLocks::default();

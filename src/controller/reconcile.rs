@@ -357,6 +357,7 @@ mod tests {
         cr
     }
 
+    /// SPEC R1.
     #[test]
     fn r1_finalizer_patch_appends_and_keeps_others() {
         let c = cr(Some(vec!["other/finalizer"]));
@@ -371,6 +372,7 @@ mod tests {
         assert!(json_patch::patch(&mut changed, &add_finalizer_patch(&c).0).is_err());
     }
 
+    /// SPEC R1.
     #[test]
     fn r1_finalizer_patch_creates_the_list() {
         let c = cr(None);
@@ -379,6 +381,7 @@ mod tests {
         assert_eq!(doc["metadata"]["finalizers"], json!([FINALIZER]));
     }
 
+    /// SPEC G2.
     #[test]
     fn g2_finalizer_removal_keeps_other_finalizers() {
         let c = cr(Some(vec!["a", FINALIZER, "b"]));
