@@ -121,7 +121,7 @@ pub fn start(
 }
 
 /// Keep only what a pass or the webhook reads: metadata and container states.
-fn strip_pod(pod: &mut Pod) {
+pub fn strip_pod(pod: &mut Pod) {
     pod.managed_fields_mut().clear();
     pod.spec = None;
     if let Some(status) = pod.status.take() {
