@@ -450,7 +450,7 @@ def cmd_assert(path, mode, namespace):
     sys.exit(0 if c.done() else 1)
 
 
-def cmd_assert_variant(path, what):
+def cmd_assert_variant(path, what, namespace=""):
     """Smaller assertions on the renders with non-default values."""
     docs = load(path)
     kinds = [d["kind"] for d in docs]
@@ -464,6 +464,37 @@ def cmd_assert_variant(path, what):
         c.check(env["COCOON_LOG_FORMAT"]["value"] == "json", "COCOON_LOG_FORMAT json")
         c.check(env.get("COCOON_REGISTRY_PLAIN_HTTP", {}).get("value") == "true", "COCOON_REGISTRY_PLAIN_HTTP true")
         c.check("COCOON_REGISTRY_DOCKER_CONFIG" not in env, "no docker config without a credentials Secret")
+    elif what == "kitchen-sink":
+        dep = [d for d in docs if d["kind"] == "Deployment"][0]
+        spec = dep["spec"]["template"]["spec"]
+        ctr = spec["containers"][0]
+        names = [e["name"] for e in ctr["env"]]
+        c.check(len(names) == len(set(names)), f"no duplicate env names: {names}")
+        env = env_of(ctr)
+        c.check(env["COCOON_LOG"]["value"] == "debug", "extraEnv replaces a built-in variable")
+        c.check(env["COCOON_REGISTRY_TOKEN_FILE"]["value"] == "/t", "extraEnv adds a variable")
+        c.check(env["COCOON_WATCH_NAMESPACE"]["value"] == "apps", "COCOON_WATCH_NAMESPACE")
+        c.check(env["COCOON_POD_SELECTOR"]["value"] == "cocoonstack.io/vm=true", "COCOON_POD_SELECTOR")
+        c.check(env["COCOON_CONCURRENCY"]["value"] == "8", "COCOON_CONCURRENCY")
+        c.check(env["COCOON_LEASE_NAME"]["value"] == "my-lease", "COCOON_LEASE_NAME")
+        c.check(ctr["image"].endswith("@sha256:" + "0123456789abcdef" * 4), "image pinned by digest")
+        c.check("ServiceAccount" not in kinds and spec["serviceAccountName"] == "existing-sa",
+                "an existing ServiceAccount is used, not created")
+        c.check(spec["terminationGracePeriodSeconds"] == 60 and "lifecycle" not in ctr,
+                "terminationGracePeriodSeconds override, no preStop with preStopSleepSeconds 0")
+        vols = {v["name"]: v for v in spec["volumes"]}
+        c.check(vols["registry-ca"]["secret"]["items"] == [{"key": "bundle.pem", "path": "ca.crt"}], "CA from a Secret")
+        c.check(vols["registry-auth"]["secret"]["items"] == [{"key": "config.json", "path": "config.json"}],
+                "credentials from a config.json key")
+        role = [d for d in docs if d["kind"] == "Role"][0]
+        c.check(any(r.get("resourceNames") == ["my-lease"] for r in role["rules"]), "Role names the custom Lease")
+        wh = [d for d in docs if d["kind"] == "ValidatingWebhookConfiguration"][0]["webhooks"][0]
+        sel = wh["namespaceSelector"]
+        c.check(sel.get("matchLabels") == {"cocoon": "enabled"}, "extra matchLabels kept")
+        c.check(sel["matchExpressions"][0]["values"] == ["kube-system", namespace, "infra"]
+                and sel["matchExpressions"][1]["key"] == "tier", f"exclusions merged: {sel}")
+        c.check(wh["timeoutSeconds"] == 10, "webhook.timeoutSeconds")
+        c.check("PodDisruptionBudget" in kinds, "PDB with 3 replicas")
     elif what == "servicemonitor":
         sm = [d for d in docs if d["kind"] == "ServiceMonitor"]
         c.check(len(sm) == 1 and sm[0]["apiVersion"] == "monitoring.coreos.com/v1", "ServiceMonitor rendered")
@@ -489,6 +520,32 @@ helm_render() {
 
 # Values that switch on the optional mounts, so every branch is rendered and validated.
 FULL=(--set registry.credentialsSecret=cocoon-registry --set registry.caConfigMap=cocoon-registry-ca)
+# Every other optional value set at once.
+cat >"$WORK/kitchen-sink.values.yaml" <<'EOF'
+replicas: 3
+image: {digest: "sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"}
+imagePullSecrets: [{name: pull}]
+serviceAccount: {create: false, name: existing-sa}
+registry: {caSecret: reg-ca, caKey: bundle.pem, credentialsSecret: creds, credentialsSecretKey: config.json}
+controller: {watchNamespace: apps, podSelector: "cocoonstack.io/vm=true", concurrency: 8}
+leaderElection: {leaseName: my-lease, leaseDuration: 20s}
+webhook:
+  timeoutSeconds: 10
+  excludeNamespaces: [infra]
+  namespaceSelector:
+    matchLabels: {cocoon: enabled}
+    matchExpressions: [{key: tier, operator: In, values: [vm]}]
+podAnnotations: {example.com/a: "b"}
+podLabels: {team: vm}
+priorityClassName: system-cluster-critical
+nodeSelector: {kubernetes.io/os: linux}
+tolerations: [{key: k, operator: Exists, effect: NoSchedule}]
+affinity: {nodeAffinity: {requiredDuringSchedulingIgnoredDuringExecution: {nodeSelectorTerms: [{matchExpressions: [{key: a, operator: Exists}]}]}}}
+extraEnv: [{name: COCOON_LOG, value: debug}, {name: COCOON_REGISTRY_TOKEN_FILE, value: /t}]
+preStopSleepSeconds: 0
+terminationGracePeriodSeconds: 60
+service: {annotations: {example.com/x: "z"}}
+EOF
 
 # ---------------------------------------------------------------------------------------
 crd_drift() {
@@ -568,6 +625,7 @@ validate() {
   helm_render cert-manager "$WORK/cert-manager.yaml" --include-crds "${FULL[@]}" --set serviceMonitor.enabled=true
   helm_render self-signed "$WORK/single.yaml" --set replicas=1 --set leaderElection.enabled=false \
     --set log.format=json --set registry.plainHTTP=true
+  helm_render self-signed "$WORK/kitchen-sink.yaml" -f "$WORK/kitchen-sink.values.yaml"
   # A CocoonHibernation as a user writes it, so the CRD schema is exercised too.
   cat >"$WORK/example-cr.yaml" <<EOF
 apiVersion: cocoonset.cocoonstack.io/v1
@@ -581,7 +639,7 @@ spec:
   desire: Hibernate
 EOF
   local f
-  for f in self-signed cert-manager single example-cr; do
+  for f in self-signed cert-manager single kitchen-sink example-cr; do
     log "kubeconform $f"
     kubeconform_run "$WORK/$f.yaml"
   done
@@ -600,7 +658,16 @@ EOF
 
 dry_run() {
   # CRD for real (later objects reference its kind), namespace for real, the rest dry-run.
-  kubectl apply --server-side --force-conflicts --field-manager="$FIELD_MANAGER" -f "$CHART/crds/"
+  # A CRD someone else already installed (tests may install a variant) is left as it is:
+  # ours is then only dry-run against it.
+  local crd_name=cocoonhibernations.cocoonset.cocoonstack.io
+  if kubectl get crd "$crd_name" >/dev/null 2>&1; then
+    log "CRD $crd_name already installed; server-side dry run of ours only"
+    kubectl apply --server-side --force-conflicts --dry-run=server --field-manager="$FIELD_MANAGER" \
+      -f "$CHART/crds/"
+  else
+    kubectl apply --server-side --field-manager="$FIELD_MANAGER" -f "$CHART/crds/"
+  fi
   kubectl wait --for=condition=Established --timeout=60s \
     crd/cocoonhibernations.cocoonset.cocoonstack.io
   kubectl get namespace "$NS" >/dev/null 2>&1 || kubectl create namespace "$NS"
@@ -612,6 +679,8 @@ dry_run() {
     log "server-side dry run: $f"
     kubectl apply --server-side --dry-run=server --field-manager="$FIELD_MANAGER" -f "$WORK/$f.dry.yaml"
   done
+  log "server-side dry run: kitchen-sink values"
+  kubectl apply --server-side --dry-run=server --field-manager="$FIELD_MANAGER" -f "$WORK/kitchen-sink.yaml"
   # A CR is accepted by the real CRD (schema + CEL compile) too.
   kubectl apply --server-side --dry-run=server --field-manager="$FIELD_MANAGER" -f "$WORK/example-cr.yaml"
 
@@ -647,6 +716,7 @@ assertions() {
   tool assert "$WORK/cert-manager.plain.yaml" cert-manager "$NS"
   tool assert-variant "$WORK/single.yaml" single-replica
   tool assert-variant "$WORK/cert-manager.yaml" servicemonitor
+  tool assert-variant "$WORK/kitchen-sink.yaml" kitchen-sink "$NS"
 }
 
 step crd-drift crd_drift

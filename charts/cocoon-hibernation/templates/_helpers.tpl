@@ -115,6 +115,73 @@ base64), expires (unix seconds), fingerprint (of the DNS names).
 {{- index .Values "__selfSignedTLS" }}
 {{- end }}
 
+{{/*
+The container environment: every setting the binary takes, from the values. extraEnv
+entries of the same name replace these (duplicate names break server-side apply).
+*/}}
+{{- define "cocoon-hibernation.env" -}}
+- name: POD_NAME
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.name
+- name: POD_NAMESPACE
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.namespace
+- name: COCOON_WEBHOOK_ADDR
+  value: {{ printf "0.0.0.0:%d" (int .Values.webhook.port) | quote }}
+- name: COCOON_ADMIN_ADDR
+  value: {{ printf "0.0.0.0:%d" (int .Values.adminPort) | quote }}
+- name: COCOON_TLS_CERT_FILE
+  value: /etc/cocoon-hibernation/tls/tls.crt
+- name: COCOON_TLS_KEY_FILE
+  value: /etc/cocoon-hibernation/tls/tls.key
+- name: COCOON_TLS_RELOAD_INTERVAL
+  value: {{ .Values.webhook.tlsReloadInterval | quote }}
+- name: COCOON_REGISTRY_BASE
+  value: {{ required "registry.base is required: host[:port][/prefix] of the OCI registry holding the snapshots" .Values.registry.base | quote }}
+{{- if .Values.registry.plainHTTP }}
+- name: COCOON_REGISTRY_PLAIN_HTTP
+  value: "true"
+{{- end }}
+- name: COCOON_REGISTRY_TIMEOUT
+  value: {{ .Values.registry.timeout | quote }}
+{{- if .Values.registry.credentialsSecret }}
+- name: COCOON_REGISTRY_DOCKER_CONFIG
+  value: /etc/cocoon-hibernation/registry-auth/config.json
+{{- end }}
+{{- if or .Values.registry.caSecret .Values.registry.caConfigMap }}
+- name: COCOON_REGISTRY_CA_FILE
+  value: /etc/cocoon-hibernation/registry-ca/ca.crt
+{{- end }}
+- name: COCOON_CONCURRENCY
+  value: {{ .Values.controller.concurrency | quote }}
+- name: COCOON_HIBERNATE_TIMEOUT
+  value: {{ .Values.controller.hibernateTimeout | quote }}
+- name: COCOON_WAKE_TIMEOUT
+  value: {{ .Values.controller.wakeTimeout | quote }}
+{{- with .Values.controller.watchNamespace }}
+- name: COCOON_WATCH_NAMESPACE
+  value: {{ . | quote }}
+{{- end }}
+{{- with .Values.controller.podSelector }}
+- name: COCOON_POD_SELECTOR
+  value: {{ . | quote }}
+{{- end }}
+- name: COCOON_LOG_FORMAT
+  value: {{ .Values.log.format | quote }}
+- name: COCOON_LOG
+  value: {{ .Values.log.level | quote }}
+- name: COCOON_SHUTDOWN_GRACE
+  value: {{ printf "%ds" (int .Values.shutdownGraceSeconds) | quote }}
+- name: COCOON_LEADER_ELECTION
+  value: {{ ternary "true" "false" .Values.leaderElection.enabled | quote }}
+- name: COCOON_LEASE_NAME
+  value: {{ include "cocoon-hibernation.leaseName" . | quote }}
+- name: COCOON_LEASE_DURATION
+  value: {{ .Values.leaderElection.leaseDuration | quote }}
+{{- end }}
+
 {{- define "cocoon-hibernation.validate" -}}
 {{- if not (has .Values.tls.mode (list "cert-manager" "self-signed")) }}
 {{- fail (printf "tls.mode must be cert-manager or self-signed, not %q" .Values.tls.mode) }}
