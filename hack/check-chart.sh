@@ -3,8 +3,9 @@
 #   1. crd-drift     `cocoon-hibernation crd` == charts/cocoon-hibernation/crds/cocoonhibernations.yaml
 #   2. lint          helm lint --strict, both TLS modes
 #   3. kubeconform   helm template (both TLS modes) | kubeconform -strict, offline schemas
-#   4. dry-run       CRD applied for real, the rest `kubectl apply --server-side
-#                    --dry-run=server`; self-signed certificate reuse through `lookup`
+#   4. dry-run       CRD applied for real (dry-run only if the cluster already has one),
+#                    the rest `kubectl apply --server-side --dry-run=server`; self-signed
+#                    certificate reuse and renewal through `lookup` (helm --dry-run=server)
 #   5. assertions    the rendered objects say what the spec and the brief require
 # Prints one summary line: `check-chart: PASS ...` or `check-chart: FAIL ...`.
 #
