@@ -78,7 +78,8 @@ python3 -c 'import yaml' 2>/dev/null ||
   die "python3 cannot import yaml (PyYAML). Install it: apt-get install python3-yaml, or pip install pyyaml"
 
 if [[ -z "${KUBECTL:-}" ]]; then
-  KUBECTL="$(ls -d "$CACHE_ROOT"/bin/k8s-*/kubectl 2>/dev/null | sort -V | tail -n 1 || true)"
+  KUBECTL="$(printf '%s\n' "$CACHE_ROOT"/bin/k8s-*/kubectl | sort -V | tail -n 1)"
+  [[ -x "$KUBECTL" ]] || KUBECTL="" # the glob matched nothing
   [[ -n "$KUBECTL" ]] || KUBECTL="$(command -v kubectl || true)"
 fi
 [[ -n "$KUBECTL" && -x "$KUBECTL" ]] || die "kubectl not found: set KUBECTL or run hack/build-control-plane.sh"
@@ -693,6 +694,9 @@ dry_run() {
   helm_render self-signed "$WORK/install.yaml" --dry-run=server
   tool only "$WORK/install.yaml" Secret >"$WORK/secret.yaml"
   kubectl apply --server-side --field-manager="$FIELD_MANAGER" -f "$WORK/secret.yaml" >/dev/null
+  # As Helm would have left it (Helm 4's --dry-run=server checks release ownership).
+  kubectl -n "$NS" annotate secret "$secret" --overwrite >/dev/null \
+    "meta.helm.sh/release-name=$RELEASE" "meta.helm.sh/release-namespace=$NS"
   helm_render self-signed "$WORK/upgrade.yaml" --dry-run=server
   local a b
   a="$(tool get "$WORK/install.yaml" 'ValidatingWebhookConfiguration.webhooks.0.clientConfig.caBundle')"

@@ -49,7 +49,7 @@ helm_ldflags() {
   local major="$1" version="$2" gomod client_go kmajor kminor
   [[ -x "$TOOLS/helm-$version/helm" ]] && return 0 # cached; flags unused
   need_go helm
-  gomod="$(cd "$TOOLS" && GOFLAGS= go mod download -json "helm.sh/helm/$major@$version" |
+  gomod="$(cd "$TOOLS" && GOFLAGS='' go mod download -json "helm.sh/helm/$major@$version" |
     sed -n 's/.*"GoMod": "\(.*\)".*/\1/p')" || return 1
   [[ -f "$gomod" ]] || return 1
   client_go="$(awk '$1 == "k8s.io/client-go" { print $2; exit }' "$gomod")" # v0.36.2
