@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# Installs the chart tooling (helm, kubeconform) from the Go module proxy into a cache
+# outside the repo, one directory per tool and version:
+#   ${COCOON_CACHE:-$HOME/.cache/cocoon-hibernation}/tools/<name>-<version>/<name>
+# and links both into tools/bin-helm-<v>-kubeconform-<v>/ (one dir per version pair).
+# Idempotent: a tool already present is not rebuilt. Needs Go >= 1.24 on a cold cache.
+# Prints that bin dir on its last line, e.g.
+#   export PATH="$(bash hack/install-tools.sh | tail -n 1):$PATH"
+set -euo pipefail
+
+HELM_VERSION="${HELM_VERSION:-v3.21.4}"
+HELM_V4_VERSION="${HELM_V4_VERSION:-v4.3.2}"
+KUBECONFORM_VERSION="${KUBECONFORM_VERSION:-v0.8.0}"
+CACHE_ROOT="${COCOON_CACHE:-$HOME/.cache/cocoon-hibernation}"
+TOOLS="$CACHE_ROOT/tools"
+
+log() { echo "[install-tools] $*" >&2; }
+die() { log "ERROR: $*"; exit 1; }
+
+need_go() { command -v go >/dev/null || die "go is required to build $1 (install Go >= 1.24)"; }
+
+# go_install NAME VERSION PACKAGE@VERSION LDFLAGS: builds into $TOOLS/NAME-VERSION unless
+# already there. Echoes the bin dir. Non-zero if the build fails (partial output removed).
+go_install() {
+  local name="$1" version="$2" pkg="$3" ldflags="$4" dir="$TOOLS/$1-$2"
+  if [[ -x "$dir/$name" ]]; then
+    log "cached: $dir/$name"
+    echo "$dir"
+    return 0
+  fi
+  need_go "$name"
+  log "building $pkg (a few minutes on a cold Go cache)"
+  mkdir -p "$dir"
+  local start=$SECONDS
+  # A clean GOFLAGS: a caller's -mod=vendor or similar must not leak into go install.
+  if ! (cd "$TOOLS" && CGO_ENABLED=0 GOBIN="$dir" GOFLAGS=-buildvcs=false \
+        go install -trimpath -ldflags="-s -w $ldflags" "$pkg" >&2); then
+    rm -rf "$dir"
+    return 1
+  fi
+  [[ -x "$dir/$name" ]] || { rm -rf "$dir"; return 1; }
+  log "built $name $version in $((SECONDS - start))s"
+  echo "$dir"
+}
+
+# helm_ldflags MAJOR VERSION: what helm's Makefile sets. Without the Kubernetes version
+# flags `helm template` assumes Kubernetes v1.20 and refuses charts needing newer.
+helm_ldflags() {
+  local major="$1" version="$2" gomod client_go kmajor kminor
+  [[ -x "$TOOLS/helm-$version/helm" ]] && return 0 # cached; flags unused
+  need_go helm
+  gomod="$(cd "$TOOLS" && GOFLAGS='' go mod download -json "helm.sh/helm/$major@$version" |
+    sed -n 's/.*"GoMod": "\(.*\)".*/\1/p')" || return 1
+  [[ -f "$gomod" ]] || return 1
+  client_go="$(awk '$1 == "k8s.io/client-go" { print $2; exit }' "$gomod")" # v0.36.2
+  [[ "$client_go" =~ ^v0\.([0-9]+)\. ]] || return 1
+  kmajor=1 kminor="${BASH_REMATCH[1]}"
+  local p="helm.sh/helm/$major"
+  local flags="-X $p/internal/version.version=$version"
+  if [[ "$major" == v3 ]]; then
+    flags+=" -X $p/pkg/chartutil.k8sVersionMajor=$kmajor -X $p/pkg/chartutil.k8sVersionMinor=$kminor"
+    flags+=" -X $p/pkg/lint/rules.k8sVersionMajor=$kmajor -X $p/pkg/lint/rules.k8sVersionMinor=$kminor"
+  else
+    flags+=" -X $p/internal/version.kubeClientVersionMajor=$kmajor -X $p/internal/version.kubeClientVersionMinor=$kminor"
+    flags+=" -X $p/pkg/chart/common.k8sVersionMajor=$kmajor -X $p/pkg/chart/common.k8sVersionMinor=$kminor"
+    flags+=" -X $p/pkg/chart/v2/lint/rules.k8sVersionMajor=$kmajor -X $p/pkg/chart/v2/lint/rules.k8sVersionMinor=$kminor"
+  fi
+  echo "$flags"
+}
+
+mkdir -p "$TOOLS"
+
+# helm: v3 first; fall back to v4 if the v3 build fails.
+helm_dir=""
+if flags="$(helm_ldflags v3 "$HELM_VERSION")"; then
+  helm_dir="$(go_install helm "$HELM_VERSION" "helm.sh/helm/v3/cmd/helm@$HELM_VERSION" "$flags")" || helm_dir=""
+fi
+if [[ -z "$helm_dir" ]]; then
+  log "helm $HELM_VERSION failed to build; trying helm $HELM_V4_VERSION"
+  flags="$(helm_ldflags v4 "$HELM_V4_VERSION")" || die "cannot read helm $HELM_V4_VERSION's go.mod"
+  helm_dir="$(go_install helm "$HELM_V4_VERSION" "helm.sh/helm/v4/cmd/helm@$HELM_V4_VERSION" "$flags")" ||
+    die "could not build helm $HELM_VERSION or $HELM_V4_VERSION"
+fi
+
+kubeconform_dir="$(go_install kubeconform "$KUBECONFORM_VERSION" \
+  "github.com/yannh/kubeconform/cmd/kubeconform@$KUBECONFORM_VERSION" \
+  "-X main.version=$KUBECONFORM_VERSION")" ||
+  die "could not build kubeconform $KUBECONFORM_VERSION"
+
+bin="$TOOLS/bin-$(basename "$helm_dir")-kubeconform-$KUBECONFORM_VERSION"
+mkdir -p "$bin"
+ln -sfn "$helm_dir/helm" "$bin/helm"
+ln -sfn "$kubeconform_dir/kubeconform" "$bin/kubeconform"
+
+log "helm $("$bin/helm" version --short 2>/dev/null), kubeconform $("$bin/kubeconform" -v)"
+echo "$bin"
