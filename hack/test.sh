@@ -31,11 +31,15 @@ echo "kube-apiserver version: $COCOON_K8S_VERSION"
 
 step "cargo test"
 t0=$SECONDS
-cargo test --locked --all-targets -- --test-threads="${COCOON_TEST_THREADS:-4}"
+log="$(mktemp)"
+cargo test --locked --lib --bins --tests -- --test-threads="${COCOON_TEST_THREADS:-4}" 2>&1 | tee "$log"
 echo "cargo test took $((SECONDS - t0))s"
+read -r passed failed < <(awk '/^test result:/ {p += $4; f += $6} END {print p + 0, f + 0}' "$log")
+rm -f "$log"
 
 if [[ -x hack/check-chart.sh ]]; then
   step "chart checks"
   COCOON_BIN="$CARGO_TARGET_DIR/debug/cocoon-hibernation" bash hack/check-chart.sh
 fi
 step "all checks passed"
+echo "${passed} passed, ${failed} failed"
