@@ -2,7 +2,9 @@
 //! Run: `cargo bench --bench hot_paths`. No timing is asserted anywhere.
 
 use cocoon_hibernation::api::annotations::PodView;
-use cocoon_hibernation::api::{CocoonHibernation, CocoonHibernationSpec, Desire, FINALIZER, PodRef};
+use cocoon_hibernation::api::{
+    CocoonHibernation, CocoonHibernationSpec, Desire, FINALIZER, PodRef,
+};
 use cocoon_hibernation::cache::index::PodRefIndex;
 use cocoon_hibernation::controller::plan::{self, Probe, Settings};
 use cocoon_hibernation::metrics::Metrics;
@@ -65,21 +67,42 @@ fn main() {
 
     // The pure decision for a settled CR and for a CR entering Hibernating.
     let mut settled = cr("a", "a");
-    let first = plan::plan(&settled, Some(&pod), &Probe::NotProbed, now.clone(), &settings);
+    let first = plan::plan(
+        &settled,
+        Some(&pod),
+        &Probe::NotProbed,
+        now.clone(),
+        &settings,
+    );
     settled.status = first.status;
     let fresh = cr("b", "b");
     let entering = median_ns(31, 20_000, || {
-        black_box(plan::plan(black_box(&fresh), Some(&pod), &Probe::NotProbed, now.clone(), &settings));
+        black_box(plan::plan(
+            black_box(&fresh),
+            Some(&pod),
+            &Probe::NotProbed,
+            now.clone(),
+            &settings,
+        ));
     });
     let waiting = median_ns(31, 20_000, || {
-        black_box(plan::plan(black_box(&settled), Some(&pod), &Probe::NotProbed, now.clone(), &settings));
+        black_box(plan::plan(
+            black_box(&settled),
+            Some(&pod),
+            &Probe::NotProbed,
+            now.clone(),
+            &settings,
+        ));
     });
     println!("plan: entering Hibernating      median {entering:>9.0} ns/pass");
     println!("plan: waiting in Hibernating    median {waiting:>9.0} ns/pass");
 
     // One admission review, body bytes to response, as the handler does it.
-    let body = std::fs::read(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/admission/create_valid.json"))
-        .unwrap_or_default();
+    let body = std::fs::read(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/data/admission/create_valid.json"
+    ))
+    .unwrap_or_default();
     let metrics = Metrics::new();
     let review = median_ns(31, 5_000, || {
         black_box(handler::review(black_box(&body), &View, &metrics));
@@ -87,10 +110,16 @@ fn main() {
     println!("webhook: CREATE review          median {review:>9.0} ns/review");
 
     // Pod event -> CRs: the index against a scan of every CR, at 10k CRs.
-    let crs: Vec<CocoonHibernation> = (0..10_000).map(|i| cr(&format!("p{i}"), &format!("p{i}"))).collect();
+    let crs: Vec<CocoonHibernation> = (0..10_000)
+        .map(|i| cr(&format!("p{i}"), &format!("p{i}")))
+        .collect();
     let mut index = PodRefIndex::default();
     for c in &crs {
-        index.upsert("ns", c.metadata.name.as_deref().unwrap_or_default(), &c.spec.pod_ref.name);
+        index.upsert(
+            "ns",
+            c.metadata.name.as_deref().unwrap_or_default(),
+            &c.spec.pod_ref.name,
+        );
     }
     let lookup = median_ns(31, 20_000, || {
         black_box(index.crs_for_pod("ns", black_box("p7777")));
@@ -98,17 +127,27 @@ fn main() {
     let scan = median_ns(11, 200, || {
         black_box(
             crs.iter()
-                .filter(|c| c.metadata.namespace.as_deref() == Some("ns") && c.spec.pod_ref.name == black_box("p7777"))
+                .filter(|c| {
+                    c.metadata.namespace.as_deref() == Some("ns")
+                        && c.spec.pod_ref.name == black_box("p7777")
+                })
                 .count(),
         );
     });
-    println!("pod event -> CRs, 10k CRs: index median {lookup:>9.0} ns, scan median {scan:>9.0} ns, scan/index = {:.0}x", scan / lookup);
+    println!(
+        "pod event -> CRs, 10k CRs: index median {lookup:>9.0} ns, scan median {scan:>9.0} ns, scan/index = {:.0}x",
+        scan / lookup
+    );
 
     // Memory kept per cached pod: a typical pod as listed, and after stripping.
     let mut listed: Pod = serde_json::from_str(TYPICAL_POD).unwrap_or_default();
-    let before = serde_json::to_vec(&listed).map(|v| v.len()).unwrap_or_default();
+    let before = serde_json::to_vec(&listed)
+        .map(|v| v.len())
+        .unwrap_or_default();
     cocoon_hibernation::cache::strip_pod(&mut listed);
-    let after = serde_json::to_vec(&listed).map(|v| v.len()).unwrap_or_default();
+    let after = serde_json::to_vec(&listed)
+        .map(|v| v.len())
+        .unwrap_or_default();
     println!(
         "cached pod size (JSON bytes, proxy for memory): as listed {before}, kept {after}, kept/listed = {:.2}",
         after as f64 / before.max(1) as f64

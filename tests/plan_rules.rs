@@ -334,7 +334,10 @@ fn h5_hibernate_timeout_fails_with_the_timeout_in_the_message() {
     assert_eq!((st.as_str(), reason.as_str()), ("False", "Failed"));
     assert!(msg.contains("3m"), "{msg}");
     assert_eq!(reasons(&p), vec!["HibernateTimedOut"]);
-    assert_eq!(p.requeue, None, "F1: no silent requeue loop; the status write drives the retry");
+    assert_eq!(
+        p.requeue, None,
+        "F1: no silent requeue loop; the status write drives the retry"
+    );
     assert_eq!(p.events[0].kind, EventKind::Warning);
     assert_eq!(
         p.phase_metric.as_ref().map(|m| m.1.clone()),
