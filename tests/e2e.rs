@@ -483,37 +483,13 @@ async fn e2e_deletion_gcs_tag_and_keeps_it_while_another_cr_holds_the_vm() {
     wait_phase(&env.crs, "new-pod", Phase::Hibernated, LONG, &mut vec![]).await;
     assert!(env.tag_exists(&shared_vm).await);
 
-    env.crs
-        .delete("old-pod", &DeleteParams::default())
-        .await
-        .unwrap();
-    eventually("old CR gone", LONG, || async {
-        env.crs
-            .get_opt("old-pod")
-            .await
-            .ok()?
-            .is_none()
-            .then_some(())
-    })
-    .await;
+    product::delete_and_wait_gone(&env.crs, "old-pod", LONG).await;
     assert!(
         env.tag_exists(&shared_vm).await,
         "G1: another live CR holds the VM"
     );
 
-    env.crs
-        .delete("new-pod", &DeleteParams::default())
-        .await
-        .unwrap();
-    eventually("last CR gone", LONG, || async {
-        env.crs
-            .get_opt("new-pod")
-            .await
-            .ok()?
-            .is_none()
-            .then_some(())
-    })
-    .await;
+    product::delete_and_wait_gone(&env.crs, "new-pod", LONG).await;
     assert!(
         !env.tag_exists(&shared_vm).await,
         "G1: the last holder deletes the tag"
@@ -537,14 +513,7 @@ async fn e2e_deletion_with_registry_down_never_blocks() {
     wait_phase(&env.crs, "g-0", Phase::Hibernated, LONG, &mut vec![]).await;
     registry.stop();
     let started = Instant::now();
-    env.crs
-        .delete("g-0", &DeleteParams::default())
-        .await
-        .unwrap();
-    eventually("CR gone with the registry down", LONG, || async {
-        env.crs.get_opt("g-0").await.ok()?.is_none().then_some(())
-    })
-    .await;
+    product::delete_and_wait_gone(&env.crs, "g-0", LONG).await;
     eprintln!("deleted with the registry down in {:?}", started.elapsed());
     let log = env.product.log_text();
     assert!(
@@ -630,10 +599,7 @@ async fn e2e_webhook_denies_mismatched_name_and_duplicates_live_or_terminating()
     crs.patch("legacy", &PatchParams::default(), &Patch::Merge(&patch))
         .await
         .unwrap();
-    eventually("legacy gone", LONG, || async {
-        crs.get_opt("legacy").await.ok()?.is_none().then_some(())
-    })
-    .await;
+    product::wait_gone(&crs, "legacy", LONG).await;
     crs.create(
         &Default::default(),
         &product::new_cr("web-0", "web-0", Desire::Hibernate),

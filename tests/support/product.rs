@@ -411,6 +411,21 @@ pub async fn wait_phase(
     }
 }
 
+/// Deletes a CR and waits until it is gone (finalizers done).
+pub async fn delete_and_wait_gone(api: &Api<CocoonHibernation>, name: &str, timeout: Duration) {
+    api.delete(name, &Default::default())
+        .await
+        .unwrap_or_else(|e| panic!("delete {name}: {e}"));
+    wait_gone(api, name, timeout).await;
+}
+
+pub async fn wait_gone(api: &Api<CocoonHibernation>, name: &str, timeout: Duration) {
+    eventually(&format!("{name} gone"), timeout, || async {
+        api.get_opt(name).await.ok()?.is_none().then_some(())
+    })
+    .await;
+}
+
 /// Asserts the CR stays out of `forbidden` for `hold`.
 pub async fn never_phase(
     api: &Api<CocoonHibernation>,
