@@ -240,3 +240,33 @@ impl EventHandler {
 fn pod_key(pod: &Pod) -> Key {
     (pod.namespace().unwrap_or_default(), pod.name_any())
 }
+
+#[cfg(test)]
+impl SharedCache {
+    /// A synced cache holding exactly these objects, for tests of the layers above it.
+    pub fn from_objects(crs: Vec<CocoonHibernation>, pods: Vec<Pod>) -> Self {
+        let (cr_store, mut cr_writer) = reflector::store::<CocoonHibernation>();
+        let (pod_store, mut pod_writer) = reflector::store::<Pod>();
+        let cache = SharedCache {
+            crs: cr_store,
+            pods: pod_store,
+            index: Arc::default(),
+            crs_synced: Arc::new(AtomicBool::new(true)),
+            pods_synced: Arc::new(AtomicBool::new(true)),
+        };
+        for cr in crs {
+            if let Ok(mut idx) = cache.index.write() {
+                idx.upsert(
+                    &cr.namespace().unwrap_or_default(),
+                    &cr.name_any(),
+                    &cr.spec.pod_ref.name,
+                );
+            }
+            cr_writer.apply_watcher_event(&watcher::Event::Apply(cr));
+        }
+        for pod in pods {
+            pod_writer.apply_watcher_event(&watcher::Event::Apply(pod));
+        }
+        cache
+    }
+}

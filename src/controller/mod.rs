@@ -5,6 +5,9 @@ pub mod locks;
 pub mod plan;
 pub mod reconcile;
 
+#[cfg(test)]
+mod mock_tests;
+
 use crate::cache::{SharedCache, Trigger};
 use futures::StreamExt;
 use kube::runtime::Controller;
