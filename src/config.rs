@@ -103,7 +103,7 @@ pub struct ControllerArgs {
     pub pod_selector: String,
 }
 
-#[derive(Args, Debug, Clone)]
+#[derive(Args, Clone)]
 pub struct RegistryArgs {
     /// Registry and path prefix holding snapshots: host[:port][/prefix]. Repository = <base>/<vm>.
     #[arg(long, env = "COCOON_REGISTRY_BASE")]
@@ -128,6 +128,25 @@ pub struct RegistryArgs {
     /// Timeout of every registry call.
     #[arg(long, env = "COCOON_REGISTRY_TIMEOUT", value_parser = parse_duration, default_value = "10s")]
     pub registry_timeout: Duration,
+}
+
+// P3: the password never reaches Debug output, so it cannot reach a log.
+impl std::fmt::Debug for RegistryArgs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RegistryArgs")
+            .field("registry_base", &self.registry_base)
+            .field("registry_plain_http", &self.registry_plain_http)
+            .field("registry_docker_config", &self.registry_docker_config)
+            .field("registry_username", &self.registry_username)
+            .field(
+                "registry_password",
+                &self.registry_password.as_ref().map(|_| "<redacted>"),
+            )
+            .field("registry_token_file", &self.registry_token_file)
+            .field("registry_ca_file", &self.registry_ca_file)
+            .field("registry_timeout", &self.registry_timeout)
+            .finish()
+    }
 }
 
 #[derive(Args, Debug, Clone)]
@@ -274,6 +293,21 @@ mod tests {
         let cli = parse(args).unwrap();
         let e = cli.server.validate().unwrap_err();
         assert!(e.to_string().contains(needle), "{e}");
+    }
+
+    /// SPEC P3: secrets never logged.
+    #[test]
+    fn p3_password_is_redacted_from_debug_output() {
+        let cli = parse(&[
+            "--registry-username",
+            "u",
+            "--registry-password",
+            "s3cr3t-pw",
+        ])
+        .unwrap();
+        let printed = format!("{:?}", cli.server_args());
+        assert!(!printed.contains("s3cr3t-pw"), "{printed}");
+        assert!(printed.contains("<redacted>"));
     }
 
     #[test]
