@@ -277,3 +277,42 @@ async fn g2_deletion_removes_the_finalizer_though_the_registry_is_down() {
         "{text}"
     );
 }
+
+/// A status write computed from a stale cache meets a 409 and is retried, never forced.
+#[tokio::test]
+async fn stale_cache_status_write_conflicts_and_is_retried() {
+    let obj = cr(true, None);
+    let cache = SharedCache::from_objects(vec![obj.clone()], vec![running_pod()]);
+    let (ctx, mut handle) = context(cache);
+    let pass = tokio::spawn(reconcile(Arc::new(obj.clone()), ctx.clone()));
+    expect_request(&mut handle, serde_json::to_value(running_pod()).unwrap()).await;
+    let (req, send) = tokio::time::timeout(Duration::from_secs(5), handle.next_request())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(req.uri().path().ends_with("/web-0/status"));
+    let conflict = json!({
+        "kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Conflict", "code": 409,
+        "message": "the object has been modified; please apply your changes to the latest version and try again"
+    });
+    send.send_response(
+        Response::builder()
+            .status(409)
+            .body(Body::from(serde_json::to_vec(&conflict).unwrap()))
+            .unwrap(),
+    );
+    let err = pass.await.unwrap().unwrap_err();
+    assert_eq!(err.metric_label(), "conflict");
+    let action = super::reconcile::error_policy(Arc::new(obj), &err, ctx.clone());
+    assert_ne!(
+        action,
+        kube::runtime::controller::Action::await_change(),
+        "retried"
+    );
+    assert!(
+        ctx.metrics
+            .encode()
+            .unwrap()
+            .contains(r#"reconcile_errors_total{error="conflict"} 1"#)
+    );
+}
