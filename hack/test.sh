@@ -37,9 +37,7 @@ echo "cargo test took $((SECONDS - t0))s"
 read -r passed failed < <(awk '/^test result:/ {p += $4; f += $6} END {print p + 0, f + 0}' "$log")
 rm -f "$log"
 
-if [[ -x hack/check-chart.sh ]]; then
-  step "chart checks"
-  COCOON_BIN="$CARGO_TARGET_DIR/debug/cocoon-hibernation" bash hack/check-chart.sh
-fi
+step "chart checks"
+COCOON_BIN="$CARGO_TARGET_DIR/debug/cocoon-hibernation" bash hack/check-chart.sh
 step "all checks passed"
 echo "${passed} passed, ${failed} failed"

@@ -197,3 +197,50 @@ pub fn registry_config(args: &RegistryArgs) -> Result<RegistryConfig> {
         timeout: args.registry_timeout,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    fn args(extra: &[&str]) -> RegistryArgs {
+        let mut all = vec!["x", "--registry-base", "reg.example:5000/snapshots/"];
+        all.extend_from_slice(extra);
+        crate::config::Cli::try_parse_from(all)
+            .unwrap()
+            .server_args()
+            .registry
+    }
+
+    /// SPEC P3: credentials come from the docker config for the base's host.
+    #[test]
+    fn p3_docker_config_file_gives_the_registry_host_credentials() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("config.json");
+        // "alice:pw" in base64
+        std::fs::write(
+            &path,
+            r#"{"auths":{"reg.example:5000":{"auth":"YWxpY2U6cHc="}}}"#,
+        )
+        .unwrap();
+        let cfg =
+            registry_config(&args(&["--registry-docker-config", path.to_str().unwrap()])).unwrap();
+        assert_eq!(cfg.base, "reg.example:5000/snapshots");
+        assert!(
+            matches!(cfg.auth, RegistryAuth::Basic { ref username, .. } if username == "alice")
+        );
+    }
+
+    /// SPEC P3: an unreadable file is a clear error naming the flag, not a panic.
+    #[test]
+    fn p3_unreadable_credential_files_name_their_flag() {
+        for flag in [
+            "--registry-docker-config",
+            "--registry-token-file",
+            "--registry-ca-file",
+        ] {
+            let err = registry_config(&args(&[flag, "/nonexistent/file"])).unwrap_err();
+            assert!(err.to_string().contains(flag), "{err}");
+        }
+    }
+}
