@@ -111,7 +111,7 @@ async fn run_term(
         .await;
 }
 
-/// The cache a controller context needs, for callers building one.
+/// Builds the controller context: client, cache, registry, event recorder, metrics.
 pub fn context(
     client: kube::Client,
     cache: SharedCache,

@@ -338,8 +338,6 @@ pub async fn create_cr(
     pod: &str,
     desire: Desire,
 ) -> CocoonHibernation {
-    // The webhook configuration may take a moment to be honoured; retry refusals from an
-    // unreachable hook only, never a denial.
     let cr = new_cr(name, pod, desire);
     api.create(&PostParams::default(), &cr)
         .await
