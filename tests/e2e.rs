@@ -222,14 +222,20 @@ async fn e2e_round_trip_hibernate_then_wake() {
     assert!(metrics.contains(r#"registry_calls_total{operation="probe",outcome="present"}"#));
 }
 
-/// H3: a stale tag from an earlier cycle never completes a hibernate.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn e2e_stale_tag_never_completes_hibernate() {
-    let env = setup("stale-tag", Setup::default()).await;
+/// H3: vk has not acted yet, but stale state is in place: the CR must stay Hibernating
+/// until vk really completes this round.
+async fn stale_state_never_completes_hibernate(prefix: &str, stale_lifecycle: bool) {
+    let env = setup(prefix, Setup::default()).await;
     env.pod("db-0").await;
     let vm = env.vm("db-0");
-    env.sim.stage_stale_tag(&vm).await.unwrap();
     env.sim.knobs.set_never_complete(true);
+    env.sim.stage_stale_tag(&vm).await.unwrap();
+    if stale_lifecycle {
+        env.sim
+            .stage_stale_lifecycle(&env.ns, "db-0")
+            .await
+            .unwrap();
+    }
     product::create_cr(&env.crs, "db-0", "db-0", Desire::Hibernate).await;
     wait_phase(&env.crs, "db-0", Phase::Hibernating, LONG, &mut vec![]).await;
     never_phase(&env.crs, "db-0", Phase::Hibernated, Duration::from_secs(6)).await;
@@ -237,24 +243,17 @@ async fn e2e_stale_tag_never_completes_hibernate() {
     wait_phase(&env.crs, "db-0", Phase::Hibernated, LONG, &mut vec![]).await;
 }
 
+/// H3: a stale tag from an earlier cycle never completes a hibernate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e2e_stale_tag_never_completes_hibernate() {
+    stale_state_never_completes_hibernate("stale-tag", false).await;
+}
+
 /// H3: a stale lifecycle pair from an earlier round never completes a hibernate, even
 /// with the tag present.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn e2e_stale_lifecycle_round_never_completes_hibernate() {
-    let env = setup("stale-round", Setup::default()).await;
-    env.pod("db-1").await;
-    let vm = env.vm("db-1");
-    env.sim.knobs.set_never_complete(true);
-    env.sim.stage_stale_tag(&vm).await.unwrap();
-    env.sim
-        .stage_stale_lifecycle(&env.ns, "db-1")
-        .await
-        .unwrap();
-    product::create_cr(&env.crs, "db-1", "db-1", Desire::Hibernate).await;
-    wait_phase(&env.crs, "db-1", Phase::Hibernating, LONG, &mut vec![]).await;
-    never_phase(&env.crs, "db-1", Phase::Hibernated, Duration::from_secs(6)).await;
-    env.sim.knobs.set_never_complete(false);
-    wait_phase(&env.crs, "db-1", Phase::Hibernated, LONG, &mut vec![]).await;
+    stale_state_never_completes_hibernate("stale-round", true).await;
 }
 
 /// D1: Wake while Hibernating first drives the hibernate to its end; Hibernate while

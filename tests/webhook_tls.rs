@@ -127,14 +127,20 @@ fn write(dir: &Path, name: &str, content: &str) {
     std::fs::write(dir.join(name), content).unwrap();
 }
 
-/// SPEC V6.
-#[tokio::test]
-async fn v6_https_handshake_serves_reviews_over_tls12_and_tls13() {
+/// A server over a fresh pair written as `tls.crt`/`tls.key` in a temp dir.
+async fn start_with(pair: &Pair) -> (tempfile::TempDir, Server) {
     let dir = tempfile::tempdir().unwrap();
-    let pair = new_pair();
     write(dir.path(), "tls.crt", &pair.cert_pem);
     write(dir.path(), "tls.key", &pair.key_pem);
     let server = start(&dir.path().join("tls.crt"), &dir.path().join("tls.key")).await;
+    (dir, server)
+}
+
+/// SPEC V6.
+#[tokio::test]
+async fn v6_https_handshake_serves_reviews_over_tls12_and_tls13() {
+    let pair = new_pair();
+    let (_dir, server) = start_with(&pair).await;
     for versions in [
         &[&rustls::version::TLS13][..],
         &[&rustls::version::TLS12][..],
@@ -150,11 +156,8 @@ async fn v6_https_handshake_serves_reviews_over_tls12_and_tls13() {
 /// SPEC V6.
 #[tokio::test]
 async fn v6_plain_http_is_not_served() {
-    let dir = tempfile::tempdir().unwrap();
     let pair = new_pair();
-    write(dir.path(), "tls.crt", &pair.cert_pem);
-    write(dir.path(), "tls.key", &pair.key_pem);
-    let server = start(&dir.path().join("tls.crt"), &dir.path().join("tls.key")).await;
+    let (_dir, server) = start_with(&pair).await;
     let mut tcp = tokio::net::TcpStream::connect(server.addr).await.unwrap();
     tcp.write_all(
         b"POST /validate-cocoonhibernation HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\n\r\n{}",
@@ -183,11 +186,8 @@ async fn wait_for_cert(addr: SocketAddr, want: &CertificateDer<'static>) {
 /// SPEC V6.
 #[tokio::test]
 async fn v6_certificate_rewritten_in_place_is_reloaded_without_restart() {
-    let dir = tempfile::tempdir().unwrap();
     let (first, second) = (new_pair(), new_pair());
-    write(dir.path(), "tls.crt", &first.cert_pem);
-    write(dir.path(), "tls.key", &first.key_pem);
-    let server = start(&dir.path().join("tls.crt"), &dir.path().join("tls.key")).await;
+    let (dir, server) = start_with(&first).await;
     assert_eq!(
         call(server.addr, &first.der, &[&rustls::version::TLS13])
             .await
@@ -238,11 +238,8 @@ async fn v6_secret_volume_symlink_swap_is_reloaded() {
 /// SPEC V6.
 #[tokio::test]
 async fn v6_a_broken_new_pair_keeps_the_old_certificate_serving() {
-    let dir = tempfile::tempdir().unwrap();
     let first = new_pair();
-    write(dir.path(), "tls.crt", &first.cert_pem);
-    write(dir.path(), "tls.key", &first.key_pem);
-    let server = start(&dir.path().join("tls.crt"), &dir.path().join("tls.key")).await;
+    let (dir, server) = start_with(&first).await;
     write(dir.path(), "tls.crt", "not a certificate");
     tokio::time::sleep(Duration::from_millis(300)).await;
     let (served, status) = call(server.addr, &first.der, &[&rustls::version::TLS13])
