@@ -171,6 +171,17 @@ async fn v6_plain_http_is_not_served() {
     server.handle.shutdown();
 }
 
+/// The certificate a TLS 1.3 handshake trusting `trusted` is served.
+async fn served_cert(
+    addr: SocketAddr,
+    trusted: &CertificateDer<'static>,
+) -> CertificateDer<'static> {
+    call(addr, trusted, &[&rustls::version::TLS13])
+        .await
+        .unwrap()
+        .0
+}
+
 async fn wait_for_cert(addr: SocketAddr, want: &CertificateDer<'static>) {
     for _ in 0..100 {
         if let Ok((served, _)) = call(addr, want, &[&rustls::version::TLS13]).await
@@ -188,13 +199,7 @@ async fn wait_for_cert(addr: SocketAddr, want: &CertificateDer<'static>) {
 async fn v6_certificate_rewritten_in_place_is_reloaded_without_restart() {
     let (first, second) = (new_pair(), new_pair());
     let (dir, server) = start_with(&first).await;
-    assert_eq!(
-        call(server.addr, &first.der, &[&rustls::version::TLS13])
-            .await
-            .unwrap()
-            .0,
-        first.der
-    );
+    assert_eq!(served_cert(server.addr, &first.der).await, first.der);
     write(dir.path(), "tls.crt", &second.cert_pem);
     write(dir.path(), "tls.key", &second.key_pem);
     wait_for_cert(server.addr, &second.der).await;
@@ -221,13 +226,7 @@ async fn v6_secret_volume_symlink_swap_is_reloaded() {
     symlink("..data/tls.crt", dir.path().join("tls.crt")).unwrap();
     symlink("..data/tls.key", dir.path().join("tls.key")).unwrap();
     let server = start(&dir.path().join("tls.crt"), &dir.path().join("tls.key")).await;
-    assert_eq!(
-        call(server.addr, &first.der, &[&rustls::version::TLS13])
-            .await
-            .unwrap()
-            .0,
-        first.der
-    );
+    assert_eq!(served_cert(server.addr, &first.der).await, first.der);
     // Atomic swap, as the kubelet does: new link, then rename over ..data.
     symlink("..v2", dir.path().join("..data_tmp")).unwrap();
     std::fs::rename(dir.path().join("..data_tmp"), dir.path().join("..data")).unwrap();

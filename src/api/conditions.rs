@@ -65,61 +65,35 @@ mod tests {
         Time(jiff::Timestamp::from_second(secs).unwrap())
     }
 
+    fn ready(
+        c: &mut Vec<Condition>,
+        status: bool,
+        reason: &str,
+        message: &str,
+        now: Time,
+        refresh: bool,
+    ) {
+        let update = Update {
+            type_: READY,
+            status,
+            reason,
+            message,
+            observed_generation: Some(1),
+        };
+        upsert(c, update, now, refresh);
+    }
+
     /// SPEC F2.
     #[test]
     fn f2_same_status_keeps_transition_time_unless_refreshed() {
         let mut c = Vec::new();
-        upsert(
-            &mut c,
-            Update {
-                type_: READY,
-                status: false,
-                reason: REASON_PENDING,
-                message: "a",
-                observed_generation: Some(1),
-            },
-            t(10),
-            false,
-        );
-        upsert(
-            &mut c,
-            Update {
-                type_: READY,
-                status: false,
-                reason: REASON_FAILED,
-                message: "b",
-                observed_generation: Some(1),
-            },
-            t(20),
-            false,
-        );
+        ready(&mut c, false, REASON_PENDING, "a", t(10), false);
+        ready(&mut c, false, REASON_FAILED, "b", t(20), false);
         assert_eq!(find(&c, READY).unwrap().last_transition_time, t(10));
         assert_eq!(find(&c, READY).unwrap().reason, REASON_FAILED);
-        upsert(
-            &mut c,
-            Update {
-                type_: READY,
-                status: false,
-                reason: REASON_PENDING,
-                message: "c",
-                observed_generation: Some(1),
-            },
-            t(30),
-            true,
-        );
+        ready(&mut c, false, REASON_PENDING, "c", t(30), true);
         assert_eq!(find(&c, READY).unwrap().last_transition_time, t(30));
-        upsert(
-            &mut c,
-            Update {
-                type_: READY,
-                status: true,
-                reason: REASON_DONE,
-                message: "d",
-                observed_generation: Some(1),
-            },
-            t(40),
-            false,
-        );
+        ready(&mut c, true, REASON_DONE, "d", t(40), false);
         assert_eq!(find(&c, READY).unwrap().last_transition_time, t(40));
         assert_eq!(c.len(), 1);
     }

@@ -54,11 +54,18 @@ impl SharedCache {
 
     /// CRs in `namespace` whose podRef names `pod`, found through the index.
     pub fn crs_for_pod(&self, namespace: &str, pod: &str) -> Vec<Arc<CocoonHibernation>> {
-        let names = match self.index.read() {
+        self.cr_names_for_pod(namespace, pod)
+            .iter()
+            .filter_map(|n| self.cr(namespace, n))
+            .collect()
+    }
+
+    /// Names from the podRef index alone; a poisoned lock still holds a usable index.
+    fn cr_names_for_pod(&self, namespace: &str, pod: &str) -> Vec<String> {
+        match self.index.read() {
             Ok(idx) => idx.crs_for_pod(namespace, pod),
             Err(poisoned) => poisoned.into_inner().crs_for_pod(namespace, pod),
-        };
-        names.iter().filter_map(|n| self.cr(namespace, n)).collect()
+        }
     }
 
     pub fn crs_in_namespace(&self, namespace: &str) -> Vec<Arc<CocoonHibernation>> {
@@ -227,10 +234,7 @@ impl EventHandler {
     }
 
     fn enqueue_for_pod(&self, key: &Key) {
-        let names = match self.cache.index.read() {
-            Ok(idx) => idx.crs_for_pod(&key.0, &key.1),
-            Err(poisoned) => poisoned.into_inner().crs_for_pod(&key.0, &key.1),
-        };
+        let names = self.cache.cr_names_for_pod(&key.0, &key.1);
         for name in names {
             self.trigger(&key.0, &name);
         }
