@@ -74,7 +74,15 @@ pub async fn run(args: ServerArgs) -> Result<()> {
         wake_timeout: args.controller.wake_timeout,
         ..Settings::default()
     };
-    let ctx = controller::context(client, cache, registry, metrics, settings, Some(identity));
+    let ctx = controller::context(
+        client,
+        cache,
+        registry,
+        metrics,
+        settings,
+        Some(identity),
+        election.fence.clone(),
+    );
     let concurrency = u16::try_from(args.controller.concurrency).unwrap_or(u16::MAX);
     let controller_task = tokio::spawn(controller::run(
         ctx,

@@ -111,7 +111,15 @@ fn context(cache: SharedCache) -> (Arc<Context>, ApiHandle) {
         metrics.clone(),
     )
     .unwrap();
-    let ctx = super::context(client, cache, registry, metrics, Settings::default(), None);
+    let ctx = super::context(
+        client,
+        cache,
+        registry,
+        metrics,
+        Settings::default(),
+        None,
+        crate::leader::Fence::unfenced(),
+    );
     (ctx, handle)
 }
 

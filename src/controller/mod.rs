@@ -119,6 +119,7 @@ pub fn context(
     metrics: crate::metrics::Metrics,
     settings: plan::Settings,
     reporter_instance: Option<String>,
+    fence: crate::leader::Fence,
 ) -> Arc<Context> {
     let reporter = kube::runtime::events::Reporter {
         controller: "cocoon-hibernation".into(),
@@ -133,5 +134,6 @@ pub fn context(
         settings,
         locks: locks::VmLocks::default(),
         failures: Default::default(),
+        fence,
     })
 }

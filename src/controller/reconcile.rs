@@ -32,6 +32,8 @@ pub struct Context {
     pub locks: VmLocks,
     /// Consecutive failures per CR, for error backoff.
     pub failures: Mutex<HashMap<ObjectRef<CocoonHibernation>, u32>>,
+    /// S1: tag deletes run only while this replica's lease is fresh.
+    pub fence: crate::leader::Fence,
 }
 
 const FIELD_MANAGER: &str = "cocoon-hibernation";
