@@ -70,6 +70,7 @@ fn main() {
     let first = plan::plan(
         &settled,
         Some(&pod),
+        &plan::Ownership::Sole,
         &Probe::NotProbed,
         now.clone(),
         &settings,
@@ -80,6 +81,7 @@ fn main() {
         black_box(plan::plan(
             black_box(&fresh),
             Some(&pod),
+            &plan::Ownership::Sole,
             &Probe::NotProbed,
             now.clone(),
             &settings,
@@ -89,6 +91,7 @@ fn main() {
         black_box(plan::plan(
             black_box(&settled),
             Some(&pod),
+            &plan::Ownership::Sole,
             &Probe::NotProbed,
             now.clone(),
             &settings,
@@ -119,6 +122,7 @@ fn main() {
             "ns",
             c.metadata.name.as_deref().unwrap_or_default(),
             &c.spec.pod_ref.name,
+            None,
         );
     }
     let lookup = median_ns(31, 20_000, || {

@@ -19,6 +19,9 @@ pub enum Error {
     Io(#[from] std::io::Error),
     #[error("leader election: {0}")]
     Lease(String),
+    /// S1: a leader-only effect was refused because this replica's lease is not fresh.
+    #[error("not acting as leader: {0}")]
+    Fenced(String),
 }
 
 impl Error {
@@ -34,6 +37,7 @@ impl Error {
             Error::Tls(_) => "tls",
             Error::Io(_) => "io",
             Error::Lease(_) => "lease",
+            Error::Fenced(_) => "fenced",
         }
     }
 }

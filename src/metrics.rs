@@ -57,6 +57,8 @@ pub struct Metrics {
     pub snapshot_tags_kept: Counter,
     /// 1 while this replica holds the lease and reconciles.
     pub leader: Gauge,
+    /// S5: woken CRs whose tag delete is still owed (failed, refused or kept).
+    pub snapshot_deletes_owed: Gauge,
     registry: Arc<Registry>,
 }
 
@@ -78,6 +80,12 @@ impl Metrics {
         let registry_calls = Family::<RegistryLabels, Counter>::default();
         let snapshot_tags_kept = Counter::default();
         let leader = Gauge::default();
+        let snapshot_deletes_owed = Gauge::default();
+        registry.register(
+            "snapshot_deletes_owed",
+            "CocoonHibernations whose snapshot tag delete is still owed after a wake",
+            snapshot_deletes_owed.clone(),
+        );
         registry.register(
             "reconcile_passes",
             "Reconcile passes run",
@@ -121,6 +129,7 @@ impl Metrics {
             registry_calls,
             snapshot_tags_kept,
             leader,
+            snapshot_deletes_owed,
             registry: Arc::new(registry),
         }
     }

@@ -72,6 +72,9 @@ pub async fn run(args: ServerArgs) -> Result<()> {
     let settings = Settings {
         hibernate_timeout: args.controller.hibernate_timeout,
         wake_timeout: args.controller.wake_timeout,
+        registry_slots: usize::try_from(args.controller.concurrency - 1)
+            .unwrap_or(1)
+            .max(1),
         ..Settings::default()
     };
     let ctx = controller::context(

@@ -6,7 +6,9 @@ use cocoon_hibernation::api::{
     CocoonHibernation, CocoonHibernationSpec, CocoonHibernationStatus, Desire, FINALIZER, Phase,
     PodRef,
 };
-use cocoon_hibernation::controller::plan::{self, EventKind, Plan, PodPatch, Probe, Settings};
+use cocoon_hibernation::controller::plan::{
+    self, EventKind, Ownership, Plan, PodPatch, Probe, Settings,
+};
 use cocoon_hibernation::metrics::{Transition, TransitionResult};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use rstest::rstest;
@@ -89,7 +91,7 @@ fn settings() -> Settings {
 }
 
 fn run(cr: &CocoonHibernation, pod: Option<&PodView>, probe: Probe, secs: i64) -> Plan {
-    plan::plan(cr, pod, &probe, at(secs), &settings())
+    plan::plan(cr, pod, &Ownership::Sole, &probe, at(secs), &settings())
 }
 
 fn phase_of(p: &Plan) -> Option<Phase> {
@@ -296,13 +298,17 @@ fn h3_tag_absent_keeps_waiting_and_rechecks_soon() {
     assert_eq!(p.error, None);
 }
 
-/// SPEC H4.
+/// SPEC H4, S5: the error is returned, the phase kept, and the error shown in Ready.
 #[test]
 fn h4_probe_error_is_returned_and_phase_kept() {
     let c = cr(Desire::Hibernate, Some(Phase::Hibernating));
     let p = run(&c, Some(&hibernated_pod()), Probe::Failed("503".into()), 5);
     assert_eq!(p.error.as_deref(), Some("503"));
-    assert_eq!(p.status, None);
+    assert_eq!(phase_of(&p), Some(Phase::Hibernating));
+    let (status, _, message, since) = ready(&p);
+    assert_eq!(status, "False");
+    assert!(message.contains("503"), "{message}");
+    assert_eq!(since, at(0));
 }
 
 /// SPEC H4 H5.
@@ -425,7 +431,9 @@ fn w2_running_with_fresh_vmid_is_active_then_tag_deleted() {
 #[rstest]
 #[case::running_without_vmid(PodView { vm_id: None, ..running_pod() })]
 #[case::vmid_not_running(PodView { container_running: false, ..running_pod() })]
-fn w2_running_alone_or_vmid_alone_is_not_woken(#[case] pod: PodView) {
+#[case::vk_still_hibernating(PodView { lifecycle_state: Some("hibernating".into()), ..running_pod() })]
+#[case::vk_reports_hibernated(PodView { lifecycle_state: Some("hibernated".into()), ..running_pod() })]
+fn w2_running_alone_or_vmid_alone_or_vk_hibernating_is_not_woken(#[case] pod: PodView) {
     let p = run(
         &cr(Desire::Wake, Some(Phase::Waking)),
         Some(&pod),
@@ -565,7 +573,14 @@ fn f2_a_transition_that_cannot_complete_cycles_once_per_timeout() {
     let mut writes = 0;
     // Simulate passes every 5 s for 10 minutes.
     while t <= 600 {
-        let p = plan::plan(&c, Some(&pod), &Probe::NotProbed, at(t), &s);
+        let p = plan::plan(
+            &c,
+            Some(&pod),
+            &Ownership::Sole,
+            &Probe::NotProbed,
+            at(t),
+            &s,
+        );
         if let Some(st) = &p.status {
             writes += 1;
             if st.phase == Some(Phase::Failed) {
@@ -617,17 +632,22 @@ fn g1_tag_kept_while_another_live_cr_tracks_the_vm(
     assert!(cleanup.remove_finalizer);
 }
 
-/// SPEC G1.
+/// SPEC G1, S2: no VM name means nothing to delete; VM names are cluster-wide, so a live
+/// holder of the VM in another namespace keeps the tag, while a same-named pod in
+/// another namespace does not.
 #[test]
-fn g1_no_vm_name_means_nothing_to_delete_and_other_namespaces_do_not_count() {
+fn g1_s2_no_vm_name_nothing_to_delete_and_holders_count_in_every_namespace() {
     let c = cr(Desire::Hibernate, None);
     assert_eq!(plan::plan_cleanup(&c, std::iter::empty()).delete_tag, None);
     let held = cr(Desire::Hibernate, Some(Phase::Hibernated));
     let mut elsewhere = cr(Desire::Hibernate, Some(Phase::Hibernated));
     elsewhere.metadata.namespace = Some("other-ns".into());
     elsewhere.metadata.name = Some("x".into());
+    assert_eq!(plan::plan_cleanup(&held, [&elsewhere]).delete_tag, None);
+    let mut same_pod_name_elsewhere = cr(Desire::Hibernate, None);
+    same_pod_name_elsewhere.metadata.namespace = Some("other-ns".into());
     assert_eq!(
-        plan::plan_cleanup(&held, [&elsewhere])
+        plan::plan_cleanup(&held, [&same_pod_name_elsewhere])
             .delete_tag
             .as_deref(),
         Some("vm-a")

@@ -3,7 +3,7 @@
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use cocoon_hibernation::metrics::Metrics;
-use cocoon_hibernation::webhook::validate::{Claim, ClaimView};
+use cocoon_hibernation::webhook::validate::{Claim, ClaimView, VmHolder};
 use cocoon_hibernation::webhook::{self, WebhookState};
 use http_body_util::BodyExt;
 use rstest::rstest;
@@ -17,6 +17,7 @@ const UID: &str = "705ab4f5-6393-11e8-b7cc-42010a800002";
 struct FakeView {
     synced: bool,
     claims: Vec<(&'static str, &'static str, bool)>, // (pod, cr name, terminating)
+    held_vm: Option<(&'static str, VmHolder)>,       // (pod, who holds its VM)
 }
 
 impl ClaimView for FakeView {
@@ -36,12 +37,19 @@ impl ClaimView for FakeView {
             })
             .collect()
     }
+    fn vm_holder(&self, namespace: &str, pod: &str) -> Option<VmHolder> {
+        self.held_vm
+            .as_ref()
+            .filter(|(p, _)| namespace == "team-a" && *p == pod)
+            .map(|(_, h)| h.clone())
+    }
 }
 
 fn synced() -> FakeView {
     FakeView {
         synced: true,
         claims: vec![("web-1", "old-web-1", false)],
+        held_vm: None,
     }
 }
 
@@ -116,6 +124,7 @@ async fn v2_terminating_duplicate_says_retry_after_cleanup() {
     let view = FakeView {
         synced: true,
         claims: vec![("web-1", "old-web-1", true)],
+        held_vm: None,
     };
     let (_, body) = post(view, fixture("create_duplicate.json")).await;
     let (allowed, message) = verdict(&body);
@@ -132,6 +141,7 @@ async fn v2_the_cr_itself_is_not_a_duplicate() {
     let view = FakeView {
         synced: true,
         claims: vec![("web-0", "web-0", false)],
+        held_vm: None,
     };
     let (_, body) = post(view, fixture("create_valid.json")).await;
     assert!(verdict(&body).0);
@@ -143,6 +153,7 @@ async fn v3_fails_closed_until_the_cache_has_synced() {
     let view = FakeView {
         synced: false,
         claims: vec![],
+        held_vm: None,
     };
     let (status, body) = post(view, fixture("create_valid.json")).await;
     assert_eq!(status, StatusCode::OK);
@@ -249,4 +260,37 @@ async fn wrong_method_and_path_are_not_served() {
         .await
         .unwrap();
     assert_eq!(other.status(), StatusCode::NOT_FOUND);
+}
+
+/// SPEC S2: a CREATE whose pod names a VM another live CR holds through another pod is
+/// denied, naming the holder.
+#[tokio::test]
+async fn s2_create_on_a_pod_naming_a_held_vm_is_denied() {
+    let view = FakeView {
+        synced: true,
+        claims: vec![],
+        held_vm: Some((
+            "web-0",
+            VmHolder {
+                vm: "vm-victim".into(),
+                holder: "team-b/db-0".into(),
+            },
+        )),
+    };
+    let (_, body) = post(view.clone(), fixture("create_valid.json")).await;
+    let (allowed, message) = verdict(&body);
+    assert!(!allowed);
+    assert!(
+        message.contains("vm-victim") && message.contains("team-b/db-0"),
+        "{message}"
+    );
+    let free = FakeView {
+        held_vm: None,
+        ..view
+    };
+    let (_, body) = post(free, fixture("create_valid.json")).await;
+    assert!(
+        verdict(&body).0,
+        "the same CREATE passes once the VM is free"
+    );
 }

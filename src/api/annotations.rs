@@ -22,6 +22,8 @@ pub const VM_ID: &str = "vm.cocoonstack.io/id";
 pub const HIBERNATE_REQUESTED: &str = "true";
 /// Value of [`LIFECYCLE_STATE`] once vk has hibernated the VM.
 pub const STATE_HIBERNATED: &str = "hibernated";
+/// Value of [`LIFECYCLE_STATE`] while vk snapshots and removes the VM.
+pub const STATE_HIBERNATING: &str = "hibernating";
 
 /// Everything a reconcile pass reads from a pod, in typed form.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
@@ -67,9 +69,15 @@ impl PodView {
             && self.observed_generation >= self.cocoonset_generation
     }
 
-    /// W2: a Running container and a VMID that vk wrote after the wake's clone.
+    /// W2: a Running container and a VMID that vk wrote after the wake's clone, while vk
+    /// no longer reports a hibernate in progress or done: until then it may still remove
+    /// the VM, and the tag would be its only copy.
     pub fn woken(&self) -> bool {
-        self.container_running && self.vm_id.is_some()
+        let hibernate_reported = matches!(
+            self.lifecycle_state.as_deref(),
+            Some(STATE_HIBERNATING | STATE_HIBERNATED)
+        );
+        self.container_running && self.vm_id.is_some() && !hibernate_reported
     }
 }
 

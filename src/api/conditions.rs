@@ -10,6 +10,12 @@ pub const SNAPSHOT_DELETED: &str = "SnapshotDeleted";
 pub const REASON_DONE: &str = "Done";
 pub const REASON_FAILED: &str = "Failed";
 pub const REASON_PENDING: &str = "Pending";
+/// S2: another CR holds this CR's pod or VM; not retried while that lasts.
+pub const REASON_CONFLICT: &str = "Conflict";
+/// S5: the tag was kept because another tag shares its digest.
+pub const REASON_SHARED_DIGEST: &str = "SharedDigest";
+/// S5: the last tag delete failed; the message carries the registry's answer.
+pub const REASON_DELETE_FAILED: &str = "DeleteFailed";
 
 pub fn find<'a>(conditions: &'a [Condition], type_: &str) -> Option<&'a Condition> {
     conditions.iter().find(|c| c.type_ == type_)

@@ -7,46 +7,97 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 /// (namespace, name)
 pub type Key = (String, String);
 
-/// CRs by the pod they target: (namespace, spec.podRef.name) -> CR names.
+/// What the index remembers of one CR.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Entry {
+    pod: String,
+    /// `status.vmName`: VM names are cluster-wide (S2), so this side has no namespace.
+    vm: Option<String>,
+}
+
+/// CRs by the pod they target, (namespace, spec.podRef.name) -> CR names, and by the VM
+/// they hold, status.vmName -> (namespace, name) in any namespace (S2, G1).
 #[derive(Debug, Default)]
 pub struct PodRefIndex {
     by_pod: HashMap<Key, BTreeSet<String>>,
-    by_cr: HashMap<Key, String>,
+    by_vm: HashMap<String, BTreeSet<Key>>,
+    by_cr: HashMap<Key, Entry>,
     resync_seen: Option<HashSet<Key>>,
 }
 
 impl PodRefIndex {
-    pub fn upsert(&mut self, namespace: &str, cr: &str, pod: &str) {
+    /// Records a CR; returns the VM it held before when that changed, so the CRs waiting
+    /// on that VM can be told (S2).
+    pub fn upsert(
+        &mut self,
+        namespace: &str,
+        cr: &str,
+        pod: &str,
+        vm: Option<&str>,
+    ) -> Option<String> {
         let cr_key = (namespace.to_owned(), cr.to_owned());
         if let Some(seen) = &mut self.resync_seen {
             seen.insert(cr_key.clone());
         }
-        match self.by_cr.get(&cr_key) {
-            Some(old) if old == pod => return,
-            Some(_) => self.unlink(&cr_key),
-            None => {}
-        }
-        self.by_cr.insert(cr_key, pod.to_owned());
+        let entry = Entry {
+            pod: pod.to_owned(),
+            vm: vm.map(str::to_owned),
+        };
+        let released = match self.by_cr.get(&cr_key) {
+            Some(old) if *old == entry => return None,
+            Some(old) => {
+                let released = old.vm.clone().filter(|v| Some(v.as_str()) != vm);
+                self.unlink(&cr_key);
+                released
+            }
+            None => None,
+        };
         self.by_pod
             .entry((namespace.to_owned(), pod.to_owned()))
             .or_default()
             .insert(cr.to_owned());
+        if let Some(vm) = vm {
+            self.by_vm
+                .entry(vm.to_owned())
+                .or_default()
+                .insert(cr_key.clone());
+        }
+        self.by_cr.insert(cr_key, entry);
+        released
     }
 
-    pub fn remove(&mut self, namespace: &str, cr: &str) {
-        self.unlink(&(namespace.to_owned(), cr.to_owned()));
+    /// Forgets a CR; returns the pod it targeted and the VM it held.
+    pub fn remove(&mut self, namespace: &str, cr: &str) -> Option<(String, Option<String>)> {
+        self.unlink(&(namespace.to_owned(), cr.to_owned()))
+            .map(|e| (e.pod, e.vm))
     }
 
-    fn unlink(&mut self, cr_key: &Key) {
-        if let Some(pod) = self.by_cr.remove(cr_key) {
-            let pod_key = (cr_key.0.clone(), pod);
-            if let Some(set) = self.by_pod.get_mut(&pod_key) {
-                set.remove(&cr_key.1);
-                if set.is_empty() {
-                    self.by_pod.remove(&pod_key);
-                }
+    fn unlink(&mut self, cr_key: &Key) -> Option<Entry> {
+        let entry = self.by_cr.remove(cr_key)?;
+        let pod_key = (cr_key.0.clone(), entry.pod.clone());
+        if let Some(set) = self.by_pod.get_mut(&pod_key) {
+            set.remove(&cr_key.1);
+            if set.is_empty() {
+                self.by_pod.remove(&pod_key);
             }
         }
+        if let Some(vm) = &entry.vm
+            && let Some(set) = self.by_vm.get_mut(vm)
+        {
+            set.remove(cr_key);
+            if set.is_empty() {
+                self.by_vm.remove(vm);
+            }
+        }
+        Some(entry)
+    }
+
+    /// CRs in any namespace whose status.vmName is `vm`.
+    pub fn crs_holding_vm(&self, vm: &str) -> Vec<Key> {
+        self.by_vm
+            .get(vm)
+            .map(|s| s.iter().cloned().collect())
+            .unwrap_or_default()
     }
 
     /// Names of the CRs in `namespace` whose podRef is `pod`.
@@ -62,18 +113,20 @@ impl PodRefIndex {
         self.resync_seen = Some(HashSet::new());
     }
 
-    pub fn finish_resync(&mut self) {
-        if let Some(seen) = self.resync_seen.take() {
-            let gone: Vec<Key> = self
-                .by_cr
-                .keys()
-                .filter(|k| !seen.contains(*k))
-                .cloned()
-                .collect();
-            for k in gone {
-                self.unlink(&k);
-            }
-        }
+    /// Ends a relist; returns the CRs that vanished meanwhile, with their pod and VM.
+    pub fn finish_resync(&mut self) -> Vec<(Key, String, Option<String>)> {
+        let Some(seen) = self.resync_seen.take() else {
+            return Vec::new();
+        };
+        let gone: Vec<Key> = self
+            .by_cr
+            .keys()
+            .filter(|k| !seen.contains(*k))
+            .cloned()
+            .collect();
+        gone.into_iter()
+            .filter_map(|k| self.unlink(&k).map(|e| (k, e.pod, e.vm)))
+            .collect()
     }
 
     pub fn len(&self) -> usize {
@@ -85,10 +138,12 @@ impl PodRefIndex {
     }
 }
 
-/// The last [`PodView`] of each pod, to tell relevant changes from churn (C3).
+/// The last [`PodView`] of each pod, to tell relevant changes from churn (C3), and the
+/// pods naming each VM, to find the CRs waiting on a VM another CR held (S2).
 #[derive(Debug, Default)]
 pub struct PodChangeTracker {
     views: HashMap<Key, PodView>,
+    by_vm: HashMap<String, BTreeSet<Key>>,
     resync_seen: Option<HashSet<Key>>,
 }
 
@@ -101,6 +156,13 @@ impl PodChangeTracker {
         match self.views.get(&key) {
             Some(old) if *old == view => false,
             _ => {
+                self.remove(&key);
+                if let Some(vm) = &view.vm_name {
+                    self.by_vm
+                        .entry(vm.clone())
+                        .or_default()
+                        .insert(key.clone());
+                }
                 self.views.insert(key, view);
                 true
             }
@@ -109,7 +171,30 @@ impl PodChangeTracker {
 
     /// True when the pod was known.
     pub fn forget(&mut self, key: &Key) -> bool {
-        self.views.remove(key).is_some()
+        self.remove(key)
+    }
+
+    fn remove(&mut self, key: &Key) -> bool {
+        let Some(old) = self.views.remove(key) else {
+            return false;
+        };
+        if let Some(vm) = old.vm_name
+            && let Some(set) = self.by_vm.get_mut(&vm)
+        {
+            set.remove(key);
+            if set.is_empty() {
+                self.by_vm.remove(&vm);
+            }
+        }
+        true
+    }
+
+    /// Pods whose `vm.cocoonstack.io/name` is `vm`, in any namespace.
+    pub fn pods_naming(&self, vm: &str) -> Vec<Key> {
+        self.by_vm
+            .get(vm)
+            .map(|s| s.iter().cloned().collect())
+            .unwrap_or_default()
     }
 
     pub fn begin_resync(&mut self) {
@@ -128,7 +213,7 @@ impl PodChangeTracker {
             .cloned()
             .collect();
         for k in &gone {
-            self.views.remove(k);
+            self.remove(k);
         }
         gone
     }
@@ -146,14 +231,14 @@ mod tests {
     #[test]
     fn c3_index_maps_pod_to_its_crs_per_namespace() {
         let mut idx = PodRefIndex::default();
-        idx.upsert("a", "cr1", "pod");
-        idx.upsert("a", "cr2", "pod");
-        idx.upsert("b", "cr3", "pod");
+        idx.upsert("a", "cr1", "pod", None);
+        idx.upsert("a", "cr2", "pod", None);
+        idx.upsert("b", "cr3", "pod", None);
         assert_eq!(idx.crs_for_pod("a", "pod"), vec!["cr1", "cr2"]);
         assert_eq!(idx.crs_for_pod("b", "pod"), vec!["cr3"]);
         idx.remove("a", "cr1");
         assert_eq!(idx.crs_for_pod("a", "pod"), vec!["cr2"]);
-        idx.upsert("a", "cr2", "other");
+        idx.upsert("a", "cr2", "other", None);
         assert!(idx.crs_for_pod("a", "pod").is_empty());
         assert_eq!(idx.crs_for_pod("a", "other"), vec!["cr2"]);
         assert_eq!(idx.len(), 2);
@@ -163,18 +248,60 @@ mod tests {
     #[test]
     fn c3_index_relist_drops_crs_deleted_while_disconnected() {
         let mut idx = PodRefIndex::default();
-        idx.upsert("a", "kept", "p1");
-        idx.upsert("a", "gone", "p2");
+        idx.upsert("a", "kept", "p1", None);
+        idx.upsert("a", "gone", "p2", None);
         idx.begin_resync();
-        idx.upsert("a", "kept", "p1");
+        idx.upsert("a", "kept", "p1", None);
         assert_eq!(
             idx.crs_for_pod("a", "p2"),
             vec!["gone"],
             "live until the relist ends"
         );
-        idx.finish_resync();
+        let gone = idx.finish_resync();
+        assert_eq!(gone, vec![(key("a", "gone"), "p2".to_owned(), None)]);
         assert!(idx.crs_for_pod("a", "p2").is_empty());
         assert_eq!(idx.crs_for_pod("a", "p1"), vec!["kept"]);
+    }
+
+    /// SPEC S2: VM names are cluster-wide; a CR that changes or drops its VM releases it.
+    #[test]
+    fn s2_index_finds_vm_holders_in_every_namespace() {
+        let mut idx = PodRefIndex::default();
+        assert_eq!(idx.upsert("a", "cr1", "p", Some("vm-x")), None);
+        assert_eq!(idx.upsert("b", "cr2", "q", Some("vm-x")), None);
+        assert_eq!(
+            idx.crs_holding_vm("vm-x"),
+            vec![key("a", "cr1"), key("b", "cr2")]
+        );
+        assert_eq!(
+            idx.upsert("a", "cr1", "p", Some("vm-y")),
+            Some("vm-x".to_owned()),
+            "moving to another VM releases the old one"
+        );
+        assert_eq!(idx.crs_holding_vm("vm-x"), vec![key("b", "cr2")]);
+        assert_eq!(
+            idx.remove("b", "cr2"),
+            Some(("q".to_owned(), Some("vm-x".to_owned())))
+        );
+        assert!(idx.crs_holding_vm("vm-x").is_empty());
+    }
+
+    /// SPEC S2.
+    #[test]
+    fn s2_tracker_finds_pods_naming_a_vm() {
+        let mut t = PodChangeTracker::default();
+        let naming = |vm: &str| PodView {
+            vm_name: Some(vm.into()),
+            ..Default::default()
+        };
+        t.observe(key("a", "p"), naming("vm-x"));
+        t.observe(key("b", "q"), naming("vm-x"));
+        assert_eq!(t.pods_naming("vm-x"), vec![key("a", "p"), key("b", "q")]);
+        t.observe(key("a", "p"), naming("vm-y"));
+        assert_eq!(t.pods_naming("vm-x"), vec![key("b", "q")]);
+        t.forget(&key("b", "q"));
+        assert!(t.pods_naming("vm-x").is_empty());
+        assert_eq!(t.pods_naming("vm-y"), vec![key("a", "p")]);
     }
 
     /// SPEC C3.

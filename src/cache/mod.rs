@@ -14,6 +14,7 @@ use k8s_openapi::api::core::v1::{Pod, PodStatus};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 use tokio::sync::mpsc::UnboundedSender;
@@ -68,9 +69,13 @@ impl SharedCache {
         }
     }
 
-    pub fn crs_in_namespace(&self, namespace: &str) -> Vec<Arc<CocoonHibernation>> {
-        self.crs
-            .state_filter(|cr| cr.metadata.namespace.as_deref() == Some(namespace))
+    /// CRs in any namespace whose status.vmName is `vm` (S2, G1).
+    pub fn crs_holding_vm(&self, vm: &str) -> Vec<Arc<CocoonHibernation>> {
+        let keys = match self.index.read() {
+            Ok(idx) => idx.crs_holding_vm(vm),
+            Err(poisoned) => poisoned.into_inner().crs_holding_vm(vm),
+        };
+        keys.iter().filter_map(|(ns, n)| self.cr(ns, n)).collect()
     }
 
     pub fn all_crs(&self) -> Vec<Arc<CocoonHibernation>> {
@@ -148,6 +153,8 @@ async fn drive(
     let mut handler = EventHandler {
         cache: cache.clone(),
         pods: PodChangeTracker::default(),
+        cr_versions: HashMap::new(),
+        relist: Relist::default(),
         triggers,
     };
     let cr_events = cr_events.map(Either::Cr);
@@ -173,7 +180,19 @@ enum Either<A, B> {
 struct EventHandler {
     cache: SharedCache,
     pods: PodChangeTracker,
+    /// resourceVersion of each CR, to tell which ones a relist changed (S4).
+    cr_versions: HashMap<Key, String>,
+    relist: Relist,
     triggers: UnboundedSender<Trigger>,
+}
+
+/// Work held back while a relist is in progress. kube's store swaps in the relisted objects
+/// only at `InitDone`; a pass triggered earlier would read the old object and could then
+/// wait forever for an unrelated event (S4).
+#[derive(Default)]
+struct Relist {
+    crs: Option<HashSet<Key>>,
+    pods: Option<HashSet<Key>>,
 }
 
 impl EventHandler {
@@ -191,31 +210,82 @@ impl EventHandler {
 
     fn on_cr(&mut self, ev: watcher::Event<CocoonHibernation>) {
         match ev {
-            watcher::Event::Init => self.index().begin_resync(),
+            watcher::Event::Init => {
+                self.index().begin_resync();
+                self.relist.crs = Some(HashSet::new());
+            }
             watcher::Event::InitApply(cr) | watcher::Event::Apply(cr) => {
-                let ns = cr.namespace().unwrap_or_default();
-                let name = cr.name_any();
-                self.index().upsert(&ns, &name, &cr.spec.pod_ref.name);
-                self.trigger(&ns, &name);
+                let key = (cr.namespace().unwrap_or_default(), cr.name_any());
+                let released =
+                    self.index()
+                        .upsert(&key.0, &key.1, &cr.spec.pod_ref.name, cr.vm_name());
+                let version = cr.resource_version().unwrap_or_default();
+                let changed = self.cr_versions.get(&key) != Some(&version);
+                self.cr_versions.insert(key.clone(), version);
+                if let Some(vm) = released {
+                    self.enqueue_waiting_on_vm(&vm);
+                }
+                match &mut self.relist.crs {
+                    Some(pending) => {
+                        if changed {
+                            pending.insert(key);
+                        }
+                    }
+                    None => self.trigger(&key.0, &key.1),
+                }
             }
             watcher::Event::Delete(cr) => {
-                self.index()
-                    .remove(&cr.namespace().unwrap_or_default(), &cr.name_any());
+                let key = (cr.namespace().unwrap_or_default(), cr.name_any());
+                self.cr_versions.remove(&key);
+                let removed = self.index().remove(&key.0, &key.1);
+                if let Some((pod, vm)) = removed {
+                    self.on_cr_gone(&key.0, &pod, vm.as_deref());
+                }
             }
             watcher::Event::InitDone => {
-                self.index().finish_resync();
+                let gone = self.index().finish_resync();
                 self.cache.crs_synced.store(true, Ordering::Release);
+                for ((ns, name), pod, vm) in gone {
+                    self.cr_versions.remove(&(ns.clone(), name));
+                    self.on_cr_gone(&ns, &pod, vm.as_deref());
+                }
+                for (ns, name) in self.relist.crs.take().unwrap_or_default() {
+                    self.trigger(&ns, &name);
+                }
             }
+        }
+    }
+
+    /// S2: a CR that is gone may have been the one others on its pod or VM deferred to.
+    fn on_cr_gone(&self, namespace: &str, pod: &str, vm: Option<&str>) {
+        self.enqueue_for_pod(&(namespace.to_owned(), pod.to_owned()));
+        if let Some(vm) = vm {
+            self.enqueue_waiting_on_vm(vm);
+        }
+    }
+
+    /// CRs of every pod naming `vm`: the ones a holder of `vm` may have kept waiting.
+    fn enqueue_waiting_on_vm(&self, vm: &str) {
+        for key in self.pods.pods_naming(vm) {
+            self.enqueue_for_pod(&key);
         }
     }
 
     fn on_pod(&mut self, ev: watcher::Event<Pod>) {
         match ev {
-            watcher::Event::Init => self.pods.begin_resync(),
+            watcher::Event::Init => {
+                self.pods.begin_resync();
+                self.relist.pods = Some(HashSet::new());
+            }
             watcher::Event::InitApply(pod) | watcher::Event::Apply(pod) => {
                 let key = pod_key(&pod);
                 if self.pods.observe(key.clone(), PodView::from_pod(&pod)) {
-                    self.enqueue_for_pod(&key);
+                    match &mut self.relist.pods {
+                        Some(pending) => {
+                            pending.insert(key);
+                        }
+                        None => self.enqueue_for_pod(&key),
+                    }
                 }
             }
             watcher::Event::Delete(pod) => {
@@ -225,10 +295,12 @@ impl EventHandler {
                 }
             }
             watcher::Event::InitDone => {
-                for key in self.pods.finish_resync() {
+                let mut changed = self.relist.pods.take().unwrap_or_default();
+                changed.extend(self.pods.finish_resync());
+                self.cache.pods_synced.store(true, Ordering::Release);
+                for key in changed {
                     self.enqueue_for_pod(&key);
                 }
-                self.cache.pods_synced.store(true, Ordering::Release);
             }
         }
     }
@@ -264,6 +336,7 @@ impl SharedCache {
                     &cr.namespace().unwrap_or_default(),
                     &cr.name_any(),
                     &cr.spec.pod_ref.name,
+                    cr.vm_name(),
                 );
             }
             cr_writer.apply_watcher_event(&watcher::Event::Apply(cr));

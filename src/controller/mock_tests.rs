@@ -256,8 +256,9 @@ async fn h1_h2_entering_patches_pod_then_status_subresource() {
     no_more_requests(&mut handle).await;
 }
 
-/// SPEC G1 G2: with the registry unreachable, deletion still removes the finalizer, and
-/// only ours.
+/// SPEC G1 G2 S6 S1: deleting a Hibernated CR first warns that its snapshot is
+/// discarded, then reads the CR fresh from the apiserver before the delete; with the
+/// registry unreachable the finalizer is still removed, and only ours.
 #[tokio::test]
 async fn g2_deletion_removes_the_finalizer_though_the_registry_is_down() {
     let mut obj = cr(true, Some(Phase::Hibernated));
@@ -266,6 +267,21 @@ async fn g2_deletion_removes_the_finalizer_though_the_registry_is_down() {
     let cache = SharedCache::from_objects(vec![obj.clone()], vec![]);
     let (ctx, mut handle) = context(cache);
     let pass = tokio::spawn(reconcile(Arc::new(obj.clone()), ctx.clone()));
+    // S6: the Warning event comes before anything touches the registry.
+    let (method, uri, _, event) = expect_request(&mut handle, json!({})).await;
+    assert_eq!(method, http::Method::POST);
+    assert!(uri.contains("/events"), "{uri}");
+    assert_eq!(event["reason"], "SnapshotDiscarded");
+    assert_eq!(event["type"], "Warning");
+    assert!(
+        event["note"].as_str().unwrap_or_default().contains("vm-a"),
+        "{event}"
+    );
+    // S1: a fresh GET (not the cache) confirms the same CR still owes the delete.
+    let (method, uri, _, _) =
+        expect_request(&mut handle, serde_json::to_value(&obj).unwrap()).await;
+    assert_eq!(method, http::Method::GET);
+    assert!(uri.contains("/cocoonhibernations/web-0"), "{uri}");
     let (method, uri, _, body) =
         expect_request(&mut handle, serde_json::to_value(&obj).unwrap()).await;
     assert_eq!(method, http::Method::PATCH);

@@ -125,6 +125,7 @@ pub fn context(
         controller: "cocoon-hibernation".into(),
         instance: reporter_instance,
     };
+    let settings_slots = settings.registry_slots.max(1);
     Arc::new(Context {
         recorder: kube::runtime::events::Recorder::new(client.clone(), reporter),
         client,
@@ -134,6 +135,8 @@ pub fn context(
         settings,
         locks: locks::VmLocks::default(),
         failures: Default::default(),
+        registry_slots: Arc::new(tokio::sync::Semaphore::new(settings_slots)),
+        owed: Default::default(),
         fence,
     })
 }

@@ -3,7 +3,8 @@
 
 use crate::api::annotations::PodView;
 use crate::api::conditions::{
-    self, READY, REASON_DONE, REASON_FAILED, REASON_PENDING, SNAPSHOT_DELETED, Update,
+    self, READY, REASON_CONFLICT, REASON_DELETE_FAILED, REASON_DONE, REASON_FAILED, REASON_PENDING,
+    REASON_SHARED_DIGEST, SNAPSHOT_DELETED, Update,
 };
 use crate::api::{CocoonHibernation, CocoonHibernationStatus, Desire, Phase};
 use crate::metrics::{Transition, TransitionResult};
@@ -19,6 +20,12 @@ pub struct Settings {
     pub pending_recheck: Duration,
     /// Longest wait between passes of an in-flight transition; the timeouts need a pass.
     pub transition_poll: Duration,
+    /// S2: how often a CR blocked by another CR looks again, besides the events that
+    /// usually wake it. Such a pass writes nothing while the conflict lasts.
+    pub conflict_recheck: Duration,
+    /// C2: registry calls at once; below the worker count so a slow registry never
+    /// holds every worker.
+    pub registry_slots: usize,
 }
 
 impl Default for Settings {
@@ -28,6 +35,8 @@ impl Default for Settings {
             wake_timeout: Duration::from_secs(300),
             pending_recheck: Duration::from_secs(5),
             transition_poll: Duration::from_secs(15),
+            conflict_recheck: Duration::from_secs(60),
+            registry_slots: 3,
         }
     }
 }
@@ -86,11 +95,163 @@ pub struct Plan {
 pub struct Cleanup {
     pub delete_tag: Option<String>,
     pub remove_finalizer: bool,
+    /// S6: a snapshot that may be the VM's only copy is about to go; say so first.
+    pub discard_event: Option<PlannedEvent>,
+}
+
+/// Whether this CR may act on its pod and VM (S2), from the other CRs in the cache.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum Ownership {
+    #[default]
+    Sole,
+    /// An older live CR targets the same pod (`namespace/name`); only the oldest acts.
+    OlderOnPod(String),
+    /// A live CR on another pod holds the VM this CR's pod names.
+    VmHeldBy { vm: String, holder: String },
+}
+
+/// S2: one pod, one acting CR; one VM, one owner. `same_pod` and `vm_holders` may
+/// include `cr` itself. Age is (creationTimestamp, name), so every replica agrees.
+pub fn ownership<'a>(
+    cr: &CocoonHibernation,
+    pod_vm: Option<&str>,
+    same_pod: impl IntoIterator<Item = &'a CocoonHibernation>,
+    vm_holders: impl IntoIterator<Item = &'a CocoonHibernation>,
+) -> Ownership {
+    let is_self = |o: &CocoonHibernation| {
+        o.metadata.namespace == cr.metadata.namespace && o.metadata.name == cr.metadata.name
+    };
+    let age = |o: &CocoonHibernation| {
+        (
+            o.metadata.creation_timestamp.clone().map(|t| t.0),
+            o.metadata.name.clone(),
+        )
+    };
+    let key = |o: &CocoonHibernation| {
+        format!(
+            "{}/{}",
+            o.metadata.namespace.as_deref().unwrap_or_default(),
+            o.metadata.name.as_deref().unwrap_or_default()
+        )
+    };
+    let mine = age(cr);
+    let older_on_pod = same_pod
+        .into_iter()
+        .filter(|o| !is_self(o) && !o.is_deleting() && o.spec.pod_ref == cr.spec.pod_ref)
+        .filter(|o| o.metadata.namespace == cr.metadata.namespace && age(o) < mine)
+        .min_by_key(|o| age(o));
+    if let Some(o) = older_on_pod {
+        return Ownership::OlderOnPod(key(o));
+    }
+    let Some(vm) = pod_vm else {
+        return Ownership::Sole;
+    };
+    let i_hold = cr.vm_name() == Some(vm);
+    let holder = vm_holders
+        .into_iter()
+        .filter(|o| !is_self(o) && !o.is_deleting() && o.vm_name() == Some(vm))
+        .filter(|o| {
+            o.metadata.namespace != cr.metadata.namespace || o.spec.pod_ref != cr.spec.pod_ref
+        })
+        // Two holders of one VM can only come from before this rule: the older keeps it.
+        .filter(|o| !i_hold || age(o) < mine)
+        .min_by_key(|o| age(o));
+    match holder {
+        Some(o) => Ownership::VmHeldBy {
+            vm: vm.to_owned(),
+            holder: key(o),
+        },
+        None => Ownership::Sole,
+    }
+}
+
+/// Which debt a tag delete pays.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Debt {
+    /// W2, W3: the CR woke and owes the registry its old tag.
+    AfterWake,
+    /// G1: the CR is being deleted and is the last holder of the VM.
+    OnDeletion,
+}
+
+/// S1: a fresh read from the apiserver (not the cache) still shows the same CR owing
+/// this delete. Anything else (another uid, a flipped desire, a finished delete, another
+/// VM) means the tag may be wanted again, so it is kept.
+pub fn still_owes(fresh: &CocoonHibernation, uid: Option<&str>, vm: &str, debt: Debt) -> bool {
+    let same = uid.is_some() && fresh.metadata.uid.as_deref() == uid && fresh.vm_name() == Some(vm);
+    same && match debt {
+        Debt::AfterWake => {
+            !fresh.is_deleting()
+                && fresh.spec.desire == Desire::Wake
+                && fresh.phase() == Some(Phase::Active)
+                && fresh
+                    .status
+                    .as_ref()
+                    .and_then(|s| conditions::find(&s.conditions, SNAPSHOT_DELETED))
+                    .is_some_and(|c| c.status != "True")
+        }
+        Debt::OnDeletion => fresh.is_deleting() && fresh.has_finalizer(),
+    }
+}
+
+/// How a tag delete ended, in the terms status needs (S5).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DeleteResult {
+    /// Deleted now, or already absent.
+    Gone,
+    /// Kept: deleting by digest would take these tags too.
+    SharedDigest(Vec<String>),
+    Failed {
+        message: String,
+    },
+}
+
+/// S5: the SnapshotDeleted condition after a delete attempt; True only once the tag is gone.
+pub fn after_delete(
+    written: &CocoonHibernationStatus,
+    vm: &str,
+    result: &DeleteResult,
+    now: Time,
+) -> CocoonHibernationStatus {
+    let mut next = written.clone();
+    let generation = conditions::find(&next.conditions, SNAPSHOT_DELETED)
+        .and_then(|c| c.observed_generation)
+        .or(next.observed_generation);
+    let (status, reason, message) = match result {
+        DeleteResult::Gone => (
+            true,
+            REASON_DONE,
+            format!("snapshot {vm}:hibernate deleted"),
+        ),
+        DeleteResult::SharedDigest(others) => (
+            false,
+            REASON_SHARED_DIGEST,
+            format!(
+                "snapshot {vm}:hibernate kept: tags {} share its digest, and a delete by digest would remove them too",
+                others.join(", ")
+            ),
+        ),
+        DeleteResult::Failed { message } => (
+            false,
+            REASON_DELETE_FAILED,
+            format!("deleting snapshot {vm}:hibernate failed: {message}"),
+        ),
+    };
+    let update = Update {
+        type_: SNAPSHOT_DELETED,
+        status,
+        reason,
+        message: &message,
+        observed_generation: generation,
+    };
+    conditions::upsert(&mut next.conditions, update, now, false);
+    next
 }
 
 pub fn plan(
     cr: &CocoonHibernation,
     pod: Option<&PodView>,
+    owner: &Ownership,
     probe: &Probe,
     now: Time,
     settings: &Settings,
@@ -112,6 +273,22 @@ pub fn plan(
             false,
         );
         return pass.finish(None);
+    }
+    // S2: a CR that another CR outranks never touches the pod or the VM. Failed is not
+    // retried (F2) while that lasts, and an unchanged status writes nothing.
+    let conflict = match owner {
+        Ownership::Sole => None,
+        Ownership::OlderOnPod(other) => Some(format!(
+            "CocoonHibernation {other} is older and acts on pod {}; this one does nothing while it exists (one acting CocoonHibernation per pod)",
+            cr.spec.pod_ref.name
+        )),
+        Ownership::VmHeldBy { vm, holder } => Some(format!(
+            "vm {vm} is held by CocoonHibernation {holder} through another pod; this one never touches it (one owner per VM)"
+        )),
+    };
+    if let Some(message) = conflict {
+        pass.set_phase(Phase::Failed, READY_CONFLICT, &message, false);
+        return pass.finish(Some(settings.conflict_recheck));
     }
 
     let pod_name = &cr.spec.pod_ref.name;
@@ -145,6 +322,8 @@ pub fn plan(
     }
 }
 
+/// G1, S6. `others` are the CRs that may still hold the VM: those on the same pod and
+/// those whose status.vmName is the VM, in any namespace (S2); `cr` itself is skipped.
 pub fn plan_cleanup<'a>(
     cr: &CocoonHibernation,
     others: impl IntoIterator<Item = &'a CocoonHibernation>,
@@ -153,15 +332,16 @@ pub fn plan_cleanup<'a>(
         return Cleanup {
             delete_tag: None,
             remove_finalizer: false,
+            discard_event: None,
         };
     }
-    let ns = cr.metadata.namespace.as_deref();
     let held_elsewhere = |vm: &str| {
         others.into_iter().any(|o| {
-            o.metadata.namespace.as_deref() == ns
-                && o.metadata.name != cr.metadata.name
-                && !o.is_deleting()
-                && (o.vm_name() == Some(vm) || o.spec.pod_ref.name == cr.spec.pod_ref.name)
+            let same_cr = o.metadata.namespace == cr.metadata.namespace
+                && o.metadata.name == cr.metadata.name;
+            let same_pod = o.metadata.namespace == cr.metadata.namespace
+                && o.spec.pod_ref.name == cr.spec.pod_ref.name;
+            !same_cr && !o.is_deleting() && (o.vm_name() == Some(vm) || same_pod)
         })
     };
     // G1: the last holder of a VM deletes its tag.
@@ -169,15 +349,27 @@ pub fn plan_cleanup<'a>(
         .vm_name()
         .filter(|vm| !held_elsewhere(vm))
         .map(str::to_owned);
+    let discard_event = match (&delete_tag, cr.phase()) {
+        (Some(vm), Some(phase @ (Phase::Hibernated | Phase::Hibernating))) => Some(PlannedEvent {
+            kind: EventKind::Warning,
+            reason: "SnapshotDiscarded",
+            note: format!(
+                "deleting this {phase} CocoonHibernation discards snapshot {vm}:hibernate, which may be the only copy of vm {vm}"
+            ),
+        }),
+        _ => None,
+    };
     Cleanup {
         delete_tag,
         remove_finalizer: true,
+        discard_event,
     }
 }
 
 const READY_FAILED: (bool, &str) = (false, REASON_FAILED);
 const READY_PENDING: (bool, &str) = (false, REASON_PENDING);
 const READY_DONE: (bool, &str) = (true, REASON_DONE);
+const READY_CONFLICT: (bool, &str) = (false, REASON_CONFLICT);
 
 /// Working state of one plan: the status as found and the status to be.
 struct Pass<'a> {
@@ -294,7 +486,18 @@ impl<'a> Pass<'a> {
                         }
                         Probe::Absent => {}
                         // H4: still counts against the clock (H5) before it is returned.
-                        Probe::Failed(e) => self.plan.error = Some(e.clone()),
+                        // S5: the error shows in Ready, not only in the logs.
+                        Probe::Failed(e) => {
+                            self.set_phase(
+                                Phase::Hibernating,
+                                READY_PENDING,
+                                &format!(
+                                    "vk-cocoon reports vm {vm} hibernated; probing snapshot {vm}:hibernate failed: {e}"
+                                ),
+                                false,
+                            );
+                            self.plan.error = Some(e.clone());
+                        }
                     }
                 }
                 if elapsed >= settings.hibernate_timeout {
@@ -411,29 +614,30 @@ impl<'a> Pass<'a> {
         }
     }
 
-    /// Mark the tag delete as owed in the status to write, and plan the write once it is done.
+    /// Mark the tag delete as owed in the status to write, and plan the write once it is
+    /// done. A debt already recorded keeps its message (the last error, S5), so a retry
+    /// writes nothing until its outcome changes.
     fn owe_delete(&mut self, vm: &str) {
-        let generation = self.cr.metadata.generation;
-        let owed = format!("deleting snapshot {vm}:hibernate");
-        let owed = Update {
-            type_: SNAPSHOT_DELETED,
-            status: false,
-            reason: REASON_PENDING,
-            message: &owed,
-            observed_generation: generation,
-        };
-        conditions::upsert(&mut self.next.conditions, owed, self.now.clone(), false);
-        let mut done = self.next.clone();
-        let deleted = format!("snapshot {vm}:hibernate deleted");
-        let deleted = Update {
-            status: true,
-            reason: REASON_DONE,
-            message: &deleted,
-            ..owed
-        };
-        conditions::upsert(&mut done.conditions, deleted, self.now.clone(), false);
+        let owed_already = conditions::find(&self.next.conditions, SNAPSHOT_DELETED)
+            .is_some_and(|c| c.status != "True");
+        if !owed_already {
+            let owed = format!("deleting snapshot {vm}:hibernate");
+            let owed = Update {
+                type_: SNAPSHOT_DELETED,
+                status: false,
+                reason: REASON_PENDING,
+                message: &owed,
+                observed_generation: self.cr.metadata.generation,
+            };
+            conditions::upsert(&mut self.next.conditions, owed, self.now.clone(), false);
+        }
         self.plan.delete_tag = Some(vm.to_owned());
-        self.plan.status_after_delete = Some(done);
+        self.plan.status_after_delete = Some(after_delete(
+            &self.next,
+            vm,
+            &DeleteResult::Gone,
+            self.now.clone(),
+        ));
     }
 }
 

@@ -1,13 +1,13 @@
 //! The thin async layer: fetch what a plan needs, carry out what it says.
 
 use super::locks::VmLocks;
-use super::plan::{self, Cleanup, EventKind, Plan, PodPatch, Probe, Settings};
+use super::plan::{self, Cleanup, Debt, DeleteResult, EventKind, Plan, PodPatch, Probe, Settings};
 use crate::api::annotations::{self, PodView};
 use crate::api::{CocoonHibernation, FINALIZER};
 use crate::cache::SharedCache;
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
-use crate::registry::{DeleteOutcome, RegistryClient};
+use crate::registry::{DeleteOutcome, RegistryClient, RegistryError};
 use json_patch::{AddOperation, PatchOperation, ReplaceOperation, TestOperation};
 use jsonptr::PointerBuf;
 use k8s_openapi::api::core::v1::Pod;
@@ -18,9 +18,10 @@ use kube::runtime::events::{Event, EventType, Recorder};
 use kube::runtime::reflector::ObjectRef;
 use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::{Value, json};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use tokio::sync::Semaphore;
 
 pub struct Context {
     pub client: Client,
@@ -34,7 +35,17 @@ pub struct Context {
     pub failures: Mutex<HashMap<ObjectRef<CocoonHibernation>, u32>>,
     /// S1: tag deletes run only while this replica's lease is fresh.
     pub fence: crate::leader::Fence,
+    /// C2: registry calls hold fewer slots than there are workers, so a slow registry
+    /// never holds every worker; a pass that finds none free requeues instead of waiting.
+    pub registry_slots: Arc<Semaphore>,
+    /// S5: CRs whose tag delete is still owed, for the gauge.
+    pub owed: Mutex<HashSet<ObjectRef<CocoonHibernation>>>,
 }
+
+/// How soon a pass that found every registry slot busy tries again.
+const REGISTRY_BUSY_RETRY: Duration = Duration::from_secs(1);
+/// S5: a kept (shared-digest) tag is looked at again this rarely.
+const SHARED_DIGEST_RETRY: Duration = Duration::from_secs(600);
 
 const FIELD_MANAGER: &str = "cocoon-hibernation";
 
@@ -107,25 +118,40 @@ async fn reconcile_inner(cr: Arc<CocoonHibernation>, ctx: &Context) -> Result<Ac
     let pod = ctx.cache.pod(&ns, &pod_name);
     let view = pod.as_deref().map(PodView::from_pod);
     let now = Time(jiff::Timestamp::now());
+    let pod_vm = view.as_ref().and_then(|v| v.vm_name.as_deref());
+    let same_pod = ctx.cache.crs_for_pod(&ns, &pod_name);
+    let vm_holders = pod_vm
+        .map(|vm| ctx.cache.crs_holding_vm(vm))
+        .unwrap_or_default();
+    let owner = plan::ownership(
+        &cr,
+        pod_vm,
+        same_pod.iter().map(Arc::as_ref),
+        vm_holders.iter().map(Arc::as_ref),
+    );
 
     let mut plan = plan::plan(
         &cr,
         view.as_ref(),
+        &owner,
         &Probe::NotProbed,
         now.clone(),
         &ctx.settings,
     );
     if plan.needs_probe {
-        let vm = view
-            .as_ref()
-            .and_then(|v| v.vm_name.as_deref())
-            .unwrap_or_default();
-        let probe = match ctx.registry.snapshot_exists(vm).await {
+        let Ok(_slot) = ctx.registry_slots.clone().try_acquire_owned() else {
+            return Ok(Action::requeue(REGISTRY_BUSY_RETRY));
+        };
+        let probe = match ctx
+            .registry
+            .snapshot_exists(pod_vm.unwrap_or_default())
+            .await
+        {
             Ok(true) => Probe::Present,
             Ok(false) => Probe::Absent,
             Err(e) => Probe::Failed(e.to_string()),
         };
-        plan = plan::plan(&cr, view.as_ref(), &probe, now, &ctx.settings);
+        plan = plan::plan(&cr, view.as_ref(), &owner, &probe, now, &ctx.settings);
     }
     execute(&cr, pod.as_deref(), plan, &api, ctx).await
 }
@@ -175,17 +201,9 @@ async fn execute(
         ctx.metrics.phase_done(transition, result, secs);
     }
     if let Some(vm) = &plan.delete_tag {
-        // W2/W3: a failed delete is returned; the settled CR retries it on later passes.
-        let outcome = ctx.registry.delete_snapshot(vm).await?;
-        tracing::info!(cr = name, vm, ?outcome, "snapshot tag cleanup after wake");
-        if let Some(done) = &plan.status_after_delete {
-            let mut fresh = cr.clone();
-            if let Some(written) = &plan.status {
-                fresh.status = Some(written.clone());
-                // The status write bumped the resourceVersion; write without precondition.
-                fresh.metadata.resource_version = None;
-            }
-            write_status(&fresh, api, done).await?;
+        // W2/W3: a failed delete is recorded and retried on later passes of the settled CR.
+        if let Some(action) = pay_wake_debt(cr, vm, api, ctx).await? {
+            return Ok(action);
         }
     }
     if let Some(e) = plan.error {
@@ -195,6 +213,161 @@ async fn execute(
         .requeue
         .map(Action::requeue)
         .unwrap_or_else(Action::await_change))
+}
+
+/// W2, W3 with S1 and S5: delete the woken CR's old tag, then record what happened.
+/// Returns an action when the pass should end differently from its plan.
+async fn pay_wake_debt(
+    cr: &CocoonHibernation,
+    vm: &str,
+    api: &Api<CocoonHibernation>,
+    ctx: &Context,
+) -> Result<Option<Action>> {
+    let key = ObjectRef::from_obj(cr);
+    let (fresh, outcome) = match fenced_delete(cr, vm, Debt::AfterWake, api, ctx).await? {
+        Fenced::Busy => return Ok(Some(Action::requeue(REGISTRY_BUSY_RETRY))),
+        Fenced::NotOwed => return Ok(None),
+        Fenced::Done { fresh, outcome } => (fresh, outcome),
+    };
+    let name = cr.name_any();
+    let result = match &outcome {
+        Ok(DeleteOutcome::KeptSharedDigest { other_tags }) => {
+            DeleteResult::SharedDigest(other_tags.clone())
+        }
+        Ok(_) => DeleteResult::Gone,
+        Err(e) => DeleteResult::Failed {
+            message: e.to_string(),
+        },
+    };
+    tracing::info!(
+        namespace = cr.namespace().unwrap_or_default(),
+        cr = name,
+        vm,
+        ?result,
+        "snapshot tag cleanup after wake"
+    );
+    let written = fresh.status.clone().unwrap_or_default();
+    let next = plan::after_delete(&written, vm, &result, Time(jiff::Timestamp::now()));
+    if next != written {
+        // The fresh read's resourceVersion guards this write.
+        write_status(&fresh, api, &next).await?;
+    }
+    ctx.owe(key, result != DeleteResult::Gone);
+    match (result, outcome) {
+        (DeleteResult::Gone, _) => Ok(None),
+        (DeleteResult::SharedDigest(_), _) => Ok(Some(Action::requeue(SHARED_DIGEST_RETRY))),
+        (_, Err(e)) if is_permanent(&e) => {
+            // S5: a refusal that will not heal by itself is retried in minutes, not seconds.
+            let delay = ctx.permanent_backoff(cr);
+            tracing::warn!(namespace = cr.namespace().unwrap_or_default(), cr = name, vm, error = %e, retry_in = ?delay, "the registry refuses the tag delete; retrying later");
+            Ok(Some(Action::requeue(delay)))
+        }
+        (_, Err(e)) => Err(Error::Registry(e)),
+        (_, Ok(_)) => Ok(None),
+    }
+}
+
+/// What a fenced delete did.
+enum Fenced {
+    /// Every registry slot was busy (C2); nothing was asked.
+    Busy,
+    /// The fresh read shows the delete is no longer owed; the tag is kept.
+    NotOwed,
+    Done {
+        fresh: Box<CocoonHibernation>,
+        outcome: std::result::Result<DeleteOutcome, RegistryError>,
+    },
+}
+
+/// S1: a tag is deleted only while this replica's lease is fresh, after a fresh read from
+/// the apiserver shows the same CR still owing the delete, and never past the fence.
+async fn fenced_delete(
+    cr: &CocoonHibernation,
+    vm: &str,
+    debt: Debt,
+    api: &Api<CocoonHibernation>,
+    ctx: &Context,
+) -> Result<Fenced> {
+    let Some(until) = ctx.fence.valid_until() else {
+        return Err(Error::Fenced(format!(
+            "the lease is not fresh; kept {vm}:hibernate"
+        )));
+    };
+    let Ok(_slot) = ctx.registry_slots.clone().try_acquire_owned() else {
+        return Ok(Fenced::Busy);
+    };
+    let fresh = match api.get_opt(&cr.name_any()).await? {
+        Some(fresh) if plan::still_owes(&fresh, cr.metadata.uid.as_deref(), vm, debt) => fresh,
+        _ => {
+            tracing::info!(
+                namespace = cr.namespace().unwrap_or_default(),
+                cr = cr.name_any(),
+                vm,
+                ?debt,
+                "fresh read: the delete is no longer owed; tag kept"
+            );
+            return Ok(Fenced::NotOwed);
+        }
+    };
+    // The fence may have moved while we read; the delete must end before it closes.
+    let Some(until) = ctx.fence.valid_until().map(|u| u.min(until)) else {
+        return Err(Error::Fenced(format!(
+            "the lease is not fresh; kept {vm}:hibernate"
+        )));
+    };
+    let outcome = match tokio::time::timeout_at(until, ctx.registry.delete_snapshot(vm)).await {
+        Ok(outcome) => outcome,
+        Err(_) => {
+            return Err(Error::Fenced(format!(
+                "the lease fence closed while deleting {vm}:hibernate"
+            )));
+        }
+    };
+    Ok(Fenced::Done {
+        fresh: Box::new(fresh),
+        outcome,
+    })
+}
+
+/// S5: refusals that retrying soon will not fix.
+fn is_permanent(e: &RegistryError) -> bool {
+    matches!(
+        e,
+        RegistryError::DeleteRefused { .. }
+            | RegistryError::Unauthorized { .. }
+            | RegistryError::InvalidVmName { .. }
+            | RegistryError::Rejected { .. }
+    )
+}
+
+impl Context {
+    /// Records whether a CR still owes a tag delete, for the gauge (S5).
+    fn owe(&self, key: ObjectRef<CocoonHibernation>, owed: bool) {
+        if let Ok(mut set) = self.owed.lock() {
+            if owed {
+                set.insert(key);
+            } else {
+                set.remove(&key);
+            }
+            self.metrics
+                .snapshot_deletes_owed
+                .set(i64::try_from(set.len()).unwrap_or(i64::MAX));
+        }
+    }
+
+    /// 1, 2, 4, 8 minutes, then every 10 minutes.
+    fn permanent_backoff(&self, cr: &CocoonHibernation) -> Duration {
+        let attempts = match self.failures.lock() {
+            Ok(mut f) => {
+                let n = f.entry(ObjectRef::from_obj(cr)).or_insert(0);
+                *n = n.saturating_add(1);
+                *n
+            }
+            Err(_) => 1,
+        };
+        Duration::from_secs(60u64.saturating_mul(1 << attempts.clamp(1, 4).saturating_sub(1)))
+            .min(Duration::from_secs(600))
+    }
 }
 
 /// Status goes to the status subresource; the resourceVersion makes a write based on a
@@ -230,7 +403,8 @@ async fn publish(ctx: &Context, cr: &CocoonHibernation, kind: EventKind, reason:
     }
 }
 
-/// G1, G2: delete the tag unless another live CR holds the VM; never block on the registry.
+/// G1, G2, S6: delete the tag unless another live CR holds the VM, saying so first when
+/// it may be the VM's only copy; never block the finalizer on the registry.
 async fn cleanup(
     cr: &CocoonHibernation,
     api: &Api<CocoonHibernation>,
@@ -248,33 +422,47 @@ async fn cleanup(
         .cr(&ns, &name)
         .map(|c| (*c).clone())
         .unwrap_or_else(|| cr.clone());
-    let others = ctx.cache.crs_in_namespace(&ns);
+    let mut others = ctx.cache.crs_for_pod(&ns, &cr.spec.pod_ref.name);
+    if let Some(vm) = cr.vm_name() {
+        others.extend(ctx.cache.crs_holding_vm(vm));
+    }
     let Cleanup {
         delete_tag,
         remove_finalizer,
+        discard_event,
     } = plan::plan_cleanup(&cr, others.iter().map(Arc::as_ref));
     if let Some(vm) = delete_tag {
-        match ctx.registry.delete_snapshot(&vm).await {
-            Ok(DeleteOutcome::KeptSharedDigest { other_tags }) => {
-                tracing::warn!(
+        if let Some(ev) = &discard_event {
+            publish(ctx, &cr, ev.kind, ev.reason, &ev.note).await;
+        }
+        match fenced_delete(&cr, &vm, Debt::OnDeletion, api, ctx).await? {
+            Fenced::Busy => return Ok(Action::requeue(REGISTRY_BUSY_RETRY)),
+            Fenced::NotOwed => {}
+            Fenced::Done { outcome, .. } => match outcome {
+                Ok(DeleteOutcome::KeptSharedDigest { other_tags }) => {
+                    tracing::warn!(
+                        namespace = ns,
+                        cr = name,
+                        vm,
+                        ?other_tags,
+                        "snapshot tag kept: its digest is shared"
+                    )
+                }
+                Ok(outcome) => tracing::info!(
+                    namespace = ns,
                     cr = name,
                     vm,
-                    ?other_tags,
-                    "snapshot tag kept: its digest is shared"
-                )
-            }
-            Ok(outcome) => tracing::info!(
-                cr = name,
-                vm,
-                ?outcome,
-                "snapshot tag cleaned up on deletion"
-            ),
-            Err(e) => {
-                tracing::error!(cr = name, vm, error = %e, "snapshot tag cleanup failed; removing finalizer anyway")
-            }
+                    ?outcome,
+                    "snapshot tag cleaned up on deletion"
+                ),
+                Err(e) => {
+                    tracing::error!(namespace = ns, cr = name, vm, error = %e, "snapshot tag cleanup failed; removing finalizer anyway")
+                }
+            },
         }
     } else if let Some(vm) = cr.vm_name() {
         tracing::info!(
+            namespace = ns,
             cr = name,
             vm,
             "snapshot tag kept: another CocoonHibernation holds the VM"
@@ -287,6 +475,7 @@ async fn cleanup(
             &Patch::Json::<()>(remove_finalizer_patch(&cr)),
         )
         .await?;
+        ctx.owe(ObjectRef::from_obj(&cr), false);
     }
     Ok(Action::await_change())
 }

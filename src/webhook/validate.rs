@@ -10,10 +10,23 @@ pub struct Claim {
     pub terminating: bool,
 }
 
+/// Another live CR that already holds the VM a pod names, through a different pod (S2).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct VmHolder {
+    pub vm: String,
+    /// `namespace/name` of the holding CR.
+    pub holder: String,
+}
+
 /// What validation reads from the shared informer cache (V3).
 pub trait ClaimView {
     fn synced(&self) -> bool;
     fn claims(&self, namespace: &str, pod: &str) -> Vec<Claim>;
+    /// S2: a live CR on another pod holding the VM that `namespace/pod` names. Views
+    /// without pods (test fakes) know of none.
+    fn vm_holder(&self, _namespace: &str, _pod: &str) -> Option<VmHolder> {
+        None
+    }
 }
 
 impl ClaimView for SharedCache {
@@ -29,6 +42,25 @@ impl ClaimView for SharedCache {
                 terminating: cr.is_deleting(),
             })
             .collect()
+    }
+
+    fn vm_holder(&self, namespace: &str, pod: &str) -> Option<VmHolder> {
+        let vm = crate::api::annotations::PodView::from_pod(&*self.pod(namespace, pod)?).vm_name?;
+        self.crs_holding_vm(&vm)
+            .iter()
+            .find(|cr| {
+                let same_pod = cr.metadata.namespace.as_deref() == Some(namespace)
+                    && cr.spec.pod_ref.name == pod;
+                !cr.is_deleting() && !same_pod
+            })
+            .map(|cr| VmHolder {
+                holder: format!(
+                    "{}/{}",
+                    cr.metadata.namespace.as_deref().unwrap_or_default(),
+                    cr.metadata.name.as_deref().unwrap_or_default()
+                ),
+                vm: vm.clone(),
+            })
     }
 }
 
@@ -128,6 +160,12 @@ fn validate_create(
             "CocoonHibernation {ns}/{other} targeting pod {pod} is terminating; retry after its cleanup finishes",
             ns = namespace,
             other = dying.name
+        )));
+    }
+    // S2: VM names are cluster-wide; a VM has one owner.
+    if let Some(VmHolder { vm, holder }) = view.vm_holder(namespace, pod) {
+        return Err(Denial(format!(
+            "pod {pod} names vm {vm}, which CocoonHibernation {holder} already holds through another pod; one VM, one owner"
         )));
     }
     Ok(())

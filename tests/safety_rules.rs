@@ -1,0 +1,362 @@
+//! Table tests for the safety rules (SPEC S1, S2, S5, S6) as pure functions: who may act
+//! on a pod or VM, when a fresh read still owes a delete, what status says after a
+//! delete, and the loud discard on deletion.
+
+use cocoon_hibernation::api::annotations::PodView;
+use cocoon_hibernation::api::conditions::{self, READY, SNAPSHOT_DELETED};
+use cocoon_hibernation::api::{
+    CocoonHibernation, CocoonHibernationSpec, CocoonHibernationStatus, Desire, FINALIZER, Phase,
+    PodRef,
+};
+use cocoon_hibernation::controller::plan::{
+    self, Debt, DeleteResult, EventKind, Ownership, PodPatch, Probe, Settings,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use rstest::rstest;
+
+const T0: i64 = 1_700_000_000;
+
+fn at(secs: i64) -> Time {
+    Time(jiff::Timestamp::from_second(T0 + secs).unwrap())
+}
+
+/// A CR created `born` seconds after T0.
+fn cr(ns: &str, name: &str, pod: &str, born: i64) -> CocoonHibernation {
+    let mut cr = CocoonHibernation::new(
+        name,
+        CocoonHibernationSpec {
+            pod_ref: PodRef { name: pod.into() },
+            desire: Desire::Hibernate,
+        },
+    );
+    cr.metadata.namespace = Some(ns.into());
+    cr.metadata.uid = Some(format!("uid-{ns}-{name}"));
+    cr.metadata.generation = Some(1);
+    cr.metadata.creation_timestamp = Some(at(born));
+    cr.metadata.finalizers = Some(vec![FINALIZER.into()]);
+    cr
+}
+
+fn holding(mut cr: CocoonHibernation, vm: &str, phase: Phase) -> CocoonHibernation {
+    cr.status = Some(CocoonHibernationStatus {
+        observed_generation: Some(1),
+        phase: Some(phase),
+        vm_name: Some(vm.into()),
+        ..Default::default()
+    });
+    cr
+}
+
+fn pod(vm: &str) -> PodView {
+    PodView {
+        uid: Some("pod-uid".into()),
+        vm_name: Some(vm.into()),
+        lifecycle_state: Some("ready".into()),
+        vm_id: Some("id-1".into()),
+        container_running: true,
+        ..Default::default()
+    }
+}
+
+/// SPEC S2: only the oldest live CR on a pod acts; a live CR on another pod (any
+/// namespace) holding the VM blocks a CR whose pod names that VM.
+#[rstest]
+#[case::alone(vec![], vec![], Ownership::Sole)]
+#[case::younger_duplicate_on_the_pod(vec![cr("a", "new", "p", 5)], vec![], Ownership::Sole)]
+#[case::older_duplicate_on_the_pod(
+    vec![cr("a", "old", "p", 0)], vec![], Ownership::OlderOnPod("a/old".into()))]
+#[case::older_but_terminating_does_not_count(
+    vec![{ let mut o = cr("a", "old", "p", 0); o.metadata.deletion_timestamp = Some(at(1)); o }],
+    vec![], Ownership::Sole)]
+#[case::same_name_pod_in_another_namespace_is_another_pod(
+    vec![cr("b", "old", "p", 0)], vec![], Ownership::Sole)]
+#[case::vm_held_in_another_namespace(
+    vec![], vec![holding(cr("b", "victim", "q", 9), "vm-x", Phase::Hibernated)],
+    Ownership::VmHeldBy { vm: "vm-x".into(), holder: "b/victim".into() })]
+#[case::vm_held_through_another_pod_same_namespace(
+    vec![], vec![holding(cr("a", "other", "q", 9), "vm-x", Phase::Active)],
+    Ownership::VmHeldBy { vm: "vm-x".into(), holder: "a/other".into() })]
+#[case::terminating_holder_does_not_count(
+    vec![], vec![{ let mut o = holding(cr("b", "victim", "q", 0), "vm-x", Phase::Active);
+                   o.metadata.deletion_timestamp = Some(at(1)); o }],
+    Ownership::Sole)]
+#[case::a_holder_of_another_vm_does_not_count(
+    vec![], vec![holding(cr("b", "victim", "q", 0), "vm-y", Phase::Active)], Ownership::Sole)]
+fn s2_ownership_table(
+    #[case] same_pod: Vec<CocoonHibernation>,
+    #[case] holders: Vec<CocoonHibernation>,
+    #[case] want: Ownership,
+) {
+    let me = cr("a", "me", "p", 3);
+    let mut same = same_pod.clone();
+    same.push(me.clone()); // the cache lists the CR itself too
+    assert_eq!(
+        plan::ownership(&me, Some("vm-x"), same.iter(), holders.iter()),
+        want
+    );
+}
+
+/// SPEC S2: two holders of one VM can only predate the rule; the older keeps it.
+#[test]
+fn s2_of_two_holders_the_older_keeps_the_vm() {
+    let old = holding(cr("b", "old", "q", 0), "vm-x", Phase::Hibernated);
+    let young = holding(cr("a", "young", "p", 5), "vm-x", Phase::Hibernated);
+    assert_eq!(
+        plan::ownership(&old, Some("vm-x"), [&old], [&old, &young]),
+        Ownership::Sole
+    );
+    assert_eq!(
+        plan::ownership(&young, Some("vm-x"), [&young], [&old, &young]),
+        Ownership::VmHeldBy {
+            vm: "vm-x".into(),
+            holder: "b/old".into()
+        }
+    );
+}
+
+/// SPEC S2: a blocked CR goes Failed naming the holder, never patches the pod, never
+/// deletes, and a second pass writes nothing (no F2 retry, no RetryRequested) while the
+/// conflict lasts; once the holder is gone it starts with a retry.
+#[rstest]
+#[case::older_on_pod(Ownership::OlderOnPod("a/old".into()), "a/old")]
+#[case::vm_held(Ownership::VmHeldBy { vm: "vm-x".into(), holder: "b/victim".into() }, "b/victim")]
+fn s2_blocked_cr_fails_naming_the_holder_and_then_stays_quiet(
+    #[case] owner: Ownership,
+    #[case] holder: &str,
+) {
+    let settings = Settings::default();
+    for desire in [Desire::Hibernate, Desire::Wake] {
+        let mut me = cr("a", "me", "p", 3);
+        me.spec.desire = desire;
+        let mut view = pod("vm-x");
+        view.hibernate_requested = true; // a Wake CR would otherwise clear it
+        let first = plan::plan(
+            &me,
+            Some(&view),
+            &owner,
+            &Probe::NotProbed,
+            at(10),
+            &settings,
+        );
+        assert_eq!(first.pod_patch, None::<PodPatch>, "never touches the pod");
+        assert_eq!(first.delete_tag, None, "never deletes");
+        assert!(!first.needs_probe);
+        let status = first.status.clone().expect("a Failed status");
+        assert_eq!(status.phase, Some(Phase::Failed));
+        assert_eq!(status.vm_name, None, "a blocked CR never claims the VM");
+        let ready = conditions::find(&status.conditions, READY).unwrap();
+        assert_eq!(ready.reason, "Conflict");
+        assert!(ready.message.contains(holder), "{}", ready.message);
+        me.status = Some(status);
+        let again = plan::plan(
+            &me,
+            Some(&view),
+            &owner,
+            &Probe::NotProbed,
+            at(70),
+            &settings,
+        );
+        assert_eq!(
+            again.status, None,
+            "no further writes while the conflict lasts"
+        );
+        assert!(again.events.is_empty());
+        assert_eq!(again.pod_patch, None);
+        // The holder is gone: the CR acts, announcing the retry (F3).
+        let freed = plan::plan(
+            &me,
+            Some(&view),
+            &Ownership::Sole,
+            &Probe::NotProbed,
+            at(80),
+            &settings,
+        );
+        let phase = freed.status.as_ref().and_then(|s| s.phase);
+        assert!(
+            matches!(phase, Some(Phase::Hibernating | Phase::Waking)),
+            "{phase:?}"
+        );
+        assert_eq!(
+            freed.events.iter().map(|e| e.reason).collect::<Vec<_>>(),
+            ["RetryRequested"]
+        );
+    }
+}
+
+fn woken(vm: &str) -> CocoonHibernation {
+    let mut c = holding(cr("a", "me", "p", 0), vm, Phase::Active);
+    c.spec.desire = Desire::Wake;
+    let owed = conditions::Update {
+        type_: SNAPSHOT_DELETED,
+        status: false,
+        reason: "Pending",
+        message: "deleting",
+        observed_generation: Some(1),
+    };
+    if let Some(s) = c.status.as_mut() {
+        conditions::upsert(&mut s.conditions, owed, at(0), false);
+    }
+    c
+}
+
+/// SPEC S1: the fresh read must show the same CR (uid), the same VM and a debt still owed.
+#[rstest]
+#[case::still_owed(woken("vm-x"), Debt::AfterWake, true)]
+#[case::recreated_with_another_uid(
+    { let mut c = woken("vm-x"); c.metadata.uid = Some("other".into()); c }, Debt::AfterWake, false)]
+#[case::desire_flipped_back_to_hibernate(
+    { let mut c = woken("vm-x"); c.spec.desire = Desire::Hibernate; c }, Debt::AfterWake, false)]
+#[case::hibernating_again(
+    { let mut c = woken("vm-x"); if let Some(s) = c.status.as_mut() { s.phase = Some(Phase::Hibernating) } c },
+    Debt::AfterWake, false)]
+#[case::already_deleted(
+    { let mut c = woken("vm-x");
+      if let Some(s) = c.status.as_mut() { s.conditions[0].status = "True".into() } c },
+    Debt::AfterWake, false)]
+#[case::another_vm(woken("vm-y"), Debt::AfterWake, false)]
+#[case::deleting_with_finalizer(
+    { let mut c = holding(cr("a", "me", "p", 0), "vm-x", Phase::Hibernated);
+      c.metadata.deletion_timestamp = Some(at(1)); c }, Debt::OnDeletion, true)]
+#[case::deletion_not_started(
+    holding(cr("a", "me", "p", 0), "vm-x", Phase::Hibernated),
+    Debt::OnDeletion,
+    false
+)]
+#[case::finalizer_already_gone(
+    { let mut c = holding(cr("a", "me", "p", 0), "vm-x", Phase::Hibernated);
+      c.metadata.deletion_timestamp = Some(at(1)); c.metadata.finalizers = None; c },
+    Debt::OnDeletion, false)]
+fn s1_fresh_read_must_still_owe_the_delete(
+    #[case] fresh: CocoonHibernation,
+    #[case] debt: Debt,
+    #[case] want: bool,
+) {
+    assert_eq!(
+        plan::still_owes(&fresh, Some("uid-a-me"), "vm-x", debt),
+        want
+    );
+}
+
+/// SPEC S5: SnapshotDeleted is True only once the tag is gone; a kept or failed delete
+/// says why in its message.
+#[rstest]
+#[case::gone(DeleteResult::Gone, "True", "Done", "deleted")]
+#[case::shared_digest(
+    DeleteResult::SharedDigest(vec!["vm-x:keep".into()]), "False", "SharedDigest", "vm-x:keep")]
+#[case::failed(
+    DeleteResult::Failed { message: "HTTP 503: down".into() }, "False", "DeleteFailed", "HTTP 503: down")]
+fn s5_snapshot_deleted_tells_the_truth(
+    #[case] result: DeleteResult,
+    #[case] status: &str,
+    #[case] reason: &str,
+    #[case] in_message: &str,
+) {
+    let written = woken("vm-x").status.unwrap();
+    let next = plan::after_delete(&written, "vm-x", &result, at(5));
+    let c = conditions::find(&next.conditions, SNAPSHOT_DELETED).unwrap();
+    assert_eq!((c.status.as_str(), c.reason.as_str()), (status, reason));
+    assert!(c.message.contains(in_message), "{}", c.message);
+    assert_eq!(next.phase, Some(Phase::Active), "the CR stays Active (W3)");
+}
+
+/// SPEC S5 W3: a recorded failure is not overwritten by the retry's plan, so a retry
+/// that fails the same way writes nothing.
+#[test]
+fn s5_owed_retry_keeps_the_last_error_message() {
+    let mut c = woken("vm-x");
+    let failed = DeleteResult::Failed {
+        message: "refused".into(),
+    };
+    c.status = Some(plan::after_delete(
+        c.status.as_ref().unwrap(),
+        "vm-x",
+        &failed,
+        at(5),
+    ));
+    let p = plan::plan(
+        &c,
+        Some(&pod("vm-x")),
+        &Ownership::Sole,
+        &Probe::NotProbed,
+        at(9),
+        &Settings::default(),
+    );
+    assert_eq!(p.status, None);
+    assert_eq!(p.delete_tag.as_deref(), Some("vm-x"));
+}
+
+/// SPEC S5 H4: a probe error shows in the Ready message, and the clock keeps running.
+#[test]
+fn s5_probe_error_appears_in_the_ready_condition() {
+    let mut c = holding(cr("a", "me", "p", 0), "vm-x", Phase::Hibernating);
+    let pending = conditions::Update {
+        type_: READY,
+        status: false,
+        reason: "Pending",
+        message: "waiting",
+        observed_generation: Some(1),
+    };
+    if let Some(s) = c.status.as_mut() {
+        conditions::upsert(&mut s.conditions, pending, at(0), false);
+    }
+    let view = PodView {
+        hibernate_requested: true,
+        lifecycle_state: Some("hibernated".into()),
+        vm_id: None,
+        container_running: false,
+        ..pod("vm-x")
+    };
+    let failed = Probe::Failed("registry probe failed (HTTP 503): down".into());
+    let p = plan::plan(
+        &c,
+        Some(&view),
+        &Ownership::Sole,
+        &failed,
+        at(30),
+        &Settings::default(),
+    );
+    assert!(
+        p.error.is_some(),
+        "H4: returned so it is retried with backoff"
+    );
+    let s = p.status.expect("the error is written");
+    assert_eq!(s.phase, Some(Phase::Hibernating));
+    let ready = conditions::find(&s.conditions, READY).unwrap();
+    assert!(ready.message.contains("HTTP 503"), "{}", ready.message);
+    assert_eq!(
+        ready.last_transition_time,
+        at(0),
+        "H5: the clock is not reset"
+    );
+}
+
+/// SPEC S6: deleting a Hibernated or Hibernating CR that deletes the tag warns first;
+/// an Active CR or a kept tag does not.
+#[rstest]
+#[case::hibernated(Phase::Hibernated, false, true)]
+#[case::hibernating(Phase::Hibernating, false, true)]
+#[case::active(Phase::Active, false, false)]
+#[case::kept_because_another_cr_holds_it(Phase::Hibernated, true, false)]
+fn s6_discarding_a_snapshot_is_loud(
+    #[case] phase: Phase,
+    #[case] held_elsewhere: bool,
+    #[case] warns: bool,
+) {
+    let mut me = holding(cr("a", "me", "p", 0), "vm-x", phase);
+    me.metadata.deletion_timestamp = Some(at(1));
+    let other = holding(cr("b", "other", "q", 0), "vm-x", Phase::Hibernated);
+    let others: Vec<&CocoonHibernation> = if held_elsewhere { vec![&other] } else { vec![] };
+    let cleanup = plan::plan_cleanup(&me, others);
+    assert_eq!(cleanup.delete_tag.is_some(), !held_elsewhere);
+    match cleanup.discard_event {
+        Some(ev) => {
+            assert!(warns, "unexpected {ev:?}");
+            assert_eq!(
+                (ev.kind, ev.reason),
+                (EventKind::Warning, "SnapshotDiscarded")
+            );
+            assert!(ev.note.contains("vm-x"), "{}", ev.note);
+        }
+        None => assert!(!warns, "SnapshotDiscarded missing"),
+    }
+}
