@@ -10,148 +10,19 @@ mod product;
 mod registry_server;
 #[path = "support/vk_sim.rs"]
 mod vk_sim;
+#[path = "support/env.rs"]
+mod env;
 
 use cocoon_hibernation::api::annotations::{HIBERNATE, VM_NAME};
-use cocoon_hibernation::api::conditions::{self, READY, SNAPSHOT_DELETED};
+use cocoon_hibernation::api::conditions::{READY, SNAPSHOT_DELETED};
 use cocoon_hibernation::api::{CocoonHibernation, Desire, Phase};
-use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube::api::{DeleteParams, Patch, PatchParams};
 use product::{Product, ProductOptions, eventually, never_phase, wait_phase};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use vk_sim::{SimHandle, SimKnobs};
-
-const LONG: Duration = Duration::from_secs(60);
-
-struct Env {
-    client: kube::Client,
-    ns: String,
-    crs: Api<CocoonHibernation>,
-    pods: Api<Pod>,
-    product: Product,
-    sim: SimHandle,
-    /// host:port the product and simulator use.
-    registry: String,
-}
-
-struct Setup {
-    registry: Option<String>,
-    hibernate_timeout: &'static str,
-    wake_timeout: &'static str,
-    hibernate_delay: Duration,
-    wake_delay: Duration,
-}
-
-impl Default for Setup {
-    fn default() -> Self {
-        Self {
-            registry: None,
-            hibernate_timeout: "60s",
-            wake_timeout: "60s",
-            hibernate_delay: Duration::from_millis(300),
-            wake_delay: Duration::from_millis(300),
-        }
-    }
-}
-
-async fn setup(prefix: &str, s: Setup) -> Env {
-    let cluster = cluster::cluster();
-    eprintln!(
-        "kube-apiserver {} at {}",
-        cluster.k8s_version, cluster.apiserver_url
-    );
-    let client = cluster.client().await;
-    product::ensure_crd(&client).await;
-    let ns = cluster.fresh_namespace(&client, prefix).await;
-    let registry = s.registry.unwrap_or_else(|| cluster.registry.clone());
-    let mut opts = ProductOptions::new(&ns, &registry);
-    opts.hibernate_timeout = s.hibernate_timeout.into();
-    opts.wake_timeout = s.wake_timeout.into();
-    let product = Product::start(cluster, &opts).await;
-    product::install_webhook(
-        &client,
-        cluster,
-        &ns,
-        product.webhook_port,
-        "cocoonset.cocoonstack.io",
-    )
-    .await;
-    let knobs = Arc::new(SimKnobs::new(s.hibernate_delay, s.wake_delay));
-    let sim = vk_sim::spawn(client.clone(), Some(ns.clone()), registry.clone(), knobs);
-    Env {
-        crs: Api::namespaced(client.clone(), &ns),
-        pods: Api::namespaced(client.clone(), &ns),
-        client,
-        ns,
-        product,
-        sim,
-        registry,
-    }
-}
-
-impl Env {
-    fn vm(&self, pod: &str) -> String {
-        format!("vm-{}-{pod}", self.ns)
-    }
-
-    async fn pod(&self, name: &str) -> Pod {
-        vk_sim::create_vm_pod(&self.client, &self.ns, name, &self.vm(name))
-            .await
-            .unwrap_or_else(|e| panic!("create pod {name}: {e}"))
-    }
-
-    async fn tag_exists(&self, vm: &str) -> bool {
-        tag_exists(&self.registry, vm)
-            .await
-            .expect("registry reachable")
-    }
-
-    async fn events(&self, cr: &str) -> Vec<String> {
-        product::event_reasons(&self.client, &self.ns, cr).await
-    }
-
-    async fn wait_events(&self, cr: &str, want: &[&str]) -> Vec<String> {
-        eventually(&format!("events {want:?} on {cr}"), LONG, || async {
-            let got = self.events(cr).await;
-            want.iter()
-                .all(|w| got.iter().any(|g| g == w))
-                .then_some(got)
-        })
-        .await
-    }
-}
-
-/// HEAD `<vm>:hibernate` on a plain-http registry: `Some(present)`, `None` if unreachable.
-async fn tag_exists(registry: &str, vm: &str) -> Option<bool> {
-    let url = format!("http://{registry}/v2/{vm}/manifests/hibernate");
-    let res = reqwest::Client::new()
-        .head(&url)
-        .header(
-            "accept",
-            "application/vnd.oci.image.manifest.v1+json, application/vnd.docker.distribution.manifest.v2+json",
-        )
-        .timeout(Duration::from_secs(3))
-        .send()
-        .await
-        .ok()?;
-    Some(res.status().is_success())
-}
-
-fn ready_message(cr: &CocoonHibernation) -> String {
-    cr.status
-        .as_ref()
-        .and_then(|s| conditions::find(&s.conditions, READY))
-        .map(|c| c.message.clone())
-        .unwrap_or_default()
-}
-
-fn condition_status(cr: &CocoonHibernation, type_: &str) -> Option<String> {
-    cr.status
-        .as_ref()
-        .and_then(|s| conditions::find(&s.conditions, type_))
-        .map(|c| c.status.clone())
-}
+use env::{LONG, Setup, condition_status, ready_message, setup};
+use vk_sim::SimKnobs;
 
 /// P1 H1 H2 H3 W1 W2 O1: one server process; hibernate then wake; the tag is created, then deleted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
