@@ -4,24 +4,24 @@
 
 #[path = "support/cluster.rs"]
 mod cluster;
+#[path = "support/env.rs"]
+mod env;
 #[path = "support/product.rs"]
 mod product;
 #[path = "support/registry_server.rs"]
 mod registry_server;
 #[path = "support/vk_sim.rs"]
 mod vk_sim;
-#[path = "support/env.rs"]
-mod env;
 
 use cocoon_hibernation::api::annotations::{HIBERNATE, VM_NAME};
 use cocoon_hibernation::api::conditions::{READY, SNAPSHOT_DELETED};
 use cocoon_hibernation::api::{CocoonHibernation, Desire, Phase};
+use env::{LONG, Setup, condition_status, ready_message, setup};
 use kube::Api;
 use kube::api::{DeleteParams, Patch, PatchParams};
 use product::{Product, ProductOptions, eventually, never_phase, wait_phase};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use env::{LONG, Setup, condition_status, ready_message, setup};
 use vk_sim::SimKnobs;
 
 /// P1 H1 H2 H3 W1 W2 O1: one server process; hibernate then wake; the tag is created, then deleted.
@@ -339,7 +339,15 @@ async fn e2e_registry_refusing_tag_delete_keeps_active_then_tag_gone() {
 /// G1: deleting the CR deletes the tag, but not while another live CR tracks the VM.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn e2e_deletion_gcs_tag_and_keeps_it_while_another_cr_holds_the_vm() {
-    let env = setup("deletion", Setup::default()).await;
+    // No webhook: it would refuse the second CR (S2), which is what this test needs.
+    let env = setup(
+        "deletion",
+        Setup {
+            webhook: false,
+            ..Setup::default()
+        },
+    )
+    .await;
     // Two pods backed by one VM: a pod recreated under a new name keeps its VM.
     let shared_vm = env.vm("shared");
     for pod in ["old-pod", "new-pod"] {
@@ -349,15 +357,18 @@ async fn e2e_deletion_gcs_tag_and_keeps_it_while_another_cr_holds_the_vm() {
     }
     product::create_cr(&env.crs, "old-pod", "old-pod", Desire::Hibernate).await;
     wait_phase(&env.crs, "old-pod", Phase::Hibernated, LONG, &mut vec![]).await;
+    // S2: the VM has one owner; the new pod's CR waits, naming it.
     product::create_cr(&env.crs, "new-pod", "new-pod", Desire::Hibernate).await;
-    wait_phase(&env.crs, "new-pod", Phase::Hibernated, LONG, &mut vec![]).await;
+    wait_phase(&env.crs, "new-pod", Phase::Failed, LONG, &mut vec![]).await;
     assert!(env.tag_exists(&shared_vm).await);
 
     product::delete_and_wait_gone(&env.crs, "old-pod", LONG).await;
     assert!(
         env.tag_exists(&shared_vm).await,
-        "G1: another live CR holds the VM"
+        "G1: another live CR wants the VM"
     );
+    // The waiting CR takes the VM over once the holder is gone.
+    wait_phase(&env.crs, "new-pod", Phase::Hibernated, LONG, &mut vec![]).await;
 
     product::delete_and_wait_gone(&env.crs, "new-pod", LONG).await;
     assert!(

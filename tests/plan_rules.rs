@@ -598,7 +598,7 @@ fn f2_a_transition_that_cannot_complete_cycles_once_per_timeout() {
 #[test]
 fn g1_deleting_last_holder_deletes_the_tag() {
     let c = cr(Desire::Hibernate, Some(Phase::Hibernated));
-    let cleanup = plan::plan_cleanup(&c, std::iter::empty());
+    let cleanup = plan::plan_cleanup(&c, std::iter::empty(), std::iter::empty());
     assert_eq!(cleanup.delete_tag.as_deref(), Some("vm-a"));
     assert!(cleanup.remove_finalizer);
 }
@@ -627,7 +627,7 @@ fn g1_tag_kept_while_another_live_cr_tracks_the_vm(
     if terminating {
         other.metadata.deletion_timestamp = Some(at(0));
     }
-    let cleanup = plan::plan_cleanup(&c, [&other]);
+    let cleanup = plan::plan_cleanup(&c, [&other], std::iter::empty());
     assert_eq!(cleanup.delete_tag.as_deref(), expect);
     assert!(cleanup.remove_finalizer);
 }
@@ -638,16 +638,22 @@ fn g1_tag_kept_while_another_live_cr_tracks_the_vm(
 #[test]
 fn g1_s2_no_vm_name_nothing_to_delete_and_holders_count_in_every_namespace() {
     let c = cr(Desire::Hibernate, None);
-    assert_eq!(plan::plan_cleanup(&c, std::iter::empty()).delete_tag, None);
+    assert_eq!(
+        plan::plan_cleanup(&c, std::iter::empty(), std::iter::empty()).delete_tag,
+        None
+    );
     let held = cr(Desire::Hibernate, Some(Phase::Hibernated));
     let mut elsewhere = cr(Desire::Hibernate, Some(Phase::Hibernated));
     elsewhere.metadata.namespace = Some("other-ns".into());
     elsewhere.metadata.name = Some("x".into());
-    assert_eq!(plan::plan_cleanup(&held, [&elsewhere]).delete_tag, None);
+    assert_eq!(
+        plan::plan_cleanup(&held, [&elsewhere], std::iter::empty()).delete_tag,
+        None
+    );
     let mut same_pod_name_elsewhere = cr(Desire::Hibernate, None);
     same_pod_name_elsewhere.metadata.namespace = Some("other-ns".into());
     assert_eq!(
-        plan::plan_cleanup(&held, [&same_pod_name_elsewhere])
+        plan::plan_cleanup(&held, [&same_pod_name_elsewhere], std::iter::empty())
             .delete_tag
             .as_deref(),
         Some("vm-a")
@@ -659,7 +665,7 @@ fn g1_s2_no_vm_name_nothing_to_delete_and_holders_count_in_every_namespace() {
 fn g2_cleanup_without_our_finalizer_does_nothing() {
     let mut c = cr(Desire::Hibernate, Some(Phase::Hibernated));
     c.metadata.finalizers = Some(vec!["someone/else".into()]);
-    let cleanup = plan::plan_cleanup(&c, std::iter::empty());
+    let cleanup = plan::plan_cleanup(&c, std::iter::empty(), std::iter::empty());
     assert_eq!(cleanup.delete_tag, None);
     assert!(!cleanup.remove_finalizer);
 }

@@ -346,7 +346,7 @@ fn s6_discarding_a_snapshot_is_loud(
     me.metadata.deletion_timestamp = Some(at(1));
     let other = holding(cr("b", "other", "q", 0), "vm-x", Phase::Hibernated);
     let others: Vec<&CocoonHibernation> = if held_elsewhere { vec![&other] } else { vec![] };
-    let cleanup = plan::plan_cleanup(&me, others);
+    let cleanup = plan::plan_cleanup(&me, others, std::iter::empty());
     assert_eq!(cleanup.delete_tag.is_some(), !held_elsewhere);
     match cleanup.discard_event {
         Some(ev) => {
@@ -359,4 +359,20 @@ fn s6_discarding_a_snapshot_is_loud(
         }
         None => assert!(!warns, "SnapshotDiscarded missing"),
     }
+}
+
+/// SPEC G1 S2: a live CR whose pod names the VM, blocked while this CR held it, wants the
+/// snapshot next: deleting this CR keeps the tag (and discards nothing).
+#[test]
+fn g1_s2_a_blocked_claimant_keeps_the_tag_when_the_holder_goes() {
+    let mut holder = holding(cr("a", "old-pod", "old-pod", 0), "vm-x", Phase::Hibernated);
+    holder.metadata.deletion_timestamp = Some(at(9));
+    let blocked = cr("a", "new-pod", "new-pod", 5);
+    let cleanup = plan::plan_cleanup(&holder, std::iter::empty(), [&blocked]);
+    assert_eq!(cleanup.delete_tag, None);
+    assert_eq!(cleanup.discard_event, None);
+    assert!(cleanup.remove_finalizer);
+    // The holder itself is listed among the pod's claimants; it does not count.
+    let alone = plan::plan_cleanup(&holder, std::iter::empty(), [&holder]);
+    assert_eq!(alone.delete_tag.as_deref(), Some("vm-x"));
 }

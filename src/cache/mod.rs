@@ -27,6 +27,8 @@ pub struct SharedCache {
     crs: Store<CocoonHibernation>,
     pods: Store<Pod>,
     index: Arc<RwLock<PodRefIndex>>,
+    /// Written only by the driver; read for the pods naming a VM (S2, G1).
+    pod_views: Arc<RwLock<PodChangeTracker>>,
     crs_synced: Arc<AtomicBool>,
     pods_synced: Arc<AtomicBool>,
 }
@@ -67,6 +69,18 @@ impl SharedCache {
             Ok(idx) => idx.crs_for_pod(namespace, pod),
             Err(poisoned) => poisoned.into_inner().crs_for_pod(namespace, pod),
         }
+    }
+
+    /// Live CRs, in any namespace, whose pod names `vm`: the CRs that want that VM,
+    /// whether or not they act on it yet (S2, G1).
+    pub fn crs_on_pods_naming(&self, vm: &str) -> Vec<Arc<CocoonHibernation>> {
+        let pods = match self.pod_views.read() {
+            Ok(t) => t.pods_naming(vm),
+            Err(poisoned) => poisoned.into_inner().pods_naming(vm),
+        };
+        pods.iter()
+            .flat_map(|(ns, pod)| self.crs_for_pod(ns, pod))
+            .collect()
     }
 
     /// CRs in any namespace whose status.vmName is `vm` (S2, G1).
@@ -115,6 +129,7 @@ pub fn start(
         crs: cr_store,
         pods: pod_store,
         index: Arc::default(),
+        pod_views: Arc::default(),
         crs_synced: Arc::default(),
         pods_synced: Arc::default(),
     };
@@ -152,7 +167,6 @@ async fn drive(
 ) {
     let mut handler = EventHandler {
         cache: cache.clone(),
-        pods: PodChangeTracker::default(),
         cr_versions: HashMap::new(),
         relist: Relist::default(),
         triggers,
@@ -179,7 +193,6 @@ enum Either<A, B> {
 
 struct EventHandler {
     cache: SharedCache,
-    pods: PodChangeTracker,
     /// resourceVersion of each CR, to tell which ones a relist changed (S4).
     cr_versions: HashMap<Key, String>,
     relist: Relist,
@@ -198,6 +211,13 @@ struct Relist {
 impl EventHandler {
     fn index(&self) -> std::sync::RwLockWriteGuard<'_, PodRefIndex> {
         match self.cache.index.write() {
+            Ok(g) => g,
+            Err(poisoned) => poisoned.into_inner(),
+        }
+    }
+
+    fn pods(&self) -> std::sync::RwLockWriteGuard<'_, PodChangeTracker> {
+        match self.cache.pod_views.write() {
             Ok(g) => g,
             Err(poisoned) => poisoned.into_inner(),
         }
@@ -266,7 +286,8 @@ impl EventHandler {
 
     /// CRs of every pod naming `vm`: the ones a holder of `vm` may have kept waiting.
     fn enqueue_waiting_on_vm(&self, vm: &str) {
-        for key in self.pods.pods_naming(vm) {
+        let pods = self.pods().pods_naming(vm);
+        for key in pods {
             self.enqueue_for_pod(&key);
         }
     }
@@ -274,12 +295,13 @@ impl EventHandler {
     fn on_pod(&mut self, ev: watcher::Event<Pod>) {
         match ev {
             watcher::Event::Init => {
-                self.pods.begin_resync();
+                self.pods().begin_resync();
                 self.relist.pods = Some(HashSet::new());
             }
             watcher::Event::InitApply(pod) | watcher::Event::Apply(pod) => {
                 let key = pod_key(&pod);
-                if self.pods.observe(key.clone(), PodView::from_pod(&pod)) {
+                let changed = self.pods().observe(key.clone(), PodView::from_pod(&pod));
+                if changed {
                     match &mut self.relist.pods {
                         Some(pending) => {
                             pending.insert(key);
@@ -290,13 +312,14 @@ impl EventHandler {
             }
             watcher::Event::Delete(pod) => {
                 let key = pod_key(&pod);
-                if self.pods.forget(&key) {
+                let known = self.pods().forget(&key);
+                if known {
                     self.enqueue_for_pod(&key);
                 }
             }
             watcher::Event::InitDone => {
                 let mut changed = self.relist.pods.take().unwrap_or_default();
-                changed.extend(self.pods.finish_resync());
+                changed.extend(self.pods().finish_resync());
                 self.cache.pods_synced.store(true, Ordering::Release);
                 for key in changed {
                     self.enqueue_for_pod(&key);
@@ -327,6 +350,7 @@ impl SharedCache {
             crs: cr_store,
             pods: pod_store,
             index: Arc::default(),
+            pod_views: Arc::default(),
             crs_synced: Arc::new(AtomicBool::new(true)),
             pods_synced: Arc::new(AtomicBool::new(true)),
         };
@@ -342,6 +366,9 @@ impl SharedCache {
             cr_writer.apply_watcher_event(&watcher::Event::Apply(cr));
         }
         for pod in pods {
+            if let Ok(mut views) = cache.pod_views.write() {
+                views.observe(pod_key(&pod), PodView::from_pod(&pod));
+            }
             pod_writer.apply_watcher_event(&watcher::Event::Apply(pod));
         }
         cache

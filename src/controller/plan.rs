@@ -323,10 +323,13 @@ pub fn plan(
 }
 
 /// G1, S6. `others` are the CRs that may still hold the VM: those on the same pod and
-/// those whose status.vmName is the VM, in any namespace (S2); `cr` itself is skipped.
+/// those whose status.vmName is the VM, in any namespace (S2). `claimants` are CRs whose
+/// pod names the VM: one blocked by this CR (S2) wants the snapshot as soon as this CR is
+/// gone, so the tag is kept for it. `cr` itself is skipped.
 pub fn plan_cleanup<'a>(
     cr: &CocoonHibernation,
     others: impl IntoIterator<Item = &'a CocoonHibernation>,
+    claimants: impl IntoIterator<Item = &'a CocoonHibernation>,
 ) -> Cleanup {
     if !cr.has_finalizer() {
         return Cleanup {
@@ -335,14 +338,17 @@ pub fn plan_cleanup<'a>(
             discard_event: None,
         };
     }
+    let other_live = |o: &CocoonHibernation| {
+        let same_cr =
+            o.metadata.namespace == cr.metadata.namespace && o.metadata.name == cr.metadata.name;
+        !same_cr && !o.is_deleting()
+    };
     let held_elsewhere = |vm: &str| {
         others.into_iter().any(|o| {
-            let same_cr = o.metadata.namespace == cr.metadata.namespace
-                && o.metadata.name == cr.metadata.name;
             let same_pod = o.metadata.namespace == cr.metadata.namespace
                 && o.spec.pod_ref.name == cr.spec.pod_ref.name;
-            !same_cr && !o.is_deleting() && (o.vm_name() == Some(vm) || same_pod)
-        })
+            other_live(o) && (o.vm_name() == Some(vm) || same_pod)
+        }) || claimants.into_iter().any(other_live)
     };
     // G1: the last holder of a VM deletes its tag.
     let delete_tag = cr

@@ -423,14 +423,20 @@ async fn cleanup(
         .map(|c| (*c).clone())
         .unwrap_or_else(|| cr.clone());
     let mut others = ctx.cache.crs_for_pod(&ns, &cr.spec.pod_ref.name);
+    let mut claimants = Vec::new();
     if let Some(vm) = cr.vm_name() {
         others.extend(ctx.cache.crs_holding_vm(vm));
+        claimants = ctx.cache.crs_on_pods_naming(vm);
     }
     let Cleanup {
         delete_tag,
         remove_finalizer,
         discard_event,
-    } = plan::plan_cleanup(&cr, others.iter().map(Arc::as_ref));
+    } = plan::plan_cleanup(
+        &cr,
+        others.iter().map(Arc::as_ref),
+        claimants.iter().map(Arc::as_ref),
+    );
     if let Some(vm) = delete_tag {
         if let Some(ev) = &discard_event {
             publish(ctx, &cr, ev.kind, ev.reason, &ev.note).await;

@@ -33,6 +33,9 @@ pub struct Setup {
     pub wake_timeout: &'static str,
     pub hibernate_delay: Duration,
     pub wake_delay: Duration,
+    /// Install the ValidatingWebhookConfiguration; off plays an install whose webhook is
+    /// absent, where duplicates can be created.
+    pub webhook: bool,
 }
 
 impl Default for Setup {
@@ -43,6 +46,7 @@ impl Default for Setup {
             wake_timeout: "60s",
             hibernate_delay: Duration::from_millis(300),
             wake_delay: Duration::from_millis(300),
+            webhook: true,
         }
     }
 }
@@ -61,14 +65,16 @@ pub async fn setup(prefix: &str, s: Setup) -> Env {
     opts.hibernate_timeout = s.hibernate_timeout.into();
     opts.wake_timeout = s.wake_timeout.into();
     let product = Product::start(cluster, &opts).await;
-    product::install_webhook(
-        &client,
-        cluster,
-        &ns,
-        product.webhook_port,
-        "cocoonset.cocoonstack.io",
-    )
-    .await;
+    if s.webhook {
+        product::install_webhook(
+            &client,
+            cluster,
+            &ns,
+            product.webhook_port,
+            "cocoonset.cocoonstack.io",
+        )
+        .await;
+    }
     let knobs = Arc::new(SimKnobs::new(s.hibernate_delay, s.wake_delay));
     let sim = vk_sim::spawn(client.clone(), Some(ns.clone()), registry.clone(), knobs);
     Env {
@@ -144,4 +150,3 @@ pub fn condition_status(cr: &CocoonHibernation, type_: &str) -> Option<String> {
         .and_then(|s| conditions::find(&s.conditions, type_))
         .map(|c| c.status.clone())
 }
-
