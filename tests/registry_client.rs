@@ -3,13 +3,17 @@
 
 #[path = "support/registry_server.rs"]
 mod registry_server;
+#[path = "support/slow_proxy.rs"]
+mod slow_proxy;
 
 use cocoon_hibernation::metrics::{Metrics, RegistryLabels};
 use cocoon_hibernation::registry::{
     DeleteOutcome, RegistryAuth, RegistryClient, RegistryConfig, RegistryError,
 };
 use registry_server::{RegistryOptions, RegistryServer, install_crypto_provider};
-use std::time::{Duration, Instant};
+use slow_proxy::SlowProxy;
+use std::time::Duration;
+use tokio::time::Instant;
 
 const VM: &str = "vm-0a1b2c";
 
@@ -70,32 +74,45 @@ async fn h3_probe_uses_base_path_prefix() {
     assert!(!client.snapshot_exists("vm-y").await.unwrap());
 }
 
-// H4: a registry that is down is an error (retried with backoff), and it fails fast; once
-// the registry is back with the same storage, the probe answers again.
-#[tokio::test]
-async fn h4_probe_of_stopped_registry_is_error_quickly() {
+// H4: a registry that is down is an error, and it fails without waiting out the timeout.
+// The clock is paused: any wait on a timer (a timeout, a backoff) would show up as
+// virtual time passing.
+#[tokio::test(start_paused = true)]
+async fn h4_probe_of_stopped_registry_fails_without_waiting() {
     let mut server = RegistryServer::launch_default();
-    server.push_artifact(VM, "hibernate").await;
-    let (client, metrics) = client_for(&server);
+    let mut config = server.registry_config();
+    config.timeout = Duration::from_secs(30);
+    let (client, metrics) = client_with(config);
     server.stop();
 
     let started = Instant::now();
     let err = client.snapshot_exists(VM).await.unwrap_err();
-    assert!(
-        started.elapsed() < Duration::from_secs(2),
-        "took {:?}",
-        started.elapsed()
-    );
     assert!(matches!(err, RegistryError::Transport { .. }), "{err:?}");
     assert_eq!(err.metric_label(), "registry_transport");
+    assert!(!err.is_permanent(), "S5: an outage is transient");
     assert_eq!(calls(&metrics, "probe", "error"), 1);
     // W3: a delete during the outage is an error too (the tag is not forgotten).
-    assert!(client.delete_snapshot(VM).await.is_err());
+    let err = client.delete_snapshot(VM).await.unwrap_err();
+    assert!(matches!(err, RegistryError::Transport { .. }), "{err:?}");
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "waited {:?} of virtual time on a refused connection",
+        started.elapsed()
+    );
+}
 
+// H4: once the registry is back with the same storage, the probe answers again, also on
+// the first call after a restart (the pool still holds a connection to the dead process).
+#[tokio::test]
+async fn h4_probe_answers_again_after_an_outage_and_a_restart() {
+    let mut server = RegistryServer::launch_default();
+    server.push_artifact(VM, "hibernate").await;
+    let (client, _) = client_for(&server);
+    assert!(client.snapshot_exists(VM).await.unwrap());
+    server.stop();
+    assert!(client.snapshot_exists(VM).await.is_err());
     server.start();
     assert!(client.snapshot_exists(VM).await.unwrap());
-    // Right after a restart the pool still holds a connection to the dead process; the
-    // probe must not turn that into a spurious error.
     server.restart();
     assert!(client.snapshot_exists(VM).await.unwrap());
 }
@@ -119,8 +136,10 @@ async fn h4_probe_with_bad_credentials_is_auth_error() {
         "{err:?}"
     );
     assert!(!err.to_string().contains("wrong"), "password leaked: {err}");
+    assert!(err.is_permanent(), "S5: refused credentials are permanent");
     let err = client.delete_snapshot(VM).await.unwrap_err();
     assert!(matches!(err, RegistryError::Unauthorized { .. }), "{err:?}");
+    assert!(err.is_permanent(), "S5");
 
     let mut config = server.registry_config();
     config.auth = RegistryAuth::Anonymous;
@@ -191,6 +210,10 @@ async fn w2_token_auth_probe_and_delete_with_delete_scope() {
     assert!(matches!(err, RegistryError::Unauthorized { .. }), "{err:?}");
     let err = refused.delete_snapshot(VM).await.unwrap_err();
     assert!(matches!(err, RegistryError::Unauthorized { .. }), "{err:?}");
+    assert!(
+        err.is_permanent(),
+        "S5: the token server refused the credentials"
+    );
     assert!(!err.to_string().contains("wrong"), "password leaked: {err}");
     assert!(server.digest_of(VM, "hibernate").await.is_some());
 }
@@ -313,6 +336,7 @@ async fn w3_delete_refused_is_error_then_succeeds_after_registry_allows_deletes(
         "{err:?}"
     );
     assert_eq!(err.metric_label(), "registry_delete_refused");
+    assert!(err.is_permanent(), "S5: no workable way to delete");
     assert!(server.digest_of(VM, "hibernate").await.is_some());
     assert_eq!(calls(&metrics, "delete_digest", "unsupported"), 1);
 
@@ -324,9 +348,10 @@ async fn w3_delete_refused_is_error_then_succeeds_after_registry_allows_deletes(
     assert!(!client.snapshot_exists(VM).await.unwrap());
 }
 
-// H4/C2: a registry that accepts connections but never answers costs at most the timeout.
-#[tokio::test]
-async fn h4_unresponsive_registry_times_out() {
+// H4/C2: a registry that accepts connections but never answers costs exactly the budget
+// (virtual time: the clock is paused and jumps to the next timer when all is idle).
+#[tokio::test(start_paused = true)]
+async fn h4_c2_unresponsive_registry_times_out_within_the_budget() {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     // Accept and hold every connection without ever writing a byte.
@@ -336,7 +361,7 @@ async fn h4_unresponsive_registry_times_out() {
             held.push(socket);
         }
     });
-    let timeout = Duration::from_millis(500);
+    let timeout = Duration::from_secs(10);
     let (client, metrics) = client_with(RegistryConfig {
         base: addr.to_string(),
         plain_http: true,
@@ -347,23 +372,234 @@ async fn h4_unresponsive_registry_times_out() {
 
     let started = Instant::now();
     let err = client.snapshot_exists(VM).await.unwrap_err();
+    assert_eq!(started.elapsed(), timeout);
     assert!(
-        started.elapsed() < timeout * 4,
-        "took {:?}",
-        started.elapsed()
+        matches!(err, RegistryError::Timeout { after, .. } if after == timeout),
+        "{err:?}"
     );
-    assert!(matches!(err, RegistryError::Timeout { .. }), "{err:?}");
+    assert!(!err.is_permanent(), "S5: a timeout is transient");
     assert_eq!(calls(&metrics, "probe", "timeout"), 1);
 
     let started = Instant::now();
     let err = client.delete_snapshot(VM).await.unwrap_err();
-    assert!(
-        started.elapsed() < timeout * 4,
-        "took {:?}",
-        started.elapsed()
-    );
+    assert_eq!(started.elapsed(), timeout);
     assert!(matches!(err, RegistryError::Timeout { .. }), "{err:?}");
     holder.abort();
+}
+
+/// A scripted Distribution 2.x for the delete fallback, for paused-clock tests (a real
+/// registry process cannot run on a virtual clock): tag DELETE refused with
+/// DIGEST_INVALID, the manifest present, no other tag, DELETE by digest accepted.
+async fn scripted_distribution() -> (std::net::SocketAddr, tokio::task::JoinHandle<()>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    const DIGEST: &str = "sha256:0000000000000000000000000000000000000000000000000000000000000000";
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let task = tokio::spawn(async move {
+        while let Ok((mut socket, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 8192];
+                loop {
+                    let n = match socket.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => n,
+                    };
+                    let request = String::from_utf8_lossy(&buf[..n]).to_string();
+                    let line = request.lines().next().unwrap_or_default().to_owned();
+                    let (status, headers, body) = if line.starts_with("DELETE")
+                        && line.contains("/manifests/hibernate")
+                    {
+                        (
+                            "400 Bad Request",
+                            String::new(),
+                            r#"{"errors":[{"code":"DIGEST_INVALID","message":"m"}]}"#.to_owned(),
+                        )
+                    } else if line.starts_with("DELETE") {
+                        ("202 Accepted", String::new(), String::new())
+                    } else if line.contains("/tags/list") {
+                        (
+                            "200 OK",
+                            "Content-Type: application/json\r\n".to_owned(),
+                            format!(r#"{{"name":"{VM}","tags":["hibernate"]}}"#),
+                        )
+                    } else if line.contains("/manifests/") {
+                        (
+                            "200 OK",
+                            format!(
+                                "Docker-Content-Digest: {DIGEST}\r\nContent-Type: application/vnd.oci.image.manifest.v1+json\r\n"
+                            ),
+                            String::new(),
+                        )
+                    } else {
+                        ("200 OK", String::new(), "{}".to_owned())
+                    };
+                    // HEAD answers carry no body.
+                    let body = if line.starts_with("HEAD") {
+                        String::new()
+                    } else {
+                        body
+                    };
+                    let answer = format!(
+                        "HTTP/1.1 {status}\r\n{headers}Content-Length: {}\r\n\r\n{body}",
+                        body.len()
+                    );
+                    if socket.write_all(answer.as_bytes()).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (addr, task)
+}
+
+// C2: one deadline for the whole delete. Every request of the digest fallback answers
+// within the per-request timeout, yet the delete as a whole does not get a fresh timeout
+// per request: it ends, as a Timeout, exactly when its budget is spent, and the DELETE by
+// digest is never sent.
+#[tokio::test(start_paused = true)]
+async fn c2_delete_fallback_gets_one_deadline_for_all_its_requests() {
+    let (upstream, registry) = scripted_distribution().await;
+    let proxy = SlowProxy::start(&upstream.to_string()).await;
+    let timeout = Duration::from_secs(10);
+    let (client, _) = client_with(RegistryConfig {
+        base: proxy.host(),
+        plain_http: true,
+        auth: RegistryAuth::Anonymous,
+        extra_ca_pems: vec![],
+        timeout,
+    });
+    // Without the slowdown the fallback succeeds, so the script is a working registry.
+    assert_eq!(
+        client.delete_snapshot(VM).await.unwrap(),
+        DeleteOutcome::DeletedByDigest
+    );
+    let fast = proxy.stats().requests();
+    assert!(fast >= 4, "{:?}", proxy.stats().lines);
+
+    // Each request now takes 40% of the budget: any three of them overrun it.
+    proxy.delay_each(timeout * 2 / 5);
+    let before = proxy.stats().requests();
+    let started = Instant::now();
+    let err = client.delete_snapshot(VM).await.unwrap_err();
+    assert_eq!(started.elapsed(), timeout, "the budget, to the tick");
+    assert!(
+        matches!(err, RegistryError::Timeout { after, .. } if after == timeout),
+        "{err:?}"
+    );
+    let lines = proxy.stats().lines.split_off(before);
+    assert!(lines.len() < fast, "stopped partway: {lines:?}");
+    assert!(
+        !lines.iter().any(|l| l.contains("/manifests/sha256:")),
+        "no DELETE by digest after the deadline: {lines:?}"
+    );
+    registry.abort();
+}
+
+// C2/S1: the caller's instant bounds a delete even when the configured budget is larger;
+// against the real registry, nothing is deleted.
+#[tokio::test]
+async fn c2_s1_delete_is_bounded_by_the_callers_instant() {
+    let server = RegistryServer::launch_default();
+    let digest = server.push_artifact(VM, "hibernate").await;
+    let proxy = SlowProxy::start(&server.host()).await;
+    let mut config = server.registry_config();
+    config.base = proxy.host();
+    config.timeout = Duration::from_secs(60);
+    let (client, _) = client_with(config);
+    // The fallback needs at least four requests; with each held 300 ms, it cannot fit
+    // in 500 ms, while every request alone and the whole delete fit in 60 s.
+    proxy.delay_each(Duration::from_millis(300));
+    let not_after = Instant::now() + Duration::from_millis(500);
+    let err = client
+        .delete_snapshot_before(VM, not_after)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, RegistryError::Timeout { after, .. } if after <= Duration::from_millis(500)),
+        "{err:?}"
+    );
+    assert!(!err.is_permanent());
+    assert_eq!(server.digest_of(VM, "hibernate").await, Some(digest));
+    let lines = proxy.stats().lines;
+    assert!(
+        !lines.iter().any(|l| l.contains("/manifests/sha256:")),
+        "no DELETE by digest: {lines:?}"
+    );
+}
+
+// S1: a caller already past its instant sends nothing at all.
+#[tokio::test]
+async fn s1_delete_past_the_callers_instant_sends_no_request() {
+    let server = RegistryServer::launch_default();
+    let digest = server.push_artifact(VM, "hibernate").await;
+    let proxy = SlowProxy::start(&server.host()).await;
+    let mut config = server.registry_config();
+    config.base = proxy.host();
+    let (client, metrics) = client_with(config);
+    for not_after in [Instant::now(), Instant::now() - Duration::from_secs(1)] {
+        let err = client
+            .delete_snapshot_before(VM, not_after)
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(err, RegistryError::Timeout { after, .. } if after.is_zero()),
+            "{err:?}"
+        );
+    }
+    assert_eq!(proxy.stats().requests(), 0, "{:?}", proxy.stats().lines);
+    assert!(!metrics.encode().unwrap().contains("operation=\"delete\""));
+    assert_eq!(
+        server.digest_of(VM, "hibernate").await,
+        Some(digest.clone())
+    );
+    // The same client with time left deletes through the proxy.
+    let later = Instant::now() + Duration::from_secs(30);
+    assert_eq!(
+        client.delete_snapshot_before(VM, later).await.unwrap(),
+        DeleteOutcome::DeletedByDigest
+    );
+    assert_eq!(server.digest_of(VM, "hibernate").await, None);
+}
+
+// W2/G1: a fresh push of `<vm>:hibernate` while the fallback lists the other tags is
+// caught by the re-check: nothing is deleted, and the error is transient (the controller
+// decides again with fresh state).
+#[tokio::test]
+async fn w2_delete_by_digest_aborts_when_the_snapshot_moves_meanwhile() {
+    let server = RegistryServer::launch_default();
+    let old = server.push_artifact(VM, "hibernate").await;
+    let proxy = SlowProxy::start(&server.host()).await;
+    let mut config = server.registry_config();
+    config.base = proxy.host();
+    let (client, metrics) = client_with(config);
+
+    proxy.hold_matching("/tags/list");
+    let deleting = tokio::spawn({
+        let client = client.clone();
+        async move { client.delete_snapshot(VM).await }
+    });
+    proxy.until(|s| s.held == 1).await;
+    // The fallback has resolved the old digest and waits for the tag list: push anew.
+    let fresh = server.push_artifact_with(VM, "hibernate", " (fresh)").await;
+    assert_ne!(fresh, old);
+    proxy.resume();
+
+    let err = deleting.await.unwrap().unwrap_err();
+    assert!(
+        matches!(&err, RegistryError::SnapshotMoved { checked, found, .. } if *checked == old && *found == fresh),
+        "{err:?}"
+    );
+    assert!(!err.is_permanent(), "S5: decided again on the next pass");
+    assert_eq!(server.digest_of(VM, "hibernate").await, Some(fresh));
+    assert_eq!(calls(&metrics, "delete_digest", "deleted"), 0);
+    let lines = proxy.stats().lines;
+    assert!(
+        !lines
+            .iter()
+            .any(|l| l.starts_with("DELETE") && l.contains("sha256:")),
+        "{lines:?}"
+    );
 }
 
 // H4: a 5xx (here a proxy in front of a failing registry) is an error, not "absent".
@@ -398,6 +634,7 @@ async fn h4_registry_5xx_is_error() {
         matches!(err, RegistryError::Server { status: 503, .. }),
         "{err:?}"
     );
+    assert!(!err.is_permanent(), "S5: a 5xx is transient");
     assert_eq!(calls(&metrics, "probe", "error"), 1);
     let err = client.delete_snapshot(VM).await.unwrap_err();
     assert!(

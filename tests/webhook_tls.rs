@@ -3,6 +3,7 @@
 
 use axum_server::tls_rustls::RustlsConfig;
 use cocoon_hibernation::metrics::Metrics;
+use cocoon_hibernation::webhook::tls::ReloadStatus;
 use cocoon_hibernation::webhook::validate::{Claim, ClaimView};
 use cocoon_hibernation::webhook::{self, WebhookState, tls};
 use rustls::pki_types::{CertificateDer, ServerName};
@@ -11,6 +12,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 #[derive(Clone)]
@@ -49,17 +51,35 @@ struct Server {
     addr: SocketAddr,
     stop: CancellationToken,
     handle: axum_server::Handle<SocketAddr>,
+    /// What the reloader has done: tests wait on it instead of sleeping.
+    reloads: watch::Receiver<ReloadStatus>,
+}
+
+impl Server {
+    /// Waits until the reloader's status satisfies `pred`. Bounded, so a dead reloader
+    /// fails the test instead of hanging it.
+    async fn reloader_reaches(&mut self, what: &str, pred: impl Fn(&ReloadStatus) -> bool) {
+        let wait = tokio::time::timeout(Duration::from_secs(20), self.reloads.wait_for(pred));
+        let reached = matches!(wait.await, Ok(Ok(_)));
+        assert!(
+            reached,
+            "the reloader never reached {what}; status {:?}",
+            *self.reloads.borrow()
+        );
+    }
 }
 
 async fn start(cert: &Path, key: &Path) -> Server {
     let config = RustlsConfig::from_config(Arc::new(tls::server_config(cert, key).unwrap()));
     let stop = CancellationToken::new();
-    tokio::spawn(tls::reload_on_change(
+    let (status, reloads) = watch::channel(ReloadStatus::default());
+    tokio::spawn(tls::reload_on_change_reporting(
         config.clone(),
         cert.to_path_buf(),
         key.to_path_buf(),
         Duration::from_millis(50),
         stop.clone(),
+        status,
     ));
     let handle = axum_server::Handle::new();
     let app = webhook::router(WebhookState {
@@ -70,7 +90,12 @@ async fn start(cert: &Path, key: &Path) -> Server {
         .handle(handle.clone());
     tokio::spawn(server.serve(app.into_make_service()));
     let addr = handle.listening().await.expect("server listens");
-    Server { addr, stop, handle }
+    Server {
+        addr,
+        stop,
+        handle,
+        reloads,
+    }
 }
 
 /// Handshakes trusting `trusted`, posts a review, returns the served cert and HTTP status line.
@@ -182,27 +207,24 @@ async fn served_cert(
         .0
 }
 
-async fn wait_for_cert(addr: SocketAddr, want: &CertificateDer<'static>) {
-    for _ in 0..100 {
-        if let Ok((served, _)) = call(addr, want, &[&rustls::version::TLS13]).await
-            && &served == want
-        {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("the new certificate was never served");
+/// Waits for the reloader to load a changed pair, then checks `want` is what is served.
+async fn wait_for_cert(server: &mut Server, want: &CertificateDer<'static>) {
+    let before = server.reloads.borrow().reloaded;
+    server
+        .reloader_reaches("a reload", |s| s.reloaded > before)
+        .await;
+    assert_eq!(&served_cert(server.addr, want).await, want);
 }
 
 /// SPEC V6.
 #[tokio::test]
 async fn v6_certificate_rewritten_in_place_is_reloaded_without_restart() {
     let (first, second) = (new_pair(), new_pair());
-    let (dir, server) = start_with(&first).await;
+    let (dir, mut server) = start_with(&first).await;
     assert_eq!(served_cert(server.addr, &first.der).await, first.der);
     write(dir.path(), "tls.crt", &second.cert_pem);
     write(dir.path(), "tls.key", &second.key_pem);
-    wait_for_cert(server.addr, &second.der).await;
+    wait_for_cert(&mut server, &second.der).await;
     server.handle.shutdown();
 }
 
@@ -225,27 +247,36 @@ async fn v6_secret_volume_symlink_swap_is_reloaded() {
     symlink("..v1", dir.path().join("..data")).unwrap();
     symlink("..data/tls.crt", dir.path().join("tls.crt")).unwrap();
     symlink("..data/tls.key", dir.path().join("tls.key")).unwrap();
-    let server = start(&dir.path().join("tls.crt"), &dir.path().join("tls.key")).await;
+    let mut server = start(&dir.path().join("tls.crt"), &dir.path().join("tls.key")).await;
     assert_eq!(served_cert(server.addr, &first.der).await, first.der);
     // Atomic swap, as the kubelet does: new link, then rename over ..data.
     symlink("..v2", dir.path().join("..data_tmp")).unwrap();
     std::fs::rename(dir.path().join("..data_tmp"), dir.path().join("..data")).unwrap();
-    wait_for_cert(server.addr, &second.der).await;
+    wait_for_cert(&mut server, &second.der).await;
     server.handle.shutdown();
 }
 
 /// SPEC V6.
 #[tokio::test]
 async fn v6_a_broken_new_pair_keeps_the_old_certificate_serving() {
-    let first = new_pair();
-    let (dir, server) = start_with(&first).await;
+    let (first, third) = (new_pair(), new_pair());
+    let (dir, mut server) = start_with(&first).await;
     write(dir.path(), "tls.crt", "not a certificate");
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The reloader has seen the broken pair and refused it: only now is the old
+    // certificate being served a result rather than a reloader that has not looked yet.
+    server
+        .reloader_reaches("a refused reload", |s| s.failed >= 1)
+        .await;
     let (served, status) = call(server.addr, &first.der, &[&rustls::version::TLS13])
         .await
         .unwrap();
     assert_eq!(served, first.der);
     assert!(status.contains("200"));
+    assert_eq!(server.reloads.borrow().reloaded, 0);
+    // And it is still alive: a good pair written after the broken one is served.
+    write(dir.path(), "tls.crt", &third.cert_pem);
+    write(dir.path(), "tls.key", &third.key_pem);
+    wait_for_cert(&mut server, &third.der).await;
     server.handle.shutdown();
 }
 

@@ -1,6 +1,7 @@
 //! The registry client: probe and delete `<base>/<vm>:hibernate`.
 
 use super::config::{RegistryAuth, RegistryConfig};
+use super::deadline::Deadline;
 use super::delete::{DeleteSession, RawDelete};
 use super::error::{RegistryError, describe_chain};
 use super::names::{RegistryBase, SNAPSHOT_TAG};
@@ -15,6 +16,7 @@ use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
+use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
 const USER_AGENT: &str = concat!("cocoon-hibernation/", env!("CARGO_PKG_VERSION"));
@@ -145,24 +147,71 @@ impl RegistryClient {
 
     /// HEAD <base>/<vm>:hibernate. Ok(true)=present, Ok(false)=absent (404 / MANIFEST_UNKNOWN / NAME_UNKNOWN is an answer, not an error).
     /// Transport errors, timeouts, 5xx and auth failures (401/403) are Err.
+    /// The whole probe, token exchange included, gets one `timeout` (C2).
     pub async fn snapshot_exists(&self, vm: &str) -> Result<bool, RegistryError> {
-        let reference = self.snapshot_reference(vm)?;
-        Ok(self.resolve_digest(&reference, "probe").await?.is_some())
+        Ok(self.snapshot_digest(vm).await?.is_some())
     }
 
-    /// Delete the tag <base>/<vm>:hibernate.
+    /// The manifest digest `<base>/<vm>:hibernate` resolves to (from the HEAD probe's
+    /// `Docker-Content-Digest`); None when the tag does not exist. Same call, errors and
+    /// budget as [`Self::snapshot_exists`].
+    pub async fn snapshot_digest(&self, vm: &str) -> Result<Option<String>, RegistryError> {
+        let reference = self.snapshot_reference(vm)?;
+        let deadline = Deadline::new(self.inner.timeout, None);
+        self.resolve_digest(&reference, "probe", &deadline).await
+    }
+
+    /// Delete the tag <base>/<vm>:hibernate, within one `timeout` for the whole operation
+    /// (C2). Same as [`Self::delete_snapshot_before`] with no bound of the caller's.
+    pub async fn delete_snapshot(&self, vm: &str) -> Result<DeleteOutcome, RegistryError> {
+        self.delete_with(vm, Deadline::new(self.inner.timeout, None))
+            .await
+    }
+
+    /// Delete the tag <base>/<vm>:hibernate, every request of it finished or abandoned by
+    /// min(now + timeout, `not_after`) (C2, S1: the leader passes its fence's expiry).
+    /// A `not_after` already past returns `Timeout` without sending anything; running out
+    /// of time midway returns `Timeout` and no further request is started.
+    ///
+    /// An abandoned request may still be carried out by the registry: a caller that must
+    /// not have a DELETE land after some instant passes that instant minus its margin.
     ///
     /// Registries that cannot delete a tag (CNCF Distribution 2.x) get the manifest deleted
     /// by digest instead, unless another tag of the repository points at the same digest:
-    /// that delete would take the other tag with it, so it is left alone.
-    pub async fn delete_snapshot(&self, vm: &str) -> Result<DeleteOutcome, RegistryError> {
+    /// that delete would take the other tag with it, so it is left alone
+    /// ([`DeleteOutcome::KeptSharedDigest`]). If `<vm>:hibernate` moves to another digest
+    /// while the fallback checks (a fresh push), nothing is deleted and the answer is
+    /// [`RegistryError::SnapshotMoved`].
+    pub async fn delete_snapshot_before(
+        &self,
+        vm: &str,
+        not_after: Instant,
+    ) -> Result<DeleteOutcome, RegistryError> {
+        self.delete_with(vm, Deadline::new(self.inner.timeout, Some(not_after)))
+            .await
+    }
+
+    async fn delete_with(
+        &self,
+        vm: &str,
+        deadline: Deadline,
+    ) -> Result<DeleteOutcome, RegistryError> {
         let reference = self.snapshot_reference(vm)?;
+        // Checked before any request, so a caller out of time sends nothing (S1).
+        deadline.check("delete")?;
         // The host oci-client talks to (it maps docker.io to index.docker.io).
         let registry = reference.resolve_registry();
         let repository = reference.repository();
         let mut session = DeleteSession::default();
         match self
-            .delete_manifest(registry, repository, SNAPSHOT_TAG, "delete", &mut session)
+            .delete_manifest(
+                registry,
+                repository,
+                SNAPSHOT_TAG,
+                "delete",
+                &mut session,
+                &deadline,
+            )
             .await?
         {
             RawDelete::Deleted => {
@@ -178,10 +227,15 @@ impl RegistryClient {
             }
         }
 
-        let Some(digest) = self.resolve_digest(&reference, "resolve").await? else {
+        let Some(digest) = self
+            .resolve_digest(&reference, "resolve", &deadline)
+            .await?
+        else {
             return Ok(DeleteOutcome::Absent);
         };
-        let other_tags = self.tags_sharing_digest(&reference, &digest).await?;
+        let other_tags = self
+            .tags_sharing_digest(&reference, &digest, &deadline)
+            .await?;
         if !other_tags.is_empty() {
             warn!(
                 repository,
@@ -192,8 +246,39 @@ impl RegistryClient {
             self.inner.metrics.snapshot_tags_kept.inc();
             return Ok(DeleteOutcome::KeptSharedDigest { other_tags });
         }
+        // The listing took a while: if the tag was pushed again meanwhile, the digest we
+        // checked is no longer the snapshot, and the new one was not checked at all.
+        // What is left open: a push or a new tag on this digest between this HEAD and the
+        // DELETE (one round trip). Distribution has no conditional DELETE to close it.
         match self
-            .delete_manifest(registry, repository, &digest, "delete_digest", &mut session)
+            .resolve_digest(&reference, "recheck", &deadline)
+            .await?
+        {
+            None => return Ok(DeleteOutcome::Absent),
+            Some(now) if now != digest => {
+                warn!(
+                    repository,
+                    checked = %digest,
+                    found = %now,
+                    "not deleting: the snapshot tag moved to another manifest while it was checked"
+                );
+                return Err(RegistryError::SnapshotMoved {
+                    reference: format!("{registry}/{repository}:{SNAPSHOT_TAG}"),
+                    checked: digest,
+                    found: now,
+                });
+            }
+            Some(_) => {}
+        }
+        match self
+            .delete_manifest(
+                registry,
+                repository,
+                &digest,
+                "delete_digest",
+                &mut session,
+                &deadline,
+            )
             .await?
         {
             RawDelete::Deleted => {
@@ -223,19 +308,20 @@ impl RegistryClient {
         &self,
         reference: &Reference,
         operation: &'static str,
+        deadline: &Deadline,
     ) -> Result<Option<String>, RegistryError> {
         let inner = &self.inner;
         let result = self
             .retry_transport(operation, || async {
-                match self
-                    .timed(
+                match deadline
+                    .run(
                         operation,
                         inner.oci.fetch_manifest_digest(reference, &inner.oci_auth),
                     )
                     .await?
                 {
                     Ok(digest) => Ok(Some(digest)),
-                    Err(e) => match classify(e, operation, inner.timeout) {
+                    Err(e) => match classify(e, operation, deadline.budget()) {
                         Failure::NotFound => Ok(None),
                         Failure::Error(e) => Err(e),
                     },
@@ -257,9 +343,10 @@ impl RegistryClient {
         &self,
         reference: &Reference,
         digest: &str,
+        deadline: &Deadline,
     ) -> Result<Vec<String>, RegistryError> {
         let mut sharing = Vec::new();
-        for tag in self.list_tags(reference).await? {
+        for tag in self.list_tags(reference, deadline).await? {
             if tag == SNAPSHOT_TAG {
                 continue;
             }
@@ -269,7 +356,12 @@ impl RegistryClient {
                 tag,
             );
             // A lookup error aborts: without a full answer we cannot prove the digest is unshared.
-            if self.resolve_digest(&other, "resolve").await?.as_deref() == Some(digest) {
+            if self
+                .resolve_digest(&other, "resolve", deadline)
+                .await?
+                .as_deref()
+                == Some(digest)
+            {
                 sharing.extend(other.tag().map(str::to_string));
             }
         }
@@ -278,7 +370,11 @@ impl RegistryClient {
 
     /// Every tag of the repository. Pages until a page brings nothing new, so a registry
     /// that caps the page size below ours is still read to the end.
-    async fn list_tags(&self, reference: &Reference) -> Result<Vec<String>, RegistryError> {
+    async fn list_tags(
+        &self,
+        reference: &Reference,
+        deadline: &Deadline,
+    ) -> Result<Vec<String>, RegistryError> {
         let inner = &self.inner;
         let mut tags = Vec::new();
         let mut seen = HashSet::new();
@@ -286,8 +382,8 @@ impl RegistryClient {
         for _ in 0..MAX_TAG_PAGES {
             let page = self
                 .retry_transport("list_tags", || async {
-                    let listed = self
-                        .timed(
+                    let listed = deadline
+                        .run(
                             "list_tags",
                             inner.oci.list_tags(
                                 reference,
@@ -299,7 +395,7 @@ impl RegistryClient {
                         .await?;
                     match listed {
                         Ok(page) => Ok(Some(page.tags)),
-                        Err(e) => match classify(e, "list_tags", inner.timeout) {
+                        Err(e) => match classify(e, "list_tags", deadline.budget()) {
                             Failure::NotFound => Ok(None),
                             Failure::Error(e) => Err(e),
                         },
@@ -338,18 +434,6 @@ impl RegistryClient {
                 ),
             },
         ))
-    }
-
-    /// Runs one registry call under the configured timeout.
-    pub(super) async fn timed<T>(
-        &self,
-        operation: &'static str,
-        call: impl Future<Output = T>,
-    ) -> Result<T, RegistryError> {
-        let after = self.inner.timeout;
-        tokio::time::timeout(after, call)
-            .await
-            .map_err(|_| RegistryError::Timeout { operation, after })
     }
 
     /// Runs `call` once more after a transport failure. A registry restart leaves dead
@@ -421,6 +505,8 @@ mod tests {
         shareable::<RegistryClient>();
         send(&client.snapshot_exists("vm"));
         send(&client.delete_snapshot("vm"));
+        send(&client.delete_snapshot_before("vm", Instant::now()));
+        send(&client.snapshot_digest("vm"));
         fn error<T: std::error::Error + Send + Sync + 'static>() {}
         error::<RegistryError>();
     }

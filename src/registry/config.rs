@@ -13,7 +13,8 @@ pub struct RegistryConfig {
     pub auth: RegistryAuth,
     /// Extra PEM CA certificates trusted for https.
     pub extra_ca_pems: Vec<Vec<u8>>,
-    /// Timeout applied to every registry call.
+    /// Budget of one whole operation (C2): a probe, or a delete with its digest fallback
+    /// (every request, token and tag page included). Per-request timeouts are the same.
     pub timeout: Duration,
 }
 

@@ -4,6 +4,7 @@
 use super::challenge::{BearerChallenge, bearer_challenge};
 use super::client::{RegistryClient, error_outcome};
 use super::config::RegistryAuth;
+use super::deadline::Deadline;
 use super::error::{RegistryError, describe_chain, excerpt};
 use reqwest::{StatusCode, Url, header};
 use tracing::debug;
@@ -34,7 +35,7 @@ struct Answer {
 
 impl RegistryClient {
     /// DELETE /v2/<repository>/manifests/<reference> on `registry` (host[:port]), with a
-    /// delete-scoped token when the registry asks for one.
+    /// delete-scoped token when the registry asks for one; all within `deadline`.
     pub(super) async fn delete_manifest(
         &self,
         registry: &str,
@@ -42,9 +43,12 @@ impl RegistryClient {
         reference: &str,
         operation: &'static str,
         session: &mut DeleteSession,
+        deadline: &Deadline,
     ) -> Result<RawDelete, RegistryError> {
         let result = self
-            .delete_manifest_inner(registry, repository, reference, operation, session)
+            .delete_manifest_inner(
+                registry, repository, reference, operation, session, deadline,
+            )
             .await;
         let outcome = match &result {
             Ok(RawDelete::Deleted) => "deleted",
@@ -67,6 +71,7 @@ impl RegistryClient {
         reference: &str,
         operation: &'static str,
         session: &mut DeleteSession,
+        deadline: &Deadline,
     ) -> Result<RawDelete, RegistryError> {
         let inner = &self.inner;
         let url = format!(
@@ -75,16 +80,18 @@ impl RegistryClient {
         );
         let mut answer = self
             .retry_transport(operation, || {
-                self.send_delete(&url, operation, session.token.as_deref())
+                self.send_delete(&url, operation, session.token.as_deref(), deadline)
             })
             .await?;
         if answer.status == StatusCode::UNAUTHORIZED
             && let Some(challenge) = answer.challenge.take()
         {
-            let token = self.fetch_delete_token(&challenge, repository).await?;
+            let token = self
+                .fetch_delete_token(&challenge, repository, deadline)
+                .await?;
             answer = self
                 .retry_transport(operation, || {
-                    self.send_delete(&url, operation, Some(&token))
+                    self.send_delete(&url, operation, Some(&token), deadline)
                 })
                 .await?;
             session.token = Some(token);
@@ -97,6 +104,7 @@ impl RegistryClient {
         url: &str,
         operation: &'static str,
         token: Option<&str>,
+        deadline: &Deadline,
     ) -> Result<Answer, RegistryError> {
         let inner = &self.inner;
         let request = inner.http.delete(url);
@@ -108,24 +116,25 @@ impl RegistryClient {
             (None, RegistryAuth::Bearer { token }) => request.bearer_auth(token),
             (None, RegistryAuth::Anonymous) => request,
         };
-        self.timed(operation, async {
-            let response = request.send().await?;
-            let status = response.status();
-            let challenge = response
-                .headers()
-                .get_all(header::WWW_AUTHENTICATE)
-                .iter()
-                .filter_map(|v| v.to_str().ok())
-                .find_map(bearer_challenge);
-            let body = response.text().await?;
-            Ok::<_, reqwest::Error>(Answer {
-                status,
-                challenge,
-                body,
+        deadline
+            .run(operation, async {
+                let response = request.send().await?;
+                let status = response.status();
+                let challenge = response
+                    .headers()
+                    .get_all(header::WWW_AUTHENTICATE)
+                    .iter()
+                    .filter_map(|v| v.to_str().ok())
+                    .find_map(bearer_challenge);
+                let body = response.text().await?;
+                Ok::<_, reqwest::Error>(Answer {
+                    status,
+                    challenge,
+                    body,
+                })
             })
-        })
-        .await?
-        .map_err(|e| transport(operation, &e, inner.timeout))
+            .await?
+            .map_err(|e| transport(operation, &e, deadline.budget()))
     }
 
     /// GET <realm>?service=..&scope=repository:<repo>:delete, with the basic credentials if any.
@@ -133,9 +142,12 @@ impl RegistryClient {
         &self,
         challenge: &BearerChallenge,
         repository: &str,
+        deadline: &Deadline,
     ) -> Result<String, RegistryError> {
         const OP: &str = "token";
-        let result = self.fetch_delete_token_inner(challenge, repository).await;
+        let result = self
+            .fetch_delete_token_inner(challenge, repository, deadline)
+            .await;
         let outcome = match &result {
             Ok(_) => "ok",
             Err(e) => error_outcome(e),
@@ -148,6 +160,7 @@ impl RegistryClient {
         &self,
         challenge: &BearerChallenge,
         repository: &str,
+        deadline: &Deadline,
     ) -> Result<String, RegistryError> {
         const OP: &str = "token";
         let inner = &self.inner;
@@ -180,20 +193,30 @@ impl RegistryClient {
                     }
                     _ => request,
                 };
-                self.timed(OP, async {
-                    let response = request.send().await?;
-                    let status = response.status();
-                    Ok::<_, reqwest::Error>((status, response.text().await?))
-                })
-                .await?
-                .map_err(|e| transport(OP, &e, inner.timeout))
+                deadline
+                    .run(OP, async {
+                        let response = request.send().await?;
+                        let status = response.status();
+                        Ok::<_, reqwest::Error>((status, response.text().await?))
+                    })
+                    .await?
+                    .map_err(|e| transport(OP, &e, deadline.budget()))
             })
             .await?;
         if !status.is_success() {
-            return Err(RegistryError::Unauthorized {
-                operation: OP,
-                status: status.as_u16(),
-                message: format!("token request refused: {}", excerpt(&body)),
+            // A token server that is down or throttling has not refused our credentials.
+            let message = format!("token request failed: {}", excerpt(&body));
+            return Err(match status.as_u16() {
+                code @ (401 | 403) => RegistryError::Unauthorized {
+                    operation: OP,
+                    status: code,
+                    message: format!("token request refused: {}", excerpt(&body)),
+                },
+                code => RegistryError::Server {
+                    operation: OP,
+                    status: code,
+                    message,
+                },
             });
         }
         token_from_body(&body)

@@ -19,7 +19,9 @@ pub enum RegistryError {
     #[error("invalid docker config: {0}")]
     DockerConfig(String),
 
-    /// The call did not finish within the configured timeout.
+    /// The operation ran out of its budget (C2): `--registry-timeout` for the whole
+    /// operation, or less when the caller bounded it. `operation` names the call that was
+    /// running or about to start; `after` is the operation's whole budget.
     #[error("registry {operation} timed out after {after:?}")]
     Timeout {
         operation: &'static str,
@@ -64,6 +66,17 @@ pub enum RegistryError {
         message: String,
     },
 
+    /// `<vm>:hibernate` pointed at another manifest when re-checked before the delete by
+    /// digest (a fresh push while the other tags were checked); nothing was deleted.
+    #[error(
+        "{reference} moved from {checked} to {found} while its delete was checked; nothing deleted"
+    )]
+    SnapshotMoved {
+        reference: String,
+        checked: String,
+        found: String,
+    },
+
     /// The registry answered something we cannot interpret (no status attached).
     #[error("registry {operation} returned an unusable answer: {message}")]
     Protocol {
@@ -85,7 +98,38 @@ impl RegistryError {
             RegistryError::DeleteRefused { .. } => "registry_delete_refused",
             RegistryError::Server { .. } => "registry_server",
             RegistryError::Rejected { .. } => "registry_rejected",
+            RegistryError::SnapshotMoved { .. } => "registry_snapshot_moved",
             RegistryError::Protocol { .. } => "registry_protocol",
+        }
+    }
+
+    /// True when repeating the same request cannot succeed until someone changes the
+    /// configuration, the credentials or the registry (S5): the controller reports it
+    /// instead of retrying as if it were an outage.
+    ///
+    /// Permanent: an unusable VM name or configuration; credentials refused (401/403,
+    /// also a token server refusing them); deletes refused with no workable fallback
+    /// (405, delete disabled); any other 4xx; an OCI error code we do not handle; an
+    /// answer we cannot interpret. Transient: timeouts, transport failures, 5xx, 408, 429
+    /// (also an OCI TOOMANYREQUESTS), and a snapshot tag that moved during the delete.
+    ///
+    /// oci-client reports a token server's non-200 answer without its status, so a
+    /// token server failing with 5xx during a probe reads as a refusal (permanent).
+    pub fn is_permanent(&self) -> bool {
+        match self {
+            RegistryError::InvalidVmName { .. }
+            | RegistryError::InvalidConfig(_)
+            | RegistryError::DockerConfig(_)
+            | RegistryError::Unauthorized { .. }
+            | RegistryError::DeleteRefused { .. }
+            | RegistryError::Rejected { .. }
+            | RegistryError::Protocol { .. } => true,
+            RegistryError::Timeout { .. }
+            | RegistryError::Transport { .. }
+            | RegistryError::SnapshotMoved { .. } => false,
+            RegistryError::Server { status, .. } => {
+                !(*status >= 500 || *status == 408 || *status == 429)
+            }
         }
     }
 }
@@ -127,6 +171,73 @@ mod tests {
         assert!(cut.len() <= MAX_DETAIL + '…'.len_utf8());
         assert!(cut.ends_with('…'));
         assert_eq!(excerpt("  short  "), "short");
+    }
+
+    /// SPEC S5: a refusal for good is told apart from a failure worth retrying.
+    #[test]
+    fn s5_permanent_and_transient_errors() {
+        let server = |status| RegistryError::Server {
+            operation: "delete",
+            status,
+            message: String::new(),
+        };
+        let permanent = [
+            RegistryError::InvalidVmName {
+                name: "X".into(),
+                reason: "r",
+            },
+            RegistryError::InvalidConfig("c".into()),
+            RegistryError::Unauthorized {
+                operation: "delete",
+                status: 401,
+                message: String::new(),
+            },
+            RegistryError::Unauthorized {
+                operation: "token",
+                status: 403,
+                message: String::new(),
+            },
+            RegistryError::DeleteRefused {
+                reference: "r".into(),
+                status: 405,
+                message: String::new(),
+            },
+            server(400),
+            server(404),
+            RegistryError::Rejected {
+                operation: "probe",
+                message: "NAME_INVALID".into(),
+            },
+            RegistryError::Protocol {
+                operation: "token",
+                message: "not JSON".into(),
+            },
+        ];
+        for e in &permanent {
+            assert!(e.is_permanent(), "{e:?}");
+        }
+        let transient = [
+            RegistryError::Timeout {
+                operation: "delete",
+                after: Duration::from_secs(1),
+            },
+            RegistryError::Transport {
+                operation: "probe",
+                message: "refused".into(),
+            },
+            server(500),
+            server(503),
+            server(429),
+            server(408),
+            RegistryError::SnapshotMoved {
+                reference: "r".into(),
+                checked: "a".into(),
+                found: "b".into(),
+            },
+        ];
+        for e in &transient {
+            assert!(!e.is_permanent(), "{e:?}");
+        }
     }
 
     #[test]

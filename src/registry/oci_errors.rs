@@ -11,7 +11,7 @@ pub(crate) enum Failure {
     Error(RegistryError),
 }
 
-/// `timeout` is the configured one, reported when reqwest's own read timeout fired first.
+/// `timeout` is the operation's budget, reported when reqwest's own timeout fired first.
 pub(crate) fn classify(
     err: OciDistributionError,
     operation: &'static str,
@@ -59,6 +59,10 @@ pub(crate) fn classify(
             operation,
             message: describe_chain(&e),
         }),
+        OciDistributionError::IoError(e) => Failure::Error(RegistryError::Transport {
+            operation,
+            message: describe_chain(&e),
+        }),
         other => Failure::Error(RegistryError::Protocol {
             operation,
             message: describe_chain(&other),
@@ -79,6 +83,14 @@ fn classify_envelope(envelope: &OciEnvelope, operation: &'static str) -> Failure
         return Failure::Error(RegistryError::Unauthorized {
             operation,
             status,
+            message: excerpt(&envelope.to_string()),
+        });
+    }
+    // Throttling is an answer to retry later (S5), like an HTTP 429.
+    if has(OciErrorCode::Toomanyrequests) {
+        return Failure::Error(RegistryError::Server {
+            operation,
+            status: 429,
             message: excerpt(&envelope.to_string()),
         });
     }
@@ -148,9 +160,20 @@ mod tests {
             RegistryError::Server { status: 503, .. }
         ));
         assert!(matches!(
-            error(envelope("TOOMANYREQUESTS")),
+            error(envelope("NAME_INVALID")),
             RegistryError::Rejected { .. }
         ));
+        // S5: throttling is transient, as a 429 is.
+        let throttled = error(envelope("TOOMANYREQUESTS"));
+        assert!(
+            matches!(throttled, RegistryError::Server { status: 429, .. }),
+            "{throttled:?}"
+        );
+        assert!(!throttled.is_permanent());
+        let io = error(OciDistributionError::IoError(std::io::Error::other(
+            "reset",
+        )));
+        assert!(matches!(io, RegistryError::Transport { .. }), "{io:?}");
         assert!(matches!(
             error(OciDistributionError::RegistryNoDigestError),
             RegistryError::Protocol { .. }

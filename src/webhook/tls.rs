@@ -9,6 +9,7 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 /// TLS 1.2 and 1.3 only, HTTP/1.1, ring provider.
@@ -57,6 +58,17 @@ fn stamp(paths: &[&Path]) -> Stamp {
     )
 }
 
+/// What the reloader has done so far: it is alive while `checks` grows.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ReloadStatus {
+    /// Polls of the files.
+    pub checks: u64,
+    /// Changed pairs loaded and now served.
+    pub reloaded: u64,
+    /// Changed pairs that could not be loaded (the old pair kept serving).
+    pub failed: u64,
+}
+
 /// Polls the files and swaps the live config on change; a bad new pair is logged and
 /// the old one keeps serving.
 pub async fn reload_on_change(
@@ -66,6 +78,19 @@ pub async fn reload_on_change(
     every: Duration,
     stop: CancellationToken,
 ) {
+    let status = watch::Sender::new(ReloadStatus::default());
+    reload_on_change_reporting(config, cert_file, key_file, every, stop, status).await
+}
+
+/// [`reload_on_change`], publishing what it does to `status` (for tests and health).
+pub async fn reload_on_change_reporting(
+    config: RustlsConfig,
+    cert_file: PathBuf,
+    key_file: PathBuf,
+    every: Duration,
+    stop: CancellationToken,
+    status: watch::Sender<ReloadStatus>,
+) {
     let mut last = stamp(&[&cert_file, &key_file]);
     loop {
         tokio::select! {
@@ -74,6 +99,7 @@ pub async fn reload_on_change(
         }
         let now = stamp(&[&cert_file, &key_file]);
         if now == last {
+            status.send_modify(|s| s.checks += 1);
             continue;
         }
         match server_config(&cert_file, &key_file) {
@@ -81,10 +107,18 @@ pub async fn reload_on_change(
                 config.reload_from_config(Arc::new(cfg));
                 last = now;
                 tracing::info!(cert = %cert_file.display(), "serving certificate reloaded");
+                status.send_modify(|s| {
+                    s.checks += 1;
+                    s.reloaded += 1;
+                });
             }
             // Likely caught mid-write: retry on the next tick without moving `last`.
             Err(e) => {
-                tracing::warn!(error = %e, "serving certificate changed but could not be loaded")
+                tracing::warn!(error = %e, "serving certificate changed but could not be loaded");
+                status.send_modify(|s| {
+                    s.checks += 1;
+                    s.failed += 1;
+                });
             }
         }
     }

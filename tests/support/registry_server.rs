@@ -242,8 +242,15 @@ impl RegistryServer {
     /// Pushes a tiny OCI image (one layer naming `repo:tag`, so digests differ between tags)
     /// to `repo:tag`; returns its manifest digest.
     pub async fn push_artifact(&self, repo: &str, tag: &str) -> String {
+        self.push_artifact_with(repo, tag, "").await
+    }
+
+    /// Like [`Self::push_artifact`], with `note` in the layer: a different `note` gives a
+    /// different digest for the same `repo:tag` (a fresh push of a new snapshot).
+    pub async fn push_artifact_with(&self, repo: &str, tag: &str, note: &str) -> String {
         let client = self.oci_client();
-        let layer = ImageLayer::oci_v1(format!("snapshot of {repo}:{tag}").into_bytes(), None);
+        let layer =
+            ImageLayer::oci_v1(format!("snapshot of {repo}:{tag}{note}").into_bytes(), None);
         let config = Config::oci_v1(b"{}".to_vec(), None);
         client
             .push(
