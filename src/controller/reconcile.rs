@@ -42,6 +42,8 @@ pub struct Context {
     pub owed: Mutex<HashSet<ObjectRef<CocoonHibernation>>>,
 }
 
+/// S1: the last registry request leaves this long before the fence closes.
+const FENCE_SLACK: Duration = Duration::from_millis(500);
 /// How soon a pass that found every registry slot busy tries again.
 const REGISTRY_BUSY_RETRY: Duration = Duration::from_secs(1);
 /// S5: a kept (shared-digest) tag is looked at again this rarely.
@@ -256,7 +258,7 @@ async fn pay_wake_debt(
     match (result, outcome) {
         (DeleteResult::Gone, _) => Ok(None),
         (DeleteResult::SharedDigest(_), _) => Ok(Some(Action::requeue(SHARED_DIGEST_RETRY))),
-        (_, Err(e)) if is_permanent(&e) => {
+        (_, Err(e)) if e.is_permanent() => {
             // S5: a refusal that will not heal by itself is retried in minutes, not seconds.
             let delay = ctx.permanent_backoff(cr);
             tracing::warn!(namespace = cr.namespace().unwrap_or_default(), cr = name, vm, error = %e, retry_in = ?delay, "the registry refuses the tag delete; retrying later");
@@ -315,29 +317,16 @@ async fn fenced_delete(
             "the lease is not fresh; kept {vm}:hibernate"
         )));
     };
-    let outcome = match tokio::time::timeout_at(until, ctx.registry.delete_snapshot(vm)).await {
-        Ok(outcome) => outcome,
-        Err(_) => {
-            return Err(Error::Fenced(format!(
-                "the lease fence closed while deleting {vm}:hibernate"
-            )));
-        }
-    };
+    // The registry may still carry out a DELETE it already received, so the last one
+    // must leave before the fence closes, not at that instant.
+    let outcome = ctx
+        .registry
+        .delete_snapshot_before(vm, until - FENCE_SLACK)
+        .await;
     Ok(Fenced::Done {
         fresh: Box::new(fresh),
         outcome,
     })
-}
-
-/// S5: refusals that retrying soon will not fix.
-fn is_permanent(e: &RegistryError) -> bool {
-    matches!(
-        e,
-        RegistryError::DeleteRefused { .. }
-            | RegistryError::Unauthorized { .. }
-            | RegistryError::InvalidVmName { .. }
-            | RegistryError::Rejected { .. }
-    )
 }
 
 impl Context {
