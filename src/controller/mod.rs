@@ -137,6 +137,7 @@ pub fn context(
         failures: Default::default(),
         registry_slots: Arc::new(tokio::sync::Semaphore::new(settings_slots)),
         owed: Default::default(),
+        refusals: Default::default(),
         fence,
     })
 }

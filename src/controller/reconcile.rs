@@ -40,6 +40,9 @@ pub struct Context {
     pub registry_slots: Arc<Semaphore>,
     /// S5: CRs whose tag delete is still owed, for the gauge.
     pub owed: Mutex<HashSet<ObjectRef<CocoonHibernation>>>,
+    /// S5: consecutive refusals-for-good of each CR's tag delete, for the slow backoff.
+    /// Kept apart from `failures`, which a pass that returns Ok clears.
+    pub refusals: Mutex<HashMap<ObjectRef<CocoonHibernation>, u32>>,
 }
 
 /// S1: the last registry request leaves this long before the fence closes.
@@ -332,6 +335,9 @@ async fn fenced_delete(
 impl Context {
     /// Records whether a CR still owes a tag delete, for the gauge (S5).
     fn owe(&self, key: ObjectRef<CocoonHibernation>, owed: bool) {
+        if !owed && let Ok(mut refusals) = self.refusals.lock() {
+            refusals.remove(&key);
+        }
         if let Ok(mut set) = self.owed.lock() {
             if owed {
                 set.insert(key);
@@ -344,9 +350,8 @@ impl Context {
         }
     }
 
-    /// 1, 2, 4, 8 minutes, then every 10 minutes.
     fn permanent_backoff(&self, cr: &CocoonHibernation) -> Duration {
-        let attempts = match self.failures.lock() {
+        let attempts = match self.refusals.lock() {
             Ok(mut f) => {
                 let n = f.entry(ObjectRef::from_obj(cr)).or_insert(0);
                 *n = n.saturating_add(1);
@@ -354,9 +359,14 @@ impl Context {
             }
             Err(_) => 1,
         };
-        Duration::from_secs(60u64.saturating_mul(1 << attempts.clamp(1, 4).saturating_sub(1)))
-            .min(Duration::from_secs(600))
+        refusal_backoff(attempts)
     }
+}
+
+/// S5: 1, 2, 4, 8 minutes, then every 10 minutes.
+fn refusal_backoff(attempts: u32) -> Duration {
+    let doublings = attempts.clamp(1, 5) - 1;
+    Duration::from_secs(60u64 << doublings).min(Duration::from_secs(600))
 }
 
 /// Status goes to the status subresource; the resourceVersion makes a write based on a
@@ -565,6 +575,14 @@ mod tests {
         let mut doc = serde_json::to_value(&c).unwrap();
         json_patch::patch(&mut doc, &add_finalizer_patch(&c).0).unwrap();
         assert_eq!(doc["metadata"]["finalizers"], json!([FINALIZER]));
+    }
+
+    /// SPEC S5: a delete the registry refuses for good backs off to minutes.
+    #[test]
+    fn s5_refused_deletes_back_off_to_minutes() {
+        let mins: Vec<u64> = (1..=7).map(|n| refusal_backoff(n).as_secs() / 60).collect();
+        assert_eq!(mins, vec![1, 2, 4, 8, 10, 10, 10]);
+        assert_eq!(refusal_backoff(0), Duration::from_secs(60));
     }
 
     /// SPEC G2.
