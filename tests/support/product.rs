@@ -343,7 +343,53 @@ pub async fn install_webhook(
     )
     .await
     .expect("apply webhook configuration");
+    wait_webhook_in_effect(client, namespace, group).await;
     name
+}
+
+/// Waits until the apiserver sends CREATEs of `group`'s CocoonHibernations in `namespace`
+/// to a webhook: a dry-run CREATE (no side effects) is answered by a webhook, or fails
+/// calling it, instead of being admitted. A configuration takes a moment to reach the
+/// admission chain; until then requests pass unchecked, and an update that is a no-op by
+/// then is never sent (matchConditions).
+pub async fn wait_webhook_in_effect(client: &kube::Client, namespace: &str, group: &str) {
+    use kube::core::{ApiResource, DynamicObject};
+    let ar = ApiResource {
+        group: group.into(),
+        version: "v1".into(),
+        api_version: format!("{group}/v1"),
+        kind: "CocoonHibernation".into(),
+        plural: "cocoonhibernations".into(),
+    };
+    let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), namespace, &ar);
+    // Named unlike its pod: V1 denies it, so it is never admitted once the webhook is asked.
+    let probe: DynamicObject = serde_json::from_value(serde_json::json!({
+        "apiVersion": format!("{group}/v1"),
+        "kind": "CocoonHibernation",
+        "metadata": { "name": "cocoon-e2e-webhook-probe" },
+        "spec": { "podRef": { "name": "cocoon-e2e-webhook-probe-pod" }, "desire": "Wake" },
+    }))
+    .expect("probe CR");
+    let dry_run = PostParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    eventually(
+        &format!("the webhook configuration in effect for {group} in {namespace}"),
+        Duration::from_secs(60),
+        || async {
+            match api.create(&dry_run, &probe).await {
+                Err(kube::Error::Api(s))
+                    if s.message.contains("admission webhook")
+                        || s.message.contains("failed calling webhook") =>
+                {
+                    Some(())
+                }
+                _ => None,
+            }
+        },
+    )
+    .await;
 }
 
 pub fn new_cr(name: &str, pod: &str, desire: Desire) -> CocoonHibernation {
