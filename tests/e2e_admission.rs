@@ -1,8 +1,9 @@
-//! End-to-end tests of what the apiserver decides from the chart's admission
-//! configuration, on the real kube-apiserver: the VM-identity ValidatingAdmissionPolicy
-//! (S3) and the webhook's matchConditions, which keep recovery by hand possible while the
-//! product is stopped (V7). Every test works in a fresh namespace, and every cluster-wide
-//! object it installs is scoped to that namespace.
+//! End-to-end tests of what the apiserver decides from the chart, on the real
+//! kube-apiserver: the VM-identity ValidatingAdmissionPolicy (S3), the webhook's
+//! matchConditions, which keep recovery by hand possible while the product is stopped
+//! (V7), and the chart's RBAC as the identity the product runs under (P5). Every test
+//! works in a fresh namespace, and every cluster-wide object it installs is scoped to
+//! that namespace.
 
 #[path = "support/cluster.rs"]
 mod cluster;
@@ -407,4 +408,74 @@ async fn e2e_v7_stopped_product_blocks_creates_but_not_recovery_by_hand() {
             .await
             .unwrap_or_else(|e| panic!("delete webhook {name}: {e}"));
     }
+}
+
+/// P5: the e2e product runs as the chart's ServiceAccount under the chart's RBAC, not as
+/// admin: its finalizer patch is audited under that user, and what the chart does not
+/// grant (deleting pods or CRs, reading Secrets, a Lease outside a bound namespace) is
+/// refused to that identity.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e2e_p5_product_runs_as_the_chart_service_account() {
+    let cluster = cluster::cluster();
+    let admin = cluster.client().await;
+    product::ensure_crd(&admin).await;
+    let ns = cluster.fresh_namespace(&admin, "p5").await;
+    let mark = cluster.audit_mark();
+    let _product = Product::start(cluster, &ProductOptions::new(&ns, &cluster.registry)).await;
+    let crs: Api<CocoonHibernation> = Api::namespaced(admin.clone(), &ns);
+    product::create_cr(&crs, "web-0", "web-0", Desire::Hibernate).await;
+    eventually("web-0 gets its finalizer", LONG, || async {
+        has_finalizer(&crs.get("web-0").await.ok()?).then_some(())
+    })
+    .await;
+
+    let identity = product::product_identity(cluster).await;
+    let writers: Vec<String> = cluster
+        .audit_events_since(mark)
+        .into_iter()
+        .filter(|e| {
+            e["objectRef"]["namespace"] == ns.as_str()
+                && e["objectRef"]["resource"] == "cocoonhibernations"
+                && e["verb"] == "patch"
+        })
+        .filter_map(|e| e["user"]["username"].as_str().map(str::to_owned))
+        .collect();
+    assert!(
+        !writers.is_empty() && writers.iter().all(|u| *u == identity.username),
+        "P5: the product patches as {}, got {writers:?}",
+        identity.username
+    );
+
+    let groups: Vec<&str> = identity.groups.iter().map(String::as_str).collect();
+    let sa = cluster.client_as(&identity.username, &groups).await;
+    let forbidden = |what: &str, res: Result<(), kube::Error>| match res {
+        Err(kube::Error::Api(s)) if s.code == 403 => {}
+        other => panic!("P5: {what} must be forbidden to the product, got {other:?}"),
+    };
+    let sa_crs: Api<CocoonHibernation> = Api::namespaced(sa.clone(), &ns);
+    forbidden(
+        "deleting a CR",
+        sa_crs
+            .delete("web-0", &DeleteParams::default())
+            .await
+            .map(|_| ()),
+    );
+    let sa_pods: Api<Pod> = Api::namespaced(sa.clone(), &ns);
+    forbidden(
+        "deleting pods",
+        sa_pods
+            .delete_collection(&DeleteParams::default(), &Default::default())
+            .await
+            .map(|_| ()),
+    );
+    let secrets: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(sa.clone(), &ns);
+    forbidden(
+        "listing Secrets",
+        secrets.list(&Default::default()).await.map(|_| ()),
+    );
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> = Api::namespaced(sa, &ns);
+    forbidden(
+        "reading a Lease where no Lease Role is bound",
+        leases.get("cocoon-hibernation").await.map(|_| ()),
+    );
 }
