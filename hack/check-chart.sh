@@ -6,7 +6,9 @@
 #   4. dry-run       CRD applied for real (dry-run only if the cluster already has one),
 #                    the rest `kubectl apply --server-side --dry-run=server`; self-signed
 #                    certificate reuse and renewal through `lookup` (helm --dry-run=server)
-#   5. assertions    the rendered objects say what the spec and the brief require
+#   5. assertions    the rendered objects say what the spec and the brief require: RBAC
+#                    verbs (P5), webhook matchConditions (V7), the VM identity policy
+#                    off by default and complete with identities (S3)
 # Prints one summary line: `check-chart: PASS ...` or `check-chart: FAIL ...`.
 #
 # Needs: KUBECONFIG pointing at a reachable kube-apiserver (e.g. from hack/cluster-up.sh),
@@ -303,9 +305,12 @@ def cmd_assert(path, mode, namespace):
         c.check(k in kinds, f"renders a {k}")
     c.check("runAsNonRoot: true" in text, "text contains 'runAsNonRoot: true'")
     c.check("ServiceMonitor" not in kinds, "no ServiceMonitor unless serviceMonitor.enabled")
+    c.check("ValidatingAdmissionPolicy" not in kinds and "ValidatingAdmissionPolicyBinding" not in kinds,
+            "S3: no VM identity policy unless vmIdentityPolicy lists identities")
     for d in docs:
         if d["kind"] not in ("ClusterRole", "ClusterRoleBinding", "ValidatingWebhookConfiguration",
-                             "CustomResourceDefinition"):
+                             "CustomResourceDefinition", "ValidatingAdmissionPolicy",
+                             "ValidatingAdmissionPolicyBinding"):
             c.check(d["metadata"].get("namespace") == namespace,
                     f"{d['kind']}/{d['metadata']['name']} is in the release namespace")
 
@@ -320,7 +325,7 @@ def cmd_assert(path, mode, namespace):
     want = {
         ("cocoonset.cocoonstack.io", "cocoonhibernations"): ["get", "list", "patch", "watch"],
         ("cocoonset.cocoonstack.io", "cocoonhibernations/status"): ["patch"],
-        ("", "pods"): ["get", "list", "patch", "watch"],
+        ("", "pods"): ["list", "patch", "watch"],
         ("events.k8s.io", "events"): ["create", "patch"],
     }
     c.check(rules == want, f"ClusterRole rules are exactly {want}, got {rules}")
@@ -334,7 +339,10 @@ def cmd_assert(path, mode, namespace):
         c.check(r["apiGroups"] == ["coordination.k8s.io"] and r["resources"] == ["leases"],
                 f"Role only touches leases: {r}")
         lease.update({v: r.get("resourceNames") for v in r["verbs"]})
-    c.check(sorted(lease) == ["create", "get", "patch"], f"lease verbs are create/get/patch: {sorted(lease)}")
+    c.check(sorted(lease) == ["create", "get", "patch", "update"],
+            f"lease verbs are create/get/patch/update: {sorted(lease)}")
+    c.check(lease.get("create") is None and lease.get("get") == lease.get("update") == lease.get("patch")
+            and len(lease.get("get") or []) == 1, f"get/update/patch name one Lease, create cannot: {lease}")
     sa = one(docs, "ServiceAccount", c)["metadata"]["name"]
     for kind in ("ClusterRoleBinding", "RoleBinding"):
         b = one(docs, kind, c)
@@ -385,7 +393,7 @@ def cmd_assert(path, mode, namespace):
         c.check(name in env and (value is None or env[name].get("value") == value),
                 f"env {name}={value or '<set>'} (got {env.get(name)})")
     c.check(env.get("COCOON_LEASE_NAME", {}).get("value") in (lease.get("get") or []),
-            "the Role's get/patch resourceNames name the configured Lease")
+            "the Role's get/update/patch resourceNames name the configured Lease")
     mounts = {m["name"]: m["mountPath"] for m in ctr.get("volumeMounts", [])}
     vols = {v["name"]: v for v in spec.get("volumes", [])}
     c.check(mounts.get("tls") == "/etc/cocoon-hibernation/tls", "TLS secret mounted where COCOON_TLS_* point")
@@ -411,6 +419,10 @@ def cmd_assert(path, mode, namespace):
     c.check(wh.get("admissionReviewVersions") == ["v1"], "admissionReviewVersions [v1]")
     c.check(wh.get("timeoutSeconds") == 5, "timeoutSeconds 5")
     c.check(wh.get("matchPolicy") == "Equivalent", "matchPolicy Equivalent")
+    c.check(wh.get("matchConditions") == [{
+        "name": "create-or-podref-change",
+        "expression": "request.operation == 'CREATE' || object.spec.podRef != oldObject.spec.podRef"}],
+        f"V7: matchConditions send only CREATEs and podRef changes: {wh.get('matchConditions')}")
     cc = wh.get("clientConfig", {}).get("service", {})
     c.check(cc == {"name": svc["metadata"]["name"], "namespace": namespace,
                    "path": "/validate-cocoonhibernation", "port": 443}, f"clientConfig.service: {cc}")
@@ -497,6 +509,33 @@ def cmd_assert_variant(path, what, namespace=""):
                 and sel["matchExpressions"][1]["key"] == "tier", f"exclusions merged: {sel}")
         c.check(wh["timeoutSeconds"] == 10, "webhook.timeoutSeconds")
         c.check("PodDisruptionBudget" in kinds, "PDB with 3 replicas")
+    elif what == "vm-identity":
+        vaps = [d for d in docs if d["kind"] == "ValidatingAdmissionPolicy"]
+        binds = [d for d in docs if d["kind"] == "ValidatingAdmissionPolicyBinding"]
+        c.check(len(vaps) == 1 and len(binds) == 1, "S3: one policy and one binding")
+        if vaps and binds:
+            vap, b = vaps[0], binds[0]
+            spec = vap["spec"]
+            c.check(vap["apiVersion"] == b["apiVersion"] == "admissionregistration.k8s.io/v1",
+                    "admissionregistration.k8s.io/v1")
+            c.check(spec.get("failurePolicy") == "Fail", "policy failurePolicy Fail")
+            (rule,) = spec["matchConstraints"]["resourceRules"]
+            c.check(rule["apiGroups"] == [""] and sorted(rule["operations"]) == ["CREATE", "UPDATE"]
+                    and rule["resources"] == ["pods", "pods/*"],
+                    f"matches pod CREATE/UPDATE, subresources included: {rule}")
+            allowed = {v["name"]: v["expression"] for v in spec["variables"]}.get("allowed", "")
+            c.check('"system:serviceaccount:vk:vk-cocoon"' in allowed
+                    and '"system:serviceaccounts:cocoonset-system"' in allowed,
+                    f"the allowed identities are in the policy: {allowed}")
+            vals = spec["validations"]
+            for key in ("vm.cocoonstack.io/name", "vm.cocoonstack.io/id"):
+                v = [x for x in vals if key in x["expression"]]
+                c.check(len(v) == 1 and key in v[0].get("messageExpression", "")
+                        and v[0].get("reason") == "Forbidden", f"one validation for {key}; its message names it")
+            c.check(b["spec"]["policyName"] == vap["metadata"]["name"], "the binding binds the policy")
+            c.check(b["spec"]["validationActions"] == ["Deny"], "validationActions [Deny]")
+            c.check(b["spec"].get("matchResources", {}).get("namespaceSelector")
+                    == {"matchLabels": {"tenant": "true"}}, "namespaceSelector passed through")
     elif what == "servicemonitor":
         sm = [d for d in docs if d["kind"] == "ServiceMonitor"]
         c.check(len(sm) == 1 and sm[0]["apiVersion"] == "monitoring.coreos.com/v1", "ServiceMonitor rendered")
@@ -549,6 +588,14 @@ terminationGracePeriodSeconds: 60
 service: {annotations: {example.com/x: "z"}}
 EOF
 
+# The VM identity policy (S3) switched on.
+cat >"$WORK/vm-identity.values.yaml" <<'EOF'
+vmIdentityPolicy:
+  allowedUsernames: [system:serviceaccount:vk:vk-cocoon]
+  allowedGroups: [system:serviceaccounts:cocoonset-system]
+  namespaceSelector: {matchLabels: {tenant: "true"}}
+EOF
+
 # ---------------------------------------------------------------------------------------
 crd_drift() {
   local crd="$WORK/crd.yaml"
@@ -569,6 +616,8 @@ lint() {
     --set registry.base="$REGISTRY_BASE"
   helm lint --strict "$CHART" --kube-version "$KUBE_VERSION" --namespace "$NS" \
     --set registry.base="$REGISTRY_BASE" --set tls.mode=cert-manager --set serviceMonitor.enabled=true "${FULL[@]}"
+  helm lint --strict "$CHART" --kube-version "$KUBE_VERSION" --namespace "$NS" \
+    --set registry.base="$REGISTRY_BASE" -f "$WORK/vm-identity.values.yaml"
   # Bad values must be refused, not rendered.
   if helm template x "$CHART" --kube-version "$KUBE_VERSION" >/dev/null 2>"$WORK/err"; then
     die "rendering without registry.base must fail"
@@ -589,6 +638,10 @@ lint() {
   if helm template x "$CHART" --kube-version "$KUBE_VERSION" --set registry.base=r \
       --set controller.hibernateTimeout="3 min" >/dev/null 2>"$WORK/err"; then
     die "a malformed duration must be refused (values.schema.json)"
+  fi
+  if helm template x "$CHART" --kube-version "$KUBE_VERSION" --set registry.base=r \
+      --set vmIdentityPolicy.allowedUsernames=vk >/dev/null 2>"$WORK/err"; then
+    die "vmIdentityPolicy.allowedUsernames must be a list (values.schema.json)"
   fi
   log "bad values are refused"
 }
@@ -628,6 +681,7 @@ validate() {
   helm_render self-signed "$WORK/single.yaml" --set replicas=1 --set leaderElection.enabled=false \
     --set log.format=json --set registry.plainHTTP=true
   helm_render self-signed "$WORK/kitchen-sink.yaml" -f "$WORK/kitchen-sink.values.yaml"
+  helm_render self-signed "$WORK/vm-identity.yaml" -f "$WORK/vm-identity.values.yaml"
   # A CocoonHibernation as a user writes it, so the CRD schema is exercised too.
   cat >"$WORK/example-cr.yaml" <<EOF
 apiVersion: cocoonset.cocoonstack.io/v1
@@ -641,7 +695,7 @@ spec:
   desire: Hibernate
 EOF
   local f
-  for f in self-signed cert-manager single kitchen-sink example-cr; do
+  for f in self-signed cert-manager single kitchen-sink vm-identity example-cr; do
     log "kubeconform $f"
     kubeconform_run "$WORK/$f.yaml"
   done
@@ -683,6 +737,12 @@ dry_run() {
   done
   log "server-side dry run: kitchen-sink values"
   kubectl apply --server-side --dry-run=server --field-manager="$FIELD_MANAGER" -f "$WORK/kitchen-sink.yaml"
+  # The apiserver type-checks the VM identity policy's CEL (S3).
+  log "server-side dry run: VM identity policy"
+  tool only "$WORK/vm-identity.yaml" ValidatingAdmissionPolicy >"$WORK/vap.yaml"
+  echo "---" >>"$WORK/vap.yaml"
+  tool only "$WORK/vm-identity.yaml" ValidatingAdmissionPolicyBinding >>"$WORK/vap.yaml"
+  kubectl apply --server-side --dry-run=server --field-manager="$FIELD_MANAGER" -f "$WORK/vap.yaml"
   # A CR is accepted by the real CRD (schema + CEL compile) too.
   kubectl apply --server-side --dry-run=server --field-manager="$FIELD_MANAGER" -f "$WORK/example-cr.yaml"
 
@@ -722,6 +782,7 @@ assertions() {
   tool assert-variant "$WORK/single.yaml" single-replica
   tool assert-variant "$WORK/cert-manager.yaml" servicemonitor
   tool assert-variant "$WORK/kitchen-sink.yaml" kitchen-sink "$NS"
+  tool assert-variant "$WORK/vm-identity.yaml" vm-identity
 }
 
 step crd-drift crd_drift

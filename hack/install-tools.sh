@@ -4,6 +4,7 @@
 #   ${COCOON_CACHE:-$HOME/.cache/cocoon-hibernation}/tools/<name>-<version>/<name>
 # and links both into tools/bin-helm-<v>-kubeconform-<v>/ (one dir per version pair).
 # Idempotent: a tool already present is not rebuilt. Needs Go >= 1.24 on a cold cache.
+# Serialized by a lock file in the cache, so concurrent callers build once.
 # Prints that bin dir on its last line, e.g.
 #   export PATH="$(bash hack/install-tools.sh | tail -n 1):$PATH"
 set -euo pipefail
@@ -69,6 +70,11 @@ helm_ldflags() {
 }
 
 mkdir -p "$TOOLS"
+# One install at a time: test processes (tests/support/product.rs) and the chart checks
+# may call this concurrently against one cache.
+command -v flock >/dev/null || die "flock is required (apt-get install util-linux)"
+exec 9>"$TOOLS/.lock"
+flock 9
 
 # helm: v3 first; fall back to v4 if the v3 build fails.
 helm_dir=""

@@ -35,6 +35,9 @@ pub struct Cluster {
     pub k8s_version: String,
     /// Holds `kubectl`, `kube-apiserver` and `etcd`.
     pub bin_dir: PathBuf,
+    /// The control plane's state directory (kubeconfig, PKI, logs); shared by every test
+    /// process and worktree using this cluster.
+    pub state_dir: PathBuf,
 }
 
 /// A point in the audit log: events written after it are counted by
@@ -125,6 +128,16 @@ impl Cluster {
             audit_log: get("COCOON_AUDIT_LOG").into(),
             k8s_version: get("COCOON_K8S_VERSION"),
             bin_dir: get("COCOON_BIN_DIR").into(),
+            state_dir: env.get("COCOON_STATE_DIR").map_or_else(
+                || {
+                    let kubeconfig = PathBuf::from(get("KUBECONFIG"));
+                    kubeconfig
+                        .parent()
+                        .map(Path::to_path_buf)
+                        .unwrap_or_default()
+                },
+                PathBuf::from,
+            ),
         }
     }
 
@@ -140,12 +153,10 @@ impl Cluster {
         kube::Client::try_from(config).expect("kube client")
     }
 
-    /// A leaf serving certificate for `sans` (DNS names or IPs), signed by the cluster CA:
-    /// put [`Cluster::ca_cert_pem`] in a webhook's `caBundle`. Returns (cert PEM, key PEM).
-    pub fn serving_cert(&self, sans: &[&str]) -> (String, String) {
+    /// The cluster CA as an rcgen issuer.
+    fn issuer(&self) -> rcgen::Issuer<'static, rcgen::KeyPair> {
         use rcgen::{
-            CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, Issuer, KeyPair,
-            KeyUsagePurpose,
+            CertificateParams, DistinguishedName, DnType, Issuer, KeyPair, KeyUsagePurpose,
         };
         let ca_key = KeyPair::from_pem(&self.ca_key_pem).expect("parse CA key");
         // rcgen parses CA certs only with its x509-parser feature, so the issuer is rebuilt
@@ -156,8 +167,16 @@ impl Cluster {
             .distinguished_name
             .push(DnType::CommonName, CA_COMMON_NAME);
         ca_params.key_usages = vec![KeyUsagePurpose::KeyCertSign];
-        let issuer = Issuer::new(ca_params, ca_key);
+        Issuer::new(ca_params, ca_key)
+    }
 
+    /// A leaf serving certificate for `sans` (DNS names or IPs), signed by the cluster CA:
+    /// put [`Cluster::ca_cert_pem`] in a webhook's `caBundle`. Returns (cert PEM, key PEM).
+    pub fn serving_cert(&self, sans: &[&str]) -> (String, String) {
+        use rcgen::{
+            CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, KeyPair,
+            KeyUsagePurpose,
+        };
         let sans: Vec<String> = sans.iter().map(|s| (*s).to_owned()).collect();
         let mut params = CertificateParams::new(sans).expect("valid SANs");
         params.distinguished_name = DistinguishedName::new();
@@ -167,8 +186,82 @@ impl Cluster {
         params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
         params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
         let key = KeyPair::generate().expect("generate leaf key");
-        let cert = params.signed_by(&key, &issuer).expect("sign leaf cert");
+        let cert = params
+            .signed_by(&key, &self.issuer())
+            .expect("sign leaf cert");
         (cert.pem(), key.serialize_pem())
+    }
+
+    /// A client certificate signed by the cluster CA, which the apiserver also trusts for
+    /// clients (`--client-ca-file`): it authenticates as user `user` (CN) in `groups` (O).
+    /// At most two groups (rcgen keeps one value per attribute type; the second O is
+    /// written under its OID). Returns (cert PEM, key PEM).
+    pub fn client_cert(&self, user: &str, groups: &[&str]) -> (String, String) {
+        use rcgen::{
+            CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, KeyPair,
+            KeyUsagePurpose,
+        };
+        assert!(
+            groups.len() <= 2,
+            "client_cert supports at most two groups, got {groups:?}"
+        );
+        let mut params = CertificateParams::default();
+        params.distinguished_name = DistinguishedName::new();
+        if let Some(g) = groups.first() {
+            params.distinguished_name.push(DnType::OrganizationName, *g);
+        }
+        if let Some(g) = groups.get(1) {
+            // id-at-organizationName (2.5.4.10) again, as a second O attribute.
+            params
+                .distinguished_name
+                .push(DnType::CustomDnType(vec![2, 5, 4, 10]), *g);
+        }
+        params.distinguished_name.push(DnType::CommonName, user);
+        params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+        let key = KeyPair::generate().expect("generate client key");
+        let cert = params
+            .signed_by(&key, &self.issuer())
+            .expect("sign client cert");
+        (cert.pem(), key.serialize_pem())
+    }
+
+    /// A kubeconfig (YAML text) for this cluster that authenticates as `user` in `groups`
+    /// with a fresh client certificate (see [`Cluster::client_cert`]).
+    pub fn kubeconfig_for(&self, user: &str, groups: &[&str]) -> String {
+        use base64::Engine;
+        let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
+        let (cert, key) = self.client_cert(user, groups);
+        let doc = serde_json::json!({
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{ "name": "cocoon-local", "cluster": {
+                "server": self.apiserver_url,
+                "certificate-authority-data": b64(&self.ca_cert_pem),
+            }}],
+            "users": [{ "name": user, "user": {
+                "client-certificate-data": b64(&cert),
+                "client-key-data": b64(&key),
+            }}],
+            "contexts": [{ "name": "cocoon-local", "context": {
+                "cluster": "cocoon-local", "user": user, "namespace": "default",
+            }}],
+            "current-context": "cocoon-local",
+        });
+        // JSON is YAML: any kubeconfig reader takes it.
+        serde_json::to_string_pretty(&doc).expect("kubeconfig JSON")
+    }
+
+    /// A client that authenticates as `user` in `groups` (not admin): what it may do is
+    /// what RBAC grants that identity.
+    pub async fn client_as(&self, user: &str, groups: &[&str]) -> kube::Client {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let kubeconfig: Kubeconfig = serde_json::from_str(&self.kubeconfig_for(user, groups))
+            .expect("parse generated kubeconfig");
+        let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+            .await
+            .expect("kubeconfig to client config");
+        kube::Client::try_from(config).expect("kube client")
     }
 
     /// Creates a uniquely named namespace and returns its name. Tests never delete

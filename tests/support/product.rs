@@ -2,6 +2,14 @@
 //! plane, installs the CRD and a ValidatingWebhookConfiguration pointing at it, and
 //! offers polling helpers. Include with `#[path = "support/product.rs"] mod product;`
 //! next to `cluster.rs`.
+//!
+//! The binary runs under the Helm chart's RBAC, not as admin (P5): the chart's
+//! ServiceAccount, ClusterRole and bindings are rendered with `helm template` and applied
+//! once per chart content ([`product_identity`]); the binary authenticates as that
+//! ServiceAccount with a client certificate; a product with leader election gets the
+//! chart's Lease Role bound in its lease namespace ([`bind_lease_role`]). A verb the
+//! chart lacks therefore fails the e2e suite. [`ProductOptions::as_admin`] is the escape
+//! hatch.
 #![allow(dead_code)] // each test binary uses a different subset
 
 use super::cluster::Cluster;
@@ -14,8 +22,9 @@ use kube::{Api, CustomResourceExt};
 use std::future::Future;
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_cocoon-hibernation");
@@ -32,6 +41,8 @@ pub struct ProductOptions {
     pub lease: Option<String>,
     pub lease_duration: String,
     pub identity: Option<String>,
+    /// Run with the admin kubeconfig instead of the chart's ServiceAccount and RBAC.
+    pub as_admin: bool,
 }
 
 impl ProductOptions {
@@ -44,6 +55,7 @@ impl ProductOptions {
             lease: None,
             lease_duration: "4s".into(),
             identity: None,
+            as_admin: false,
         }
     }
 }
@@ -107,11 +119,20 @@ impl Product {
         if let Some(id) = &opts.identity {
             args.push(format!("--identity={id}"));
         }
+        let kubeconfig = if opts.as_admin {
+            cluster.kubeconfig.clone()
+        } else {
+            let identity = product_identity(cluster).await;
+            if let Some(lease) = &opts.lease {
+                bind_lease_role(cluster, &opts.namespace, lease).await;
+            }
+            identity.kubeconfig.clone()
+        };
         let log = dir.path().join("server.log");
         let mut p = Self {
             child: None,
             args,
-            kubeconfig: cluster.kubeconfig.clone(),
+            kubeconfig,
             webhook_port,
             admin_port,
             dir,
@@ -272,7 +293,8 @@ pub async fn ensure_crd(client: &kube::Client) {
     .await;
 }
 
-/// A ValidatingWebhookConfiguration for one namespace, pointing at `port` on loopback.
+/// A ValidatingWebhookConfiguration for one namespace, pointing at `port` on loopback,
+/// with the chart's `matchConditions` (V7).
 pub async fn install_webhook(
     client: &kube::Client,
     cluster: &Cluster,
@@ -301,6 +323,8 @@ pub async fn install_webhook(
                 "caBundle": ca,
             },
             "namespaceSelector": { "matchLabels": { "kubernetes.io/metadata.name": namespace } },
+            // V7: the chart's own conditions, so the two cannot drift.
+            "matchConditions": chart_match_conditions(cluster),
             "rules": [{
                 "apiGroups": [group],
                 "apiVersions": ["v1"],
@@ -319,7 +343,53 @@ pub async fn install_webhook(
     )
     .await
     .expect("apply webhook configuration");
+    wait_webhook_in_effect(client, namespace, group).await;
     name
+}
+
+/// Waits until the apiserver sends CREATEs of `group`'s CocoonHibernations in `namespace`
+/// to a webhook: a dry-run CREATE (no side effects) is answered by a webhook, or fails
+/// calling it, instead of being admitted. A configuration takes a moment to reach the
+/// admission chain; until then requests pass unchecked, and an update that is a no-op by
+/// then is never sent (matchConditions).
+pub async fn wait_webhook_in_effect(client: &kube::Client, namespace: &str, group: &str) {
+    use kube::core::{ApiResource, DynamicObject};
+    let ar = ApiResource {
+        group: group.into(),
+        version: "v1".into(),
+        api_version: format!("{group}/v1"),
+        kind: "CocoonHibernation".into(),
+        plural: "cocoonhibernations".into(),
+    };
+    let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), namespace, &ar);
+    // Named unlike its pod: V1 denies it, so it is never admitted once the webhook is asked.
+    let probe: DynamicObject = serde_json::from_value(serde_json::json!({
+        "apiVersion": format!("{group}/v1"),
+        "kind": "CocoonHibernation",
+        "metadata": { "name": "cocoon-e2e-webhook-probe" },
+        "spec": { "podRef": { "name": "cocoon-e2e-webhook-probe-pod" }, "desire": "Wake" },
+    }))
+    .expect("probe CR");
+    let dry_run = PostParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    eventually(
+        &format!("the webhook configuration in effect for {group} in {namespace}"),
+        Duration::from_secs(60),
+        || async {
+            match api.create(&dry_run, &probe).await {
+                Err(kube::Error::Api(s))
+                    if s.message.contains("admission webhook")
+                        || s.message.contains("failed calling webhook") =>
+                {
+                    Some(())
+                }
+                _ => None,
+            }
+        },
+    )
+    .await;
 }
 
 pub fn new_cr(name: &str, pod: &str, desire: Desire) -> CocoonHibernation {
@@ -456,4 +526,323 @@ pub async fn event_reasons(client: &kube::Client, namespace: &str, name: &str) -
         .collect();
     events.sort_by_key(|e| e.event_time.clone().map(|t| t.0));
     events.into_iter().filter_map(|e| e.reason).collect()
+}
+
+// ---------------------------------------------------------------------------------------
+// The Helm chart: rendering, and the product's identity under the chart's RBAC.
+
+/// The chart this repository ships.
+pub fn chart_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("charts/cocoon-hibernation")
+}
+
+/// helm, found the way `hack/check-chart.sh` finds it: `hack/install-tools.sh` builds it
+/// on first use (Go needed) and prints its bin dir. Panics, never skips, without it.
+pub fn helm() -> &'static Path {
+    static HELM: OnceLock<PathBuf> = OnceLock::new();
+    HELM.get_or_init(|| {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("hack/install-tools.sh");
+        let out = Command::new("bash")
+            .arg(&script)
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run {}: {e}", script.display()));
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{} failed ({}); it builds helm with Go >= 1.24 on a cold cache\n{}",
+            script.display(),
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let helm = Path::new(stdout.lines().last().unwrap_or_default().trim()).join("helm");
+        assert!(
+            helm.is_file(),
+            "{} printed no bin dir holding helm (got {})",
+            script.display(),
+            helm.display()
+        );
+        helm
+    })
+}
+
+/// `helm template` of the chart as release `release` in `namespace`, plus `args` (e.g.
+/// `--set`, `--show-only`). Returns every rendered document as JSON; panics on failure.
+pub fn helm_template(
+    cluster: &Cluster,
+    release: &str,
+    namespace: &str,
+    args: &[&str],
+) -> Vec<serde_json::Value> {
+    use serde::Deserialize;
+    // `v1.34.4` or `v1.34.4-dirty` -> `1.34.4`
+    let kube_version = cluster.k8s_version.trim_start_matches('v');
+    let kube_version = kube_version.split('-').next().unwrap_or(kube_version);
+    let out = Command::new(helm())
+        .args(["template", release])
+        .arg(chart_dir())
+        .args(["--namespace", namespace, "--kube-version", kube_version])
+        .args(["--set", "registry.base=e2e.invalid/snapshots"])
+        .args(args)
+        .output()
+        .expect("run helm template");
+    assert!(
+        out.status.success(),
+        "helm template {release} {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).expect("helm output is UTF-8");
+    serde_yaml::Deserializer::from_str(&text)
+        .map(|doc| serde_json::Value::deserialize(doc).expect("helm output is YAML"))
+        .filter(|doc| !doc.is_null())
+        .collect()
+}
+
+/// The `matchConditions` of the chart's ValidatingWebhookConfiguration (V7), rendered once.
+pub fn chart_match_conditions(cluster: &Cluster) -> serde_json::Value {
+    static CONDITIONS: OnceLock<serde_json::Value> = OnceLock::new();
+    CONDITIONS
+        .get_or_init(|| {
+            let docs = helm_template(
+                cluster,
+                "cocoon-hibernation",
+                "cocoon-system",
+                &[
+                    "--set",
+                    "tls.mode=cert-manager",
+                    "--show-only",
+                    "templates/webhook.yaml",
+                ],
+            );
+            let vwc = docs
+                .iter()
+                .find(|d| d["kind"] == "ValidatingWebhookConfiguration")
+                .expect("the chart renders a ValidatingWebhookConfiguration");
+            let conditions = vwc["webhooks"][0]["matchConditions"].clone();
+            assert!(
+                conditions.as_array().is_some_and(|c| !c.is_empty()),
+                "the chart's webhook has no matchConditions (V7): {vwc}"
+            );
+            conditions
+        })
+        .clone()
+}
+
+/// Server-side applies rendered documents (any kind the apiserver serves) as admin.
+pub async fn apply_docs(client: &kube::Client, docs: &[serde_json::Value]) {
+    use kube::core::{DynamicObject, GroupVersionKind, TypeMeta};
+    use kube::discovery::Scope;
+    for doc in docs {
+        let types: TypeMeta = serde_json::from_value(doc.clone())
+            .unwrap_or_else(|e| panic!("no apiVersion/kind in {doc}: {e}"));
+        let gvk = GroupVersionKind::try_from(&types).expect("parse apiVersion");
+        let (ar, caps) = kube::discovery::pinned_kind(client, &gvk)
+            .await
+            .unwrap_or_else(|e| panic!("discover {gvk:?}: {e}"));
+        let name = doc["metadata"]["name"].as_str().expect("metadata.name");
+        let api: Api<DynamicObject> = match caps.scope {
+            Scope::Namespaced => {
+                let ns = doc["metadata"]["namespace"]
+                    .as_str()
+                    .unwrap_or_else(|| panic!("{} {name} has no namespace", types.kind));
+                Api::namespaced_with(client.clone(), ns, &ar)
+            }
+            Scope::Cluster => Api::all_with(client.clone(), &ar),
+        };
+        api.patch(
+            name,
+            &PatchParams::apply("cocoon-e2e").force(),
+            &Patch::Apply(doc),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("apply {} {name}: {e}", types.kind));
+    }
+}
+
+/// Waits until RBAC lets `user` in `groups` do `verb` on `resource` (`group/resource`
+/// or `resource`, optionally one `name`) in `namespace` (None: cluster-wide). RBAC
+/// objects reach the authorizer through its informers, a moment after they are written.
+pub async fn wait_allowed(
+    client: &kube::Client,
+    user: &str,
+    groups: &[&str],
+    verb: &str,
+    resource: &str,
+    name: Option<&str>,
+    namespace: Option<&str>,
+) {
+    use k8s_openapi::api::authorization::v1::{
+        ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
+    };
+    let (group, resource) = resource.split_once('/').unwrap_or(("", resource));
+    let review = SubjectAccessReview {
+        spec: SubjectAccessReviewSpec {
+            user: Some(user.to_owned()),
+            groups: Some(groups.iter().map(|g| (*g).to_owned()).collect()),
+            resource_attributes: Some(ResourceAttributes {
+                group: Some(group.to_owned()),
+                resource: Some(resource.to_owned()),
+                verb: Some(verb.to_owned()),
+                name: name.map(str::to_owned),
+                namespace: namespace.map(str::to_owned),
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let api: Api<SubjectAccessReview> = Api::all(client.clone());
+    eventually(
+        &format!("RBAC lets {user} {verb} {group}/{resource} in {namespace:?}"),
+        Duration::from_secs(30),
+        || async {
+            let res = api.create(&PostParams::default(), &review).await.ok()?;
+            res.status?.allowed.then_some(())
+        },
+    )
+    .await;
+}
+
+/// The identity the product runs as in tests: the chart's ServiceAccount.
+#[derive(Clone, Debug)]
+pub struct ProductIdentity {
+    /// Release name and namespace of the rendered RBAC, `cocoon-e2e-<chart hash>`.
+    pub release: String,
+    /// `system:serviceaccount:<namespace>:<name>`.
+    pub username: String,
+    pub groups: Vec<String>,
+    /// A kubeconfig authenticating as `username` with a client certificate.
+    pub kubeconfig: PathBuf,
+}
+
+/// `cocoon-e2e-<hash of the chart's templates and values>`: each chart version gets its
+/// own release, so test processes (or worktrees) testing different charts against one
+/// cluster never overwrite each other's RBAC.
+fn e2e_release() -> String {
+    use std::hash::{DefaultHasher, Hash, Hasher};
+    let chart = chart_dir();
+    let mut files: Vec<PathBuf> = std::fs::read_dir(chart.join("templates"))
+        .expect("read chart templates")
+        .map(|e| e.expect("dir entry").path())
+        .collect();
+    files.sort();
+    files.push(chart.join("values.yaml"));
+    files.push(chart.join("Chart.yaml"));
+    let mut h = DefaultHasher::new(); // fixed keys: the same in every process
+    for f in &files {
+        f.file_name().hash(&mut h);
+        std::fs::read(f)
+            .unwrap_or_else(|e| panic!("read {}: {e}", f.display()))
+            .hash(&mut h);
+    }
+    format!("cocoon-e2e-{:010x}", h.finish() & 0xff_ffff_ffff)
+}
+
+/// The chart's RBAC documents for the e2e release, `extra` values added.
+fn chart_rbac_docs(cluster: &Cluster, release: &str, extra: &[&str]) -> Vec<serde_json::Value> {
+    let mut args = vec![
+        "--set",
+        "tls.mode=cert-manager", // no key generation: only RBAC is shown
+        "--show-only",
+        "templates/rbac.yaml",
+        "--show-only",
+        "templates/serviceaccount.yaml",
+    ];
+    let full = format!("fullnameOverride={release}");
+    args.extend(["--set", &full]);
+    args.extend(extra);
+    helm_template(cluster, release, release, &args)
+}
+
+/// Applies the chart's ServiceAccount, ClusterRole and ClusterRoleBinding (and the Lease
+/// Role of its release namespace) once per process, waits until RBAC grants them, and
+/// writes a kubeconfig for the ServiceAccount. Concurrent test processes apply the same
+/// objects (server-side apply, idempotent) and each write the file atomically.
+pub async fn product_identity(cluster: &Cluster) -> &'static ProductIdentity {
+    static IDENTITY: tokio::sync::OnceCell<ProductIdentity> = tokio::sync::OnceCell::const_new();
+    IDENTITY
+        .get_or_init(|| async {
+            let client = cluster.client().await;
+            let release = e2e_release();
+            let docs = chart_rbac_docs(cluster, &release, &[]);
+            let sa = docs
+                .iter()
+                .find(|d| d["kind"] == "ServiceAccount")
+                .expect("the chart renders a ServiceAccount");
+            let sa_name = sa["metadata"]["name"].as_str().expect("SA name").to_owned();
+            let sa_ns = sa["metadata"]["namespace"]
+                .as_str()
+                .expect("SA namespace")
+                .to_owned();
+            let namespace = serde_json::json!({
+                "apiVersion": "v1", "kind": "Namespace", "metadata": { "name": sa_ns },
+            });
+            apply_docs(&client, &[namespace]).await;
+            apply_docs(&client, &docs).await;
+            let username = format!("system:serviceaccount:{sa_ns}:{sa_name}");
+            let groups = vec![
+                "system:serviceaccounts".to_owned(),
+                format!("system:serviceaccounts:{sa_ns}"),
+            ];
+            let group_refs: Vec<&str> = groups.iter().map(String::as_str).collect();
+            // The last rule of the ClusterRole and the binding are in effect.
+            wait_allowed(
+                &client,
+                &username,
+                &group_refs,
+                "create",
+                "events.k8s.io/events",
+                None,
+                None,
+            )
+            .await;
+            let kubeconfig = cluster.state_dir.join(format!("{release}.kubeconfig"));
+            let tmp = cluster
+                .state_dir
+                .join(format!("{release}.kubeconfig.{}", std::process::id()));
+            std::fs::write(&tmp, cluster.kubeconfig_for(&username, &group_refs))
+                .unwrap_or_else(|e| panic!("write {}: {e}", tmp.display()));
+            std::fs::rename(&tmp, &kubeconfig)
+                .unwrap_or_else(|e| panic!("rename to {}: {e}", kubeconfig.display()));
+            ProductIdentity {
+                release,
+                username,
+                groups,
+                kubeconfig,
+            }
+        })
+        .await
+}
+
+/// Binds the chart's Lease Role for `lease` in `namespace` to the product's
+/// ServiceAccount: the chart puts it in the release namespace, tests elect in the test
+/// namespace (`--lease-namespace`). Same rules, only the namespace differs.
+pub async fn bind_lease_role(cluster: &Cluster, namespace: &str, lease: &str) {
+    let identity = product_identity(cluster).await;
+    let lease_value = format!("leaderElection.leaseName={lease}");
+    let mut docs: Vec<serde_json::Value> =
+        chart_rbac_docs(cluster, &identity.release, &["--set", &lease_value])
+            .into_iter()
+            .filter(|d| d["kind"] == "Role" || d["kind"] == "RoleBinding")
+            .collect();
+    assert_eq!(
+        docs.len(),
+        2,
+        "the chart renders a Lease Role and RoleBinding with leader election on"
+    );
+    for d in &mut docs {
+        d["metadata"]["namespace"] = namespace.into();
+    }
+    let client = cluster.client().await;
+    apply_docs(&client, &docs).await;
+    let groups: Vec<&str> = identity.groups.iter().map(String::as_str).collect();
+    wait_allowed(
+        &client,
+        &identity.username,
+        &groups,
+        "get",
+        "coordination.k8s.io/leases",
+        Some(lease),
+        Some(namespace),
+    )
+    .await;
 }
