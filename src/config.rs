@@ -95,6 +95,10 @@ pub struct ControllerArgs {
     /// Budget for a wake, from entering Waking (W4).
     #[arg(long, env = "COCOON_WAKE_TIMEOUT", value_parser = parse_duration, default_value = "5m")]
     pub wake_timeout: Duration,
+    /// First wait after the registry refuses a tag delete for good (S5); it doubles up
+    /// to ten times this.
+    #[arg(long, env = "COCOON_REFUSED_DELETE_BACKOFF", value_parser = parse_duration, default_value = "1m")]
+    pub refused_delete_backoff: Duration,
     /// Only watch this namespace; all namespaces when empty.
     #[arg(long, env = "COCOON_WATCH_NAMESPACE", default_value = "")]
     pub watch_namespace: String,
@@ -210,6 +214,9 @@ impl ServerArgs {
         }
         if self.controller.wake_timeout.is_zero() {
             return err("--wake-timeout must be positive");
+        }
+        if self.controller.refused_delete_backoff.is_zero() {
+            return err("--refused-delete-backoff must be positive");
         }
         if self.registry.registry_timeout.is_zero() {
             return err("--registry-timeout must be positive");

@@ -302,6 +302,8 @@ async fn e2e_registry_refusing_tag_delete_keeps_active_then_tag_gone() {
         "refuse-delete",
         Setup {
             registry: Some(registry.host()),
+            // S5 backs refused deletes off to minutes; the test has seconds.
+            extra_args: vec!["--refused-delete-backoff=2s".into()],
             ..Setup::default()
         },
     )

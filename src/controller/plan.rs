@@ -26,6 +26,8 @@ pub struct Settings {
     /// C2: registry calls at once; below the worker count so a slow registry never
     /// holds every worker.
     pub registry_slots: usize,
+    /// S5: first wait after a tag delete is refused for good; doubles up to 10x.
+    pub refused_delete_backoff: Duration,
 }
 
 impl Default for Settings {
@@ -37,6 +39,7 @@ impl Default for Settings {
             transition_poll: Duration::from_secs(15),
             conflict_recheck: Duration::from_secs(60),
             registry_slots: 3,
+            refused_delete_backoff: Duration::from_secs(60),
         }
     }
 }

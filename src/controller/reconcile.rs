@@ -359,14 +359,15 @@ impl Context {
             }
             Err(_) => 1,
         };
-        refusal_backoff(attempts)
+        refusal_backoff(attempts, self.settings.refused_delete_backoff)
     }
 }
 
-/// S5: 1, 2, 4, 8 minutes, then every 10 minutes.
-fn refusal_backoff(attempts: u32) -> Duration {
+/// S5: with the default base of a minute, 1, 2, 4, 8 minutes, then every 10 minutes.
+fn refusal_backoff(attempts: u32, base: Duration) -> Duration {
     let doublings = attempts.clamp(1, 5) - 1;
-    Duration::from_secs(60u64 << doublings).min(Duration::from_secs(600))
+    base.saturating_mul(1 << doublings)
+        .min(base.saturating_mul(10))
 }
 
 /// Status goes to the status subresource; the resourceVersion makes a write based on a
@@ -580,9 +581,12 @@ mod tests {
     /// SPEC S5: a delete the registry refuses for good backs off to minutes.
     #[test]
     fn s5_refused_deletes_back_off_to_minutes() {
-        let mins: Vec<u64> = (1..=7).map(|n| refusal_backoff(n).as_secs() / 60).collect();
+        let minute = Duration::from_secs(60);
+        let mins: Vec<u64> = (1..=7)
+            .map(|n| refusal_backoff(n, minute).as_secs() / 60)
+            .collect();
         assert_eq!(mins, vec![1, 2, 4, 8, 10, 10, 10]);
-        assert_eq!(refusal_backoff(0), Duration::from_secs(60));
+        assert_eq!(refusal_backoff(0, minute), minute);
     }
 
     /// SPEC G2.

@@ -33,6 +33,8 @@ pub struct Setup {
     pub wake_timeout: &'static str,
     pub hibernate_delay: Duration,
     pub wake_delay: Duration,
+    /// Further product flags.
+    pub extra_args: Vec<String>,
     /// Install the ValidatingWebhookConfiguration; off plays an install whose webhook is
     /// absent, where duplicates can be created.
     pub webhook: bool,
@@ -47,6 +49,7 @@ impl Default for Setup {
             hibernate_delay: Duration::from_millis(300),
             wake_delay: Duration::from_millis(300),
             webhook: true,
+            extra_args: Vec::new(),
         }
     }
 }
@@ -64,6 +67,7 @@ pub async fn setup(prefix: &str, s: Setup) -> Env {
     let mut opts = ProductOptions::new(&ns, &registry);
     opts.hibernate_timeout = s.hibernate_timeout.into();
     opts.wake_timeout = s.wake_timeout.into();
+    opts.extra_args = s.extra_args;
     let product = Product::start(cluster, &opts).await;
     if s.webhook {
         product::install_webhook(

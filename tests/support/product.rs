@@ -43,6 +43,8 @@ pub struct ProductOptions {
     pub identity: Option<String>,
     /// Run with the admin kubeconfig instead of the chart's ServiceAccount and RBAC.
     pub as_admin: bool,
+    /// Further flags, e.g. a shorter backoff than production's.
+    pub extra_args: Vec<String>,
 }
 
 impl ProductOptions {
@@ -56,6 +58,7 @@ impl ProductOptions {
             lease_duration: "4s".into(),
             identity: None,
             as_admin: false,
+            extra_args: Vec::new(),
         }
     }
 }
@@ -119,6 +122,7 @@ impl Product {
         if let Some(id) = &opts.identity {
             args.push(format!("--identity={id}"));
         }
+        args.extend(opts.extra_args.iter().cloned());
         let kubeconfig = if opts.as_admin {
             cluster.kubeconfig.clone()
         } else {
