@@ -35,6 +35,8 @@ pub struct Cluster {
     pub k8s_version: String,
     /// Holds `kubectl`, `kube-apiserver` and `etcd`.
     pub bin_dir: PathBuf,
+    /// `hack/cluster-up.sh`'s state dir: `pki/`, `run.state`.
+    pub state_dir: PathBuf,
 }
 
 /// A point in the audit log: events written after it are counted by
@@ -125,7 +127,20 @@ impl Cluster {
             audit_log: get("COCOON_AUDIT_LOG").into(),
             k8s_version: get("COCOON_K8S_VERSION"),
             bin_dir: get("COCOON_BIN_DIR").into(),
+            state_dir: env.get("COCOON_STATE_DIR").map_or_else(
+                || path.parent().unwrap_or(Path::new(".")).to_path_buf(),
+                PathBuf::from,
+            ),
         }
+    }
+
+    /// `http://127.0.0.1:<port>` of etcd (its v3 JSON gateway), from `run.state`.
+    pub fn etcd_url(&self) -> String {
+        let state = parse_env(&read(&self.state_dir.join("run.state")));
+        let port = state
+            .get("ETCD_PORT")
+            .unwrap_or_else(|| panic!("{}/run.state has no ETCD_PORT", self.state_dir.display()));
+        format!("http://127.0.0.1:{port}")
     }
 
     /// A client acting as the admin user (system:masters).

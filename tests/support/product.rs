@@ -32,6 +32,9 @@ pub struct ProductOptions {
     pub lease: Option<String>,
     pub lease_duration: String,
     pub identity: Option<String>,
+    /// Extra environment for the process, applied last (e.g. `KUBECONFIG` pointing at a
+    /// proxy, `COCOON_APISERVER_TIMEOUT`).
+    pub env: Vec<(String, String)>,
 }
 
 impl ProductOptions {
@@ -44,6 +47,7 @@ impl ProductOptions {
             lease: None,
             lease_duration: "4s".into(),
             identity: None,
+            env: Vec::new(),
         }
     }
 }
@@ -53,6 +57,7 @@ pub struct Product {
     child: Option<Child>,
     args: Vec<String>,
     kubeconfig: PathBuf,
+    env: Vec<(String, String)>,
     pub webhook_port: u16,
     pub admin_port: u16,
     pub dir: tempfile::TempDir,
@@ -112,6 +117,7 @@ impl Product {
             child: None,
             args,
             kubeconfig: cluster.kubeconfig.clone(),
+            env: opts.env.clone(),
             webhook_port,
             admin_port,
             dir,
@@ -135,6 +141,7 @@ impl Product {
             .args(&self.args)
             .env("KUBECONFIG", &self.kubeconfig)
             .env_remove("COCOON_REGISTRY_BASE")
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(log)
             .stderr(err)
