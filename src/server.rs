@@ -135,7 +135,17 @@ async fn kube_clients(timeout: Duration) -> Result<(kube::Client, kube::Client)>
     let config = kube::Config::infer()
         .await
         .map_err(|e| Error::Kube(kube::Error::InferConfig(e)))?;
-    let watch = kube::Client::try_from(config.clone())?;
+    let (watch, timed) = client_configs(config, timeout);
+    Ok((
+        kube::Client::try_from(watch)?,
+        kube::Client::try_from(timed)?,
+    ))
+}
+
+/// (watch config, timed config) from one inferred config.
+fn client_configs(config: kube::Config, timeout: Duration) -> (kube::Config, kube::Config) {
+    let mut watch = config.clone();
+    watch.read_timeout = None;
     let mut timed = config;
     timed.connect_timeout = Some(timeout);
     timed.read_timeout = Some(timeout);
@@ -143,7 +153,7 @@ async fn kube_clients(timeout: Duration) -> Result<(kube::Client, kube::Client)>
     // Count the read timeout from when a request is sent, not from when its pooled
     // connection went idle.
     timed.reset_reader_on_write = true;
-    Ok((watch, kube::Client::try_from(timed)?))
+    (watch, timed)
 }
 
 fn flatten(res: std::result::Result<std::io::Result<()>, tokio::task::JoinError>) -> String {
@@ -262,6 +272,20 @@ mod tests {
         assert!(
             matches!(cfg.auth, RegistryAuth::Basic { ref username, .. } if username == "alice")
         );
+    }
+
+    /// SPEC S1: every non-watch call has connect, read and write timeouts; watches keep
+    /// no read timeout (kube-runtime's watcher has its own idle timeout).
+    #[test]
+    fn s1_only_the_watch_client_lacks_a_read_timeout() {
+        let base = kube::Config::new("https://127.0.0.1:6443".parse().unwrap());
+        let t = Duration::from_secs(7);
+        let (watch, timed) = client_configs(base, t);
+        assert_eq!(watch.read_timeout, None);
+        assert_eq!(timed.read_timeout, Some(t));
+        assert_eq!(timed.write_timeout, Some(t));
+        assert_eq!(timed.connect_timeout, Some(t));
+        assert!(timed.reset_reader_on_write);
     }
 
     /// SPEC P3: an unreadable file is a clear error naming the flag, not a panic.
