@@ -9,7 +9,7 @@
 //! after the full duration.
 //!
 //! - [`decide`]: the pure rules (acquire / renew / wait / step down / release).
-//! - [`elector`]: the GET / create / patch loop and the watchdog that closes the fence.
+//! - `elector`: the GET / create / patch loop and the watchdog that closes the fence.
 
 pub mod decide;
 mod elector;
@@ -25,6 +25,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+
 /// Whether this replica may still act as the leader, judged on its own clock (S1). The
 /// elector moves the deadline forward after each successful renewal; a replica cut off
 /// from the apiserver sees its fence expire before another replica can take the lease.
