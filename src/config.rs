@@ -55,6 +55,10 @@ pub struct ServerArgs {
     /// Log filter, in tracing's EnvFilter syntax.
     #[arg(long, env = "COCOON_LOG", default_value = "info")]
     pub log_filter: String,
+    /// Timeout of every apiserver request except watches (connect, read, write), so a
+    /// dead connection cannot hold a reconcile pass or a lease renewal (S1).
+    #[arg(long, env = "COCOON_APISERVER_TIMEOUT", value_parser = parse_duration, default_value = "15s")]
+    pub apiserver_timeout: Duration,
     /// How long SIGTERM waits for in-flight admission requests.
     #[arg(long, env = "COCOON_SHUTDOWN_GRACE", value_parser = parse_duration, default_value = "20s")]
     pub shutdown_grace: Duration,
@@ -166,6 +170,9 @@ pub struct ElectionArgs {
     /// This replica's identity; defaults to the pod name.
     #[arg(long, env = "POD_NAME")]
     pub identity: Option<String>,
+    /// How long a holder's record stays valid for the others (whole seconds). The leader
+    /// renews, and followers poll, every min(duration/5, 2s); the leader stops acting
+    /// max(duration/5, 1s) before its last renewal could expire (S1).
     #[arg(long, env = "COCOON_LEASE_DURATION", value_parser = parse_duration, default_value = "15s")]
     pub lease_duration: Duration,
 }
@@ -217,6 +224,9 @@ impl ServerArgs {
         }
         if self.controller.refused_delete_backoff.is_zero() {
             return err("--refused-delete-backoff must be positive");
+        }
+        if self.apiserver_timeout.is_zero() {
+            return err("--apiserver-timeout must be positive (S1)");
         }
         if self.registry.registry_timeout.is_zero() {
             return err("--registry-timeout must be positive");
@@ -282,6 +292,7 @@ mod tests {
         );
         assert_eq!(cli.server.controller.wake_timeout, Duration::from_secs(300));
         assert_eq!(cli.server.controller.concurrency, 4);
+        assert_eq!(cli.server.apiserver_timeout, Duration::from_secs(15));
         assert_eq!(cli.server.validate(), Ok(()));
     }
 
@@ -290,6 +301,7 @@ mod tests {
     #[case::c1_zero_workers(&["--concurrency", "0"], "--concurrency")]
     #[case::c1_negative_workers(&["--concurrency=-3"], "--concurrency")]
     #[case::zero_timeout(&["--hibernate-timeout", "0s"], "--hibernate-timeout")]
+    #[case::s1_zero_apiserver_timeout(&["--apiserver-timeout", "0s"], "--apiserver-timeout")]
     #[case::scheme_in_base(&["--registry-base", "https://r.example/x"], "without a scheme")]
     #[case::same_ports(&["--webhook-addr", "0.0.0.0:8080"], "must differ")]
     #[case::two_credential_sources(&["--registry-username", "u", "--registry-token-file", "/t"], "choose one")]

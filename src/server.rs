@@ -18,7 +18,7 @@ pub async fn run(args: ServerArgs) -> Result<()> {
     args.validate()?;
     let metrics = Metrics::new();
     let registry = RegistryClient::new(registry_config(&args.registry)?, metrics.clone())?;
-    let client = kube::Client::try_default().await?;
+    let (watch_client, client) = kube_clients(args.apiserver_timeout).await?;
     let shutdown = CancellationToken::new();
 
     let (trigger_tx, trigger_rx) = mpsc::unbounded_channel();
@@ -26,7 +26,7 @@ pub async fn run(args: ServerArgs) -> Result<()> {
         namespace: args.controller.watch_namespace.clone(),
         pod_selector: args.controller.pod_selector.clone(),
     };
-    let (cache, cache_driver) = cache::start(client.clone(), &scope, trigger_tx);
+    let (cache, cache_driver) = cache::start(watch_client, &scope, trigger_tx);
     let cache_task = tokio::spawn(cache_driver);
 
     // Webhook: fail fast on a bad certificate, then reload on change (V6).
@@ -65,7 +65,13 @@ pub async fn run(args: ServerArgs) -> Result<()> {
         .clone()
         .unwrap_or_else(|| format!("cocoon-hibernation-{}", std::process::id()));
     let election = if args.election.leader_election {
-        Election::start(client.clone(), &args.election, identity.clone()).await?
+        Election::start(
+            client.clone(),
+            &args.election,
+            identity.clone(),
+            args.apiserver_timeout,
+        )
+        .await?
     } else {
         Election::always()
     };
@@ -102,14 +108,14 @@ pub async fn run(args: ServerArgs) -> Result<()> {
         res = &mut webhook_server => Err(Error::Tls(format!("webhook server stopped: {}", flatten(res)))),
     };
 
-    // P4: stop accepting, finish in-flight reviews, stop reconciling, release the lease.
+    // P4: stop accepting, finish in-flight reviews, stop reconciling, release the lease
+    // (only after the controller stopped, so no leader-only effect follows the release).
     tracing::info!("shutting down");
     webhook_handle.graceful_shutdown(Some(args.shutdown_grace));
     shutdown.cancel();
     let _ = controller_task.await;
-    let Election { leading, task, .. } = election;
-    drop(leading);
-    if let Some(task) = task {
+    election.stop.cancel();
+    if let Some(task) = election.task {
         let _ = tokio::time::timeout(Duration::from_secs(5), task).await;
     }
     if !webhook_server.is_finished() {
@@ -123,6 +129,35 @@ pub async fn run(args: ServerArgs) -> Result<()> {
     cache_task.abort();
     tracing::info!("stopped");
     outcome
+}
+
+/// Two clients on the same kubeconfig (S1): one without a read timeout for the cache's
+/// watches, which kube-runtime guards with its own idle timeout, and one whose every
+/// request (reads, writes, events, the Lease) fails after `timeout` of silence, so a dead
+/// connection cannot hold a reconcile pass or a lease renewal forever.
+async fn kube_clients(timeout: Duration) -> Result<(kube::Client, kube::Client)> {
+    let config = kube::Config::infer()
+        .await
+        .map_err(|e| Error::Kube(kube::Error::InferConfig(e)))?;
+    let (watch, timed) = client_configs(config, timeout);
+    Ok((
+        kube::Client::try_from(watch)?,
+        kube::Client::try_from(timed)?,
+    ))
+}
+
+/// (watch config, timed config) from one inferred config.
+fn client_configs(config: kube::Config, timeout: Duration) -> (kube::Config, kube::Config) {
+    let mut watch = config.clone();
+    watch.read_timeout = None;
+    let mut timed = config;
+    timed.connect_timeout = Some(timeout);
+    timed.read_timeout = Some(timeout);
+    timed.write_timeout = Some(timeout);
+    // Count the read timeout from when a request is sent, not from when its pooled
+    // connection went idle.
+    timed.reset_reader_on_write = true;
+    (watch, timed)
 }
 
 fn flatten(res: std::result::Result<std::io::Result<()>, tokio::task::JoinError>) -> String {
@@ -241,6 +276,20 @@ mod tests {
         assert!(
             matches!(cfg.auth, RegistryAuth::Basic { ref username, .. } if username == "alice")
         );
+    }
+
+    /// SPEC S1: every non-watch call has connect, read and write timeouts; watches keep
+    /// no read timeout (kube-runtime's watcher has its own idle timeout).
+    #[test]
+    fn s1_only_the_watch_client_lacks_a_read_timeout() {
+        let base = kube::Config::new("https://127.0.0.1:6443".parse().unwrap());
+        let t = Duration::from_secs(7);
+        let (watch, timed) = client_configs(base, t);
+        assert_eq!(watch.read_timeout, None);
+        assert_eq!(timed.read_timeout, Some(t));
+        assert_eq!(timed.write_timeout, Some(t));
+        assert_eq!(timed.connect_timeout, Some(t));
+        assert!(timed.reset_reader_on_write);
     }
 
     /// SPEC P3: an unreadable file is a clear error naming the flag, not a panic.

@@ -3,6 +3,8 @@
 
 #[path = "support/cluster.rs"]
 mod cluster;
+#[path = "support/lease_log.rs"]
+mod lease_log;
 #[path = "support/product.rs"]
 mod product;
 #[path = "support/vk_sim.rs"]
@@ -11,6 +13,7 @@ mod vk_sim;
 use cocoon_hibernation::api::{CocoonHibernation, Desire, Phase};
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::Api;
+use lease_log::LeaseLog;
 use product::{Product, ProductOptions, eventually, wait_phase};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -52,14 +55,16 @@ fn options(ns: &str, registry: &str, identity: &str) -> ProductOptions {
     o
 }
 
-/// P2: only the leader reconciles; after `kill -9` of the leader the other replica takes
-/// over within the lease duration; both serve the webhook throughout.
+/// P2 S1: only the leader reconciles; after `kill -9` of the leader the other replica takes
+/// over once the old holder's last record has expired (never earlier: the old holder's
+/// fence may still be open until then); both serve the webhook throughout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn e2e_leader_failover_only_leader_reconciles_and_webhook_stays_up() {
     let cluster = cluster::cluster();
     let client = cluster.client().await;
     product::ensure_crd(&client).await;
     let ns = cluster.fresh_namespace(&client, "leader").await;
+    let lease_log = LeaseLog::start(&client, &ns, "cocoon-hibernation");
     let mut a = Product::start(cluster, &options(&ns, &cluster.registry, "replica-a")).await;
     eventually("replica-a leads", LONG, || async {
         (a.metric("cocoon_hibernation_leader") == 1.0).then_some(())
@@ -104,8 +109,8 @@ async fn e2e_leader_failover_only_leader_reconciles_and_webhook_stays_up() {
     let mut answered = 0;
     while b.metric("cocoon_hibernation_leader") != 1.0 {
         assert!(
-            killed.elapsed() < Duration::from_secs(30),
-            "replica-b never took over"
+            killed.elapsed() < LONG,
+            "replica-b did not take over within {LONG:?}"
         );
         assert!(
             webhook_answers(b.webhook_port, &cluster.ca_cert_pem).await,
@@ -118,9 +123,23 @@ async fn e2e_leader_failover_only_leader_reconciles_and_webhook_stays_up() {
     eprintln!(
         "leader takeover after kill -9: {takeover:?} (lease duration 4s; webhook answered {answered} times meanwhile)"
     );
+    let a_last = lease_log
+        .last_held_by("replica-a")
+        .expect("replica-a's records");
+    let b_first = eventually("replica-b's first record", LONG, || async {
+        lease_log.first_held_by("replica-b")
+    })
+    .await;
+    let (a_expiry, b_acquire) = (a_last.expiry().unwrap(), b_first.acquire.unwrap());
+    eprintln!(
+        "replica-a's last record expired at {a_expiry}; replica-b acquired at {b_acquire} ({:#} after)",
+        b_acquire.duration_since(a_expiry)
+    );
     assert!(
-        takeover < Duration::from_secs(4 * 2 + 2),
-        "takeover took {takeover:?}"
+        b_acquire >= a_expiry,
+        "S1: replica-b took the lease at {b_acquire}, before replica-a's last renewal \
+         ({:?}) expired at {a_expiry}",
+        a_last.renew
     );
 
     product::set_desire(&crs, "l-0", Desire::Wake).await;
@@ -129,14 +148,16 @@ async fn e2e_leader_failover_only_leader_reconciles_and_webhook_stays_up() {
     assert!(webhook_answers(b.webhook_port, &cluster.ca_cert_pem).await);
 }
 
-/// P4: SIGTERM drains, releases the lease and exits 0; the other replica then takes the
-/// lease.
+/// P4: SIGTERM drains, releases the lease and exits 0; the waiting replica takes the
+/// released lease within about a retry period: before the old holder's last record
+/// (renewTime + leaseDurationSeconds, as read from the API) would have expired.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn e2e_sigterm_releases_the_lease_and_exits_zero() {
     let cluster = cluster::cluster();
     let client = cluster.client().await;
     product::ensure_crd(&client).await;
     let ns = cluster.fresh_namespace(&client, "sigterm").await;
+    let lease_log = LeaseLog::start(&client, &ns, "cocoon-hibernation");
     let mut a = Product::start(cluster, &options(&ns, &cluster.registry, "replica-a")).await;
     eventually("replica-a leads", LONG, || async {
         (a.metric("cocoon_hibernation_leader") == 1.0).then_some(())
@@ -150,18 +171,46 @@ async fn e2e_sigterm_releases_the_lease_and_exits_zero() {
         "replica-a"
     );
 
+    let term = Instant::now();
     let status = a.sigterm();
     assert!(status.success(), "exit status {status}");
     let log = a.log_text();
     assert!(log.contains("lease released"), "{log}");
-    let stopped = Instant::now();
     eventually("replica-b leads", LONG, || async {
         (b.metric("cocoon_hibernation_leader") == 1.0).then_some(())
     })
     .await;
-    eprintln!("takeover after SIGTERM: {:?}", stopped.elapsed());
+    let handover = term.elapsed();
     assert_eq!(
         holder(leases.get("cocoon-hibernation").await.unwrap()),
         "replica-b"
+    );
+    let b_first = eventually("replica-b's first record", LONG, || async {
+        lease_log.first_held_by("replica-b")
+    })
+    .await;
+    let records = lease_log.records();
+    let a_last = lease_log
+        .last_held_by("replica-a")
+        .expect("replica-a's records");
+    // The release, as client-go's ReleaseOnCancel writes it: holder cleared, 1 s.
+    let release = records
+        .iter()
+        .find(|r| r.holder.is_empty())
+        .unwrap_or_else(|| panic!("no released record in {records:#?}"));
+    assert_eq!(release.duration, Duration::from_secs(1), "{release:?}");
+    let (a_expiry, b_acquire) = (a_last.expiry().unwrap(), b_first.acquire.unwrap());
+    eprintln!(
+        "handover after SIGTERM: {handover:?} (SIGTERM to replica-b leading); released at {:?}, \
+         replica-b acquired at {b_acquire}, {:#} after the release and {:#} before replica-a's \
+         last record would have expired ({a_expiry})",
+        release.renew,
+        b_acquire.duration_since(release.renew.unwrap()),
+        a_expiry.duration_since(b_acquire),
+    );
+    assert!(
+        b_acquire < a_expiry,
+        "P4: the released lease was taken at {b_acquire}, not before the old record's \
+         expiry {a_expiry}: the follower waited for expiry instead of seeing the release"
     );
 }

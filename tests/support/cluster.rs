@@ -141,6 +141,15 @@ impl Cluster {
         }
     }
 
+    /// `http://127.0.0.1:<port>` of etcd (its v3 JSON gateway), from `run.state`.
+    pub fn etcd_url(&self) -> String {
+        let state = parse_env(&read(&self.state_dir.join("run.state")));
+        let port = state
+            .get("ETCD_PORT")
+            .unwrap_or_else(|| panic!("{}/run.state has no ETCD_PORT", self.state_dir.display()));
+        format!("http://127.0.0.1:{port}")
+    }
+
     /// A client acting as the admin user (system:masters).
     pub async fn client(&self) -> kube::Client {
         // kube's rustls needs a process-wide provider; an error only means one is set.

@@ -45,6 +45,9 @@ pub struct ProductOptions {
     pub as_admin: bool,
     /// Further flags, e.g. a shorter backoff than production's.
     pub extra_args: Vec<String>,
+    /// Extra environment for the process, applied last (e.g. `KUBECONFIG` pointing at a
+    /// proxy, `COCOON_APISERVER_TIMEOUT`).
+    pub env: Vec<(String, String)>,
 }
 
 impl ProductOptions {
@@ -59,6 +62,7 @@ impl ProductOptions {
             identity: None,
             as_admin: false,
             extra_args: Vec::new(),
+            env: Vec::new(),
         }
     }
 }
@@ -68,6 +72,7 @@ pub struct Product {
     child: Option<Child>,
     args: Vec<String>,
     kubeconfig: PathBuf,
+    env: Vec<(String, String)>,
     pub webhook_port: u16,
     pub admin_port: u16,
     pub dir: tempfile::TempDir,
@@ -137,6 +142,7 @@ impl Product {
             child: None,
             args,
             kubeconfig,
+            env: opts.env.clone(),
             webhook_port,
             admin_port,
             dir,
@@ -160,6 +166,7 @@ impl Product {
             .args(&self.args)
             .env("KUBECONFIG", &self.kubeconfig)
             .env_remove("COCOON_REGISTRY_BASE")
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(log)
             .stderr(err)

@@ -1,0 +1,549 @@
+//! End-to-end tests of a product cut off from the apiserver by a network fault (S1, S4),
+//! against the real apiserver, etcd and registry. The fault is a TCP proxy between the
+//! product and the apiserver (tests/support/tcp_proxy.rs).
+
+#[path = "support/cluster.rs"]
+mod cluster;
+#[path = "support/lease_log.rs"]
+mod lease_log;
+#[path = "support/product.rs"]
+mod product;
+#[path = "support/tcp_proxy.rs"]
+mod tcp_proxy;
+#[path = "support/vk_sim.rs"]
+mod vk_sim;
+
+use cocoon_hibernation::api::conditions::{self, SNAPSHOT_DELETED};
+use cocoon_hibernation::api::{CocoonHibernation, Desire, Phase};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::Api;
+use kube::api::{ObjectMeta, PostParams, WatchEvent, WatchParams};
+use lease_log::LeaseLog;
+use product::{Product, ProductOptions, eventually, wait_phase};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+use tcp_proxy::{RegistryProxy, TcpProxy};
+use vk_sim::SimKnobs;
+
+const LONG: Duration = Duration::from_secs(90);
+const LEASE: &str = "cocoon-hibernation";
+
+fn apiserver_addr(url: &str) -> SocketAddr {
+    url.trim_start_matches("https://")
+        .trim_end_matches('/')
+        .parse()
+        .unwrap_or_else(|e| panic!("apiserver address in {url}: {e}"))
+}
+
+/// A copy of the cluster's admin kubeconfig whose server is `server_url`, written to `dir`.
+fn kubeconfig_for(cluster: &cluster::Cluster, server_url: &str, dir: &Path) -> PathBuf {
+    copy_kubeconfig(cluster, &cluster.kubeconfig, server_url, dir)
+}
+
+/// The same for the product: the chart's ServiceAccount identity (P5), via `server_url`.
+async fn product_kubeconfig_for(
+    cluster: &cluster::Cluster,
+    server_url: &str,
+    dir: &Path,
+) -> PathBuf {
+    let identity = product::product_identity(cluster).await;
+    copy_kubeconfig(cluster, &identity.kubeconfig, server_url, dir)
+}
+
+fn copy_kubeconfig(
+    cluster: &cluster::Cluster,
+    source: &Path,
+    server_url: &str,
+    dir: &Path,
+) -> PathBuf {
+    let text = std::fs::read_to_string(source).expect("read kubeconfig");
+    assert!(
+        text.contains(&cluster.apiserver_url),
+        "kubeconfig names {}",
+        cluster.apiserver_url
+    );
+    let name = source
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "kubeconfig".into());
+    let path = dir.join(format!("proxied-{name}"));
+    std::fs::write(&path, text.replace(&cluster.apiserver_url, server_url))
+        .expect("write kubeconfig");
+    path
+}
+
+async fn client_for(kubeconfig: &Path) -> kube::Client {
+    use kube::config::{Config, KubeConfigOptions, Kubeconfig};
+    let kc = Kubeconfig::read_from(kubeconfig).expect("read kubeconfig");
+    let config = Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+        .await
+        .expect("client config");
+    kube::Client::try_from(config).expect("client")
+}
+
+/// HEAD `<vm>:hibernate`: `Some(present)`, `None` if the registry is unreachable.
+async fn tag_exists(registry: &str, vm: &str) -> Option<bool> {
+    let res = reqwest::Client::new()
+        .head(format!("http://{registry}/v2/{vm}/manifests/hibernate"))
+        .header(
+            "accept",
+            "application/vnd.oci.image.manifest.v1+json, application/vnd.docker.distribution.manifest.v2+json",
+        )
+        .timeout(Duration::from_secs(3))
+        .send()
+        .await
+        .ok()?;
+    Some(res.status().is_success())
+}
+
+fn condition(cr: &CocoonHibernation, type_: &str) -> Option<String> {
+    cr.status
+        .as_ref()
+        .and_then(|s| conditions::find(&s.conditions, type_))
+        .map(|c| c.status.clone())
+}
+
+fn replica(ns: &str, registry: &str, identity: &str) -> ProductOptions {
+    let mut o = ProductOptions::new(ns, registry);
+    o.lease = Some(LEASE.into());
+    o.lease_duration = "6s".into();
+    o.identity = Some(identity.into());
+    o
+}
+
+/// The product's timing for a 6 s lease (src/leader/decide.rs): margin max(6/5, 1) s.
+const LEASE_DURATION: Duration = Duration::from_secs(6);
+const MARGIN: Duration = Duration::from_millis(1_200);
+/// renewTime is stamped just before the renewal is sent; the fence counts from the send.
+const STAMP_SLACK: Duration = Duration::from_millis(200);
+
+fn add(t: jiff::Timestamp, d: Duration) -> jiff::Timestamp {
+    t.checked_add(jiff::SignedDuration::try_from(d).unwrap())
+        .unwrap()
+}
+
+/// S1: a leader partitioned from the apiserver stops on its own clock. Replica A (lease
+/// 6 s) reaches the apiserver through a proxy and the registry through a logging proxy
+/// that first refuses deletes, so A owes a tag delete (Active, SnapshotDeleted=False).
+/// Then A is blackholed and deletes are let through. Checked from outside: (a) B takes
+/// the lease; (b) A's `cocoon_hibernation_leader` drops to 0 while A is still cut off,
+/// before B's acquireTime; (c) B deletes the old tag, the VM is hibernated again through
+/// B (a new snapshot under the same tag), and A sends no registry DELETE after its fence
+/// deadline (last renewTime written by A + duration - margin): the new snapshot survives.
+/// With an unfenced leader (the old election) A keeps leading and its stale pass deletes
+/// the new snapshot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e2e_s1_partitioned_leader_steps_down_and_deletes_nothing_after_its_fence() {
+    let cluster = cluster::cluster();
+    let client = cluster.client().await;
+    product::ensure_crd(&client).await;
+    let ns = cluster.fresh_namespace(&client, "s1-partition").await;
+    let lease_log = LeaseLog::start(&client, &ns, LEASE);
+    let leases: Api<Lease> = Api::namespaced(client.clone(), &ns);
+
+    let api_proxy = TcpProxy::start(apiserver_addr(&cluster.apiserver_url)).await;
+    let registry_proxy = RegistryProxy::start(&cluster.registry).await;
+    registry_proxy.refuse_deletes(true);
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig_a = product_kubeconfig_for(
+        cluster,
+        &format!("https://127.0.0.1:{}", api_proxy.port),
+        dir.path(),
+    )
+    .await;
+    let mut opts_a = replica(&ns, &registry_proxy.addr, "replica-a");
+    opts_a.env = vec![
+        ("KUBECONFIG".into(), kubeconfig_a.display().to_string()),
+        ("COCOON_APISERVER_TIMEOUT".into(), "2s".into()),
+    ];
+    let a = Product::start(cluster, &opts_a).await;
+    eventually("replica-a leads", LONG, || async {
+        (a.metric("cocoon_hibernation_leader") == 1.0).then_some(())
+    })
+    .await;
+    let b = Product::start(cluster, &replica(&ns, &cluster.registry, "replica-b")).await;
+    let _sim = vk_sim::spawn(
+        client.clone(),
+        Some(ns.clone()),
+        cluster.registry.clone(),
+        Arc::new(SimKnobs::new(
+            Duration::from_millis(200),
+            Duration::from_millis(200),
+        )),
+    );
+    let crs: Api<CocoonHibernation> = Api::namespaced(client.clone(), &ns);
+    let vm = format!("vm-{ns}");
+    vk_sim::create_vm_pod(&client, &ns, "p-0", &vm)
+        .await
+        .unwrap();
+    product::create_cr(&crs, "p-0", "p-0", Desire::Hibernate).await;
+    wait_phase(&crs, "p-0", Phase::Hibernated, LONG, &mut vec![]).await;
+    product::set_desire(&crs, "p-0", Desire::Wake).await;
+    wait_phase(&crs, "p-0", Phase::Active, LONG, &mut vec![]).await;
+    // A owes the delete: its attempts reach the proxy and are refused.
+    eventually("a refused DELETE by replica-a", LONG, || async {
+        let cr = crs.get("p-0").await.ok()?;
+        (condition(&cr, SNAPSHOT_DELETED).as_deref() == Some("False")
+            && !registry_proxy.deletes().is_empty())
+        .then_some(())
+    })
+    .await;
+    assert_eq!(b.metric("cocoon_hibernation_reconcile_passes_total"), 0.0);
+    assert_eq!(tag_exists(&cluster.registry, &vm).await, Some(true));
+
+    // The partition. From here A's DELETEs reach the registry.
+    api_proxy.blackhole();
+    let cut = Instant::now();
+    let cut_wall = jiff::Timestamp::now();
+    registry_proxy.refuse_deletes(false);
+    eprintln!("replica-a blackholed at {cut_wall}");
+
+    // (b) A steps down on its own clock; watched closely so the instant is precise.
+    let a_down = {
+        let stop = Arc::new(AtomicBool::new(false));
+        let port = a.admin_port;
+        let stop2 = stop.clone();
+        let poll = tokio::task::spawn_blocking(move || {
+            let probe = |path: &str| -> Option<f64> {
+                use std::io::{Read, Write};
+                let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+                s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+                write!(s, "GET {path} HTTP/1.0\r\nhost: 127.0.0.1\r\n\r\n").ok()?;
+                let mut out = String::new();
+                s.read_to_string(&mut out).ok()?;
+                out.lines()
+                    .find(|l| l.starts_with("cocoon_hibernation_leader "))
+                    .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+            };
+            while !stop2.load(Ordering::Relaxed) {
+                if probe("/metrics") == Some(0.0) {
+                    return Some(jiff::Timestamp::now());
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            None
+        });
+        let down = tokio::time::timeout(LONG, poll).await;
+        stop.store(true, Ordering::Relaxed);
+        down.expect("replica-a never stopped leading while partitioned")
+            .unwrap()
+            .unwrap()
+    };
+    eprintln!(
+        "replica-a stopped leading {:?} after the cut (at {a_down})",
+        cut.elapsed()
+    );
+
+    // (a) B takes the lease.
+    let b_first = eventually("replica-b holds the lease", LONG, || async {
+        lease_log.first_held_by("replica-b")
+    })
+    .await;
+    eventually("replica-b leads", LONG, || async {
+        (b.metric("cocoon_hibernation_leader") == 1.0).then_some(())
+    })
+    .await;
+    let a_last = lease_log
+        .last_held_by("replica-a")
+        .expect("replica-a's records");
+    let a_renew = a_last.renew.expect("renewTime");
+    let fence_deadline = add(a_renew, LEASE_DURATION - MARGIN + STAMP_SLACK);
+    let b_acquire = b_first.acquire.expect("acquireTime");
+    eprintln!(
+        "replica-a's last renewTime {a_renew}; its fence deadline (+duration-margin) {}; \
+         it stepped down {:#} after that renewal; replica-b acquired {:#} after it",
+        add(a_renew, LEASE_DURATION - MARGIN),
+        a_down.duration_since(a_renew),
+        b_acquire.duration_since(a_renew),
+    );
+    assert!(
+        a_down < b_acquire,
+        "S1: replica-a still led (metric 1 until {a_down}) when replica-b acquired at {b_acquire}"
+    );
+    assert_eq!(
+        leases
+            .get(LEASE)
+            .await
+            .unwrap()
+            .spec
+            .and_then(|s| s.holder_identity)
+            .as_deref(),
+        Some("replica-b")
+    );
+
+    // (c) B finishes the owed delete, then the VM is hibernated again through B.
+    eventually("SnapshotDeleted=True through replica-b", LONG, || async {
+        let cr = crs.get("p-0").await.ok()?;
+        (condition(&cr, SNAPSHOT_DELETED).as_deref() == Some("True")).then_some(())
+    })
+    .await;
+    product::set_desire(&crs, "p-0", Desire::Hibernate).await;
+    wait_phase(&crs, "p-0", Phase::Hibernated, LONG, &mut vec![]).await;
+    assert_eq!(
+        tag_exists(&cluster.registry, &vm).await,
+        Some(true),
+        "the new snapshot is stored"
+    );
+    // Give a stale leader time for several retries of its owed delete (requeues are at
+    // most 10 s apart) before the partition heals.
+    tokio::time::sleep(Duration::from_secs(15)).await;
+    api_proxy.heal();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+
+    let deletes = registry_proxy.deletes();
+    let late: Vec<_> = deletes.iter().filter(|d| d.at > fence_deadline).collect();
+    eprintln!(
+        "replica-a's registry DELETEs: {} in all, {} after its fence deadline {fence_deadline}",
+        deletes.len(),
+        late.len()
+    );
+    assert!(
+        late.is_empty(),
+        "S1: replica-a sent registry DELETEs after its fence deadline {fence_deadline}: {late:#?}"
+    );
+    assert_eq!(
+        tag_exists(&cluster.registry, &vm).await,
+        Some(true),
+        "S1: the new snapshot (the VM's only copy) survives"
+    );
+    let cr = crs.get("p-0").await.unwrap();
+    assert_eq!(product::phase(&cr), Some(Phase::Hibernated));
+    assert_eq!(
+        a.metric("cocoon_hibernation_leader"),
+        0.0,
+        "A stays a follower"
+    );
+    assert_eq!(b.metric("cocoon_hibernation_leader"), 1.0);
+}
+
+/// A second kube-apiserver on the cluster's etcd with the watch cache off, so a watch
+/// resumed from a compacted revision gets 410 Gone from etcd (the cached apiserver may
+/// serve it from its own window instead). Killed on drop.
+struct UncachedApiserver {
+    child: Child,
+    url: String,
+    dir: tempfile::TempDir,
+}
+
+impl Drop for UncachedApiserver {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if std::thread::panicking() {
+            let log =
+                std::fs::read_to_string(self.dir.path().join("apiserver.log")).unwrap_or_default();
+            let tail: Vec<_> = log.lines().rev().take(40).collect();
+            eprintln!(
+                "---- uncached apiserver log (tail) ----\n{}",
+                tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+            );
+        }
+    }
+}
+
+impl UncachedApiserver {
+    async fn start(cluster: &cluster::Cluster) -> Self {
+        let bin = cluster.bin_dir.join("kube-apiserver");
+        assert!(bin.exists(), "kube-apiserver missing at {}", bin.display());
+        let pki = cluster.state_dir.join("pki");
+        let dir = tempfile::tempdir().unwrap();
+        let port = product::free_port();
+        let log = std::fs::File::create(dir.path().join("apiserver.log")).unwrap();
+        let p = |f: &str| pki.join(f).display().to_string();
+        let child = Command::new(&bin)
+            .args([
+                format!("--etcd-servers={}", cluster.etcd_url()),
+                "--bind-address=127.0.0.1".into(),
+                format!("--secure-port={port}"),
+                "--advertise-address=127.0.0.1".into(),
+                format!("--tls-cert-file={}", p("apiserver.crt")),
+                format!("--tls-private-key-file={}", p("apiserver.key")),
+                format!("--client-ca-file={}", p("ca.crt")),
+                "--authorization-mode=RBAC".into(),
+                "--disable-admission-plugins=ServiceAccount".into(),
+                "--service-cluster-ip-range=10.0.0.0/24".into(),
+                "--allow-privileged=true".into(),
+                format!("--service-account-issuer={}/", cluster.apiserver_url),
+                format!("--service-account-key-file={}", p("sa.pub")),
+                format!("--service-account-signing-key-file={}", p("sa.key")),
+                // The point of this apiserver: watches go straight to etcd.
+                "--watch-cache=false".into(),
+                // Leave the `kubernetes` Service's endpoints to the main apiserver.
+                "--endpoint-reconciler-type=none".into(),
+            ])
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap_or_else(|e| panic!("start {}: {e}", bin.display()));
+        let server = Self {
+            child,
+            url: format!("https://127.0.0.1:{port}"),
+            dir,
+        };
+        let kubeconfig = kubeconfig_for(cluster, &server.url, server.dir.path());
+        let client = client_for(&kubeconfig).await;
+        let started = Instant::now();
+        eventually(
+            "the uncached apiserver serves CocoonHibernations",
+            Duration::from_secs(180),
+            || {
+                let client = client.clone();
+                async move {
+                    let api: Api<CocoonHibernation> = Api::all(client);
+                    api.list(&Default::default()).await.ok().map(|_| ())
+                }
+            },
+        )
+        .await;
+        eprintln!("uncached kube-apiserver ready in {:?}", started.elapsed());
+        server
+    }
+}
+
+/// The current etcd revision, through etcd's v3 JSON gateway.
+async fn etcd_revision(http: &reqwest::Client, etcd: &str) -> i64 {
+    let res: serde_json::Value = http
+        .post(format!("{etcd}/v3/kv/range"))
+        .json(&serde_json::json!({ "key": "AA==" }))
+        .send()
+        .await
+        .expect("etcd range")
+        .json()
+        .await
+        .expect("etcd range json");
+    res["header"]["revision"]
+        .as_str()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or_else(|| panic!("no revision in {res}"))
+}
+
+/// S4: a desire flip that happens while the product is cut off from the apiserver, and
+/// that the product only learns through a relist (its resumed watch gets 410 Gone after
+/// etcd compaction), still converges with nothing else touching the CR. The product runs
+/// alone (no election) against an apiserver without a watch cache, through a proxy that
+/// drops its connections.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e2e_s4_change_seen_only_through_a_relist_converges() {
+    let cluster = cluster::cluster();
+    let client = cluster.client().await;
+    product::ensure_crd(&client).await;
+    let ns = cluster.fresh_namespace(&client, "s4-relist").await;
+    let uncached = UncachedApiserver::start(cluster).await;
+    let proxy = TcpProxy::start(apiserver_addr(&uncached.url)).await;
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = product_kubeconfig_for(
+        cluster,
+        &format!("https://127.0.0.1:{}", proxy.port),
+        dir.path(),
+    )
+    .await;
+    let mut opts = ProductOptions::new(&ns, &cluster.registry);
+    opts.env = vec![
+        ("KUBECONFIG".into(), kubeconfig.display().to_string()),
+        ("COCOON_APISERVER_TIMEOUT".into(), "2s".into()),
+    ];
+    let p = Product::start(cluster, &opts).await;
+    let _sim = vk_sim::spawn(
+        client.clone(),
+        Some(ns.clone()),
+        cluster.registry.clone(),
+        Arc::new(SimKnobs::new(
+            Duration::from_millis(200),
+            Duration::from_millis(200),
+        )),
+    );
+    let crs: Api<CocoonHibernation> = Api::namespaced(client.clone(), &ns);
+    vk_sim::create_vm_pod(&client, &ns, "r-0", &format!("vm-{ns}"))
+        .await
+        .unwrap();
+    product::create_cr(&crs, "r-0", "r-0", Desire::Hibernate).await;
+    let hibernated = wait_phase(&crs, "r-0", Phase::Hibernated, LONG, &mut vec![]).await;
+    // Let the product's own last writes land and reach its watch.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let old_rv = crs
+        .get("r-0")
+        .await
+        .unwrap()
+        .metadata
+        .resource_version
+        .unwrap_or_else(|| hibernated.metadata.resource_version.clone().unwrap());
+
+    // Cut the product off, then flip the desire where it cannot see it.
+    proxy.reset();
+    let cut = Instant::now();
+    product::set_desire(&crs, "r-0", Desire::Wake).await;
+    let mark = cluster.audit_mark();
+    // One more write, so the compaction revision is past the flip, then compact.
+    Api::<ConfigMap>::namespaced(client.clone(), &ns)
+        .create(
+            &PostParams::default(),
+            &ConfigMap {
+                metadata: ObjectMeta {
+                    name: Some("bump".into()),
+                    ..Default::default()
+                },
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    let http = reqwest::Client::new();
+    let etcd = cluster.etcd_url();
+    let revision = etcd_revision(&http, &etcd).await;
+    let res = http
+        .post(format!("{etcd}/v3/kv/compaction"))
+        .json(&serde_json::json!({ "revision": revision.to_string(), "physical": true }))
+        .send()
+        .await
+        .expect("etcd compaction");
+    assert!(res.status().is_success(), "compaction: {}", res.status());
+    eprintln!("etcd compacted at revision {revision}; the product last saw the CR at {old_rv}");
+
+    // Control: a watch resumed from the product's last revision gets 410 Gone from this
+    // apiserver, so the product's watcher has to relist.
+    let direct = client_for(&uncached.dir.path().join("kubeconfig")).await;
+    let direct_crs: Api<CocoonHibernation> = Api::namespaced(direct, &ns);
+    let gone = match direct_crs.watch(&WatchParams::default(), &old_rv).await {
+        Err(kube::Error::Api(s)) => s.code == 410,
+        Err(e) => panic!("resumed watch failed otherwise: {e}"),
+        Ok(stream) => {
+            use futures::StreamExt;
+            futures::pin_mut!(stream);
+            match tokio::time::timeout(Duration::from_secs(10), stream.next()).await {
+                Ok(Some(Ok(WatchEvent::Error(e)))) => e.code == 410,
+                other => panic!("resumed watch from {old_rv} was served: {other:?}"),
+            }
+        }
+    };
+    assert!(gone, "the resumed watch must get 410 Gone");
+
+    proxy.heal();
+    eprintln!("healed after {:?}", cut.elapsed());
+    let mut seen = vec![Phase::Hibernated];
+    wait_phase(&crs, "r-0", Phase::Active, LONG, &mut seen).await;
+    eprintln!(
+        "converged {:?} after the cut; phases {seen:?}",
+        cut.elapsed()
+    );
+    let log = p.log_text();
+    // The apiserver words 410 Gone as "The resourceVersion for the provided watch is too
+    // old.: Expired"; the cache logs every watch error.
+    assert!(
+        log.lines()
+            .any(|l| l.contains("CocoonHibernation watch error") && l.contains("is too old")),
+        "the product's CR watch should have been told 410 Gone and relisted; log:\n{log}"
+    );
+    // Nothing but the product (through the uncached apiserver, not audited here) wrote
+    // the CR after the flip.
+    let others = cluster.count_audit_writes(mark, |e| {
+        e["objectRef"]["namespace"].as_str() == Some(ns.as_str())
+            && e["objectRef"]["resource"].as_str() == Some("cocoonhibernations")
+    });
+    assert_eq!(others, 0, "S4: nothing else touched the CR after the flip");
+}
