@@ -42,7 +42,12 @@ fn apiserver_addr(url: &str) -> SocketAddr {
 
 /// A copy of the cluster's admin kubeconfig whose server is `server_url`, written to `dir`.
 fn kubeconfig_for(cluster: &cluster::Cluster, server_url: &str, dir: &Path) -> PathBuf {
-    copy_kubeconfig(cluster, &cluster.kubeconfig, server_url, dir)
+    copy_kubeconfig(
+        cluster,
+        &cluster.kubeconfig,
+        server_url,
+        &dir.join("kubeconfig"),
+    )
 }
 
 /// The same for the product: the chart's ServiceAccount identity (P5), via `server_url`.
@@ -52,14 +57,19 @@ async fn product_kubeconfig_for(
     dir: &Path,
 ) -> PathBuf {
     let identity = product::product_identity(cluster).await;
-    copy_kubeconfig(cluster, &identity.kubeconfig, server_url, dir)
+    copy_kubeconfig(
+        cluster,
+        &identity.kubeconfig,
+        server_url,
+        &dir.join("product-kubeconfig"),
+    )
 }
 
 fn copy_kubeconfig(
     cluster: &cluster::Cluster,
     source: &Path,
     server_url: &str,
-    dir: &Path,
+    path: &Path,
 ) -> PathBuf {
     let text = std::fs::read_to_string(source).expect("read kubeconfig");
     assert!(
@@ -67,14 +77,9 @@ fn copy_kubeconfig(
         "kubeconfig names {}",
         cluster.apiserver_url
     );
-    let name = source
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_else(|| "kubeconfig".into());
-    let path = dir.join(format!("proxied-{name}"));
-    std::fs::write(&path, text.replace(&cluster.apiserver_url, server_url))
+    std::fs::write(path, text.replace(&cluster.apiserver_url, server_url))
         .expect("write kubeconfig");
-    path
+    path.to_path_buf()
 }
 
 async fn client_for(kubeconfig: &Path) -> kube::Client {
