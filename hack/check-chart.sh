@@ -339,10 +339,10 @@ def cmd_assert(path, mode, namespace):
         c.check(r["apiGroups"] == ["coordination.k8s.io"] and r["resources"] == ["leases"],
                 f"Role only touches leases: {r}")
         lease.update({v: r.get("resourceNames") for v in r["verbs"]})
-    c.check(sorted(lease) == ["create", "get", "patch", "update"],
-            f"lease verbs are create/get/patch/update: {sorted(lease)}")
-    c.check(lease.get("create") is None and lease.get("get") == lease.get("update") == lease.get("patch")
-            and len(lease.get("get") or []) == 1, f"get/update/patch name one Lease, create cannot: {lease}")
+    c.check(sorted(lease) == ["create", "get", "patch"],
+            f"lease verbs are create/get/patch: {sorted(lease)}")
+    c.check(lease.get("create") is None and lease.get("get") == lease.get("patch")
+            and len(lease.get("get") or []) == 1, f"get/patch name one Lease, create cannot: {lease}")
     sa = one(docs, "ServiceAccount", c)["metadata"]["name"]
     for kind in ("ClusterRoleBinding", "RoleBinding"):
         b = one(docs, kind, c)
@@ -393,7 +393,7 @@ def cmd_assert(path, mode, namespace):
         c.check(name in env and (value is None or env[name].get("value") == value),
                 f"env {name}={value or '<set>'} (got {env.get(name)})")
     c.check(env.get("COCOON_LEASE_NAME", {}).get("value") in (lease.get("get") or []),
-            "the Role's get/update/patch resourceNames name the configured Lease")
+            "the Role's get/patch resourceNames name the configured Lease")
     mounts = {m["name"]: m["mountPath"] for m in ctr.get("volumeMounts", [])}
     vols = {v["name"]: v for v in spec.get("volumes", [])}
     c.check(mounts.get("tls") == "/etc/cocoon-hibernation/tls", "TLS secret mounted where COCOON_TLS_* point")
