@@ -406,21 +406,16 @@ fn w2_running_with_fresh_vmid_is_active_then_tag_deleted() {
     assert_eq!(phase_of(&p), Some(Phase::Active));
     assert_eq!(reasons(&p), vec!["WokenActive"]);
     assert_eq!(p.delete_tag.as_deref(), Some("vm-a"));
+    // One write ends the wake: the delete runs first, and the written status records it
+    // (True if it went; reconcile turns it False with the reason otherwise, S5).
+    assert!(p.delete_first);
     let s = p.status.as_ref().unwrap();
     assert_eq!(
         conditions::find(&s.conditions, SNAPSHOT_DELETED)
             .unwrap()
             .status,
-        "False"
-    );
-    let after = p.status_after_delete.as_ref().unwrap();
-    assert_eq!(
-        conditions::find(&after.conditions, SNAPSHOT_DELETED)
-            .unwrap()
-            .status,
         "True"
     );
-    assert_eq!(after.phase, Some(Phase::Active));
     assert_eq!(
         p.phase_metric,
         Some((Transition::wake, TransitionResult::ok, 20.0))
@@ -454,14 +449,58 @@ fn w3_settled_active_retries_an_owed_tag_delete_without_writing() {
         20,
     );
     let mut c = cr(Desire::Wake, Some(Phase::Active));
-    c.status = first.status.clone();
+    // The delete failed: the one write recorded the debt.
+    let failed = plan::DeleteResult::Failed {
+        message: "registry down".into(),
+    };
+    c.status = first
+        .status
+        .as_ref()
+        .map(|s| plan::after_delete(s, "vm-a", &failed, at(20)));
     let p = run(&c, Some(&running_pod()), Probe::NotProbed, 60);
     assert_eq!(p.status, None, "the CR stays Active");
     assert_eq!(p.delete_tag.as_deref(), Some("vm-a"));
+    assert!(
+        !p.delete_first,
+        "a retry on a settled CR writes only if the outcome changes"
+    );
     // Once done, nothing is owed.
-    c.status = p.status_after_delete.clone();
+    c.status = first.status.clone();
     let settled = run(&c, Some(&running_pod()), Probe::NotProbed, 90);
     assert_eq!(settled, Plan::default());
+}
+
+/// SPEC W2 (issue: writes at the floor): a new Wake CR on a pod already running its VM
+/// goes straight to Active in one write; the tag is deleted only if the registry has it.
+#[test]
+fn w2_fresh_wake_on_a_running_pod_collapses_into_one_write() {
+    let c = cr(Desire::Wake, None);
+    let first = run(&c, Some(&running_pod()), Probe::NotProbed, 0);
+    assert!(first.needs_probe, "the registry is asked first");
+    assert_eq!(first.status, None);
+    let absent = run(&c, Some(&running_pod()), Probe::Absent, 0);
+    assert_eq!(phase_of(&absent), Some(Phase::Active));
+    assert_eq!(absent.delete_tag, None, "no tag, no delete");
+    assert_eq!(reasons(&absent), vec!["WokenActive"]);
+    assert_eq!(
+        absent.status.as_ref().and_then(|s| s.vm_name.as_deref()),
+        Some("vm-a")
+    );
+    let present = run(&c, Some(&running_pod()), Probe::Present, 0);
+    assert_eq!(phase_of(&present), Some(Phase::Active));
+    assert_eq!(present.delete_tag.as_deref(), Some("vm-a"));
+    assert!(present.delete_first);
+    // A registry error takes the long way through Waking.
+    let failed = run(&c, Some(&running_pod()), Probe::Failed("down".into()), 0);
+    assert_eq!(phase_of(&failed), Some(Phase::Waking));
+    // A pod still asked to hibernate is not collapsed: W1 comes first.
+    let asked = PodView {
+        hibernate_requested: true,
+        ..running_pod()
+    };
+    let p = run(&c, Some(&asked), Probe::NotProbed, 0);
+    assert_eq!(phase_of(&p), Some(Phase::Waking));
+    assert_eq!(p.pod_patch, Some(PodPatch::ClearHibernate));
 }
 
 /// SPEC W4 F1.
@@ -523,7 +562,7 @@ fn d1_hibernate_while_waking_first_finishes_the_wake() {
     let done = run(&c, Some(&running_pod()), Probe::NotProbed, 9);
     assert_eq!(phase_of(&done), Some(Phase::Active));
     let mut after = c.clone();
-    after.status = done.status_after_delete.clone();
+    after.status = done.status.clone();
     let next = run(&after, Some(&running_pod()), Probe::NotProbed, 10);
     assert_eq!(phase_of(&next), Some(Phase::Hibernating));
     assert_eq!(next.pod_patch, Some(PodPatch::SetHibernate));

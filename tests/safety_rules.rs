@@ -214,6 +214,16 @@ fn woken(vm: &str) -> CocoonHibernation {
       if let Some(s) = c.status.as_mut() { s.conditions[0].status = "True".into() } c },
     Debt::AfterWake, false)]
 #[case::another_vm(woken("vm-y"), Debt::AfterWake, false)]
+#[case::end_of_wake_while_waking(
+    { let mut c = woken("vm-x"); if let Some(s) = c.status.as_mut() { s.phase = Some(Phase::Waking) } c },
+    Debt::EndOfWake, true)]
+#[case::end_of_wake_of_a_fresh_cr_with_no_vm_yet(
+    { let mut c = cr("a", "me", "p", 0); c.spec.desire = Desire::Wake; c }, Debt::EndOfWake, true)]
+#[case::end_of_wake_but_hibernating_again(
+    { let mut c = woken("vm-x"); if let Some(s) = c.status.as_mut() { s.phase = Some(Phase::Hibernating) } c },
+    Debt::EndOfWake, false)]
+#[case::end_of_wake_but_desire_flipped(
+    { let mut c = woken("vm-x"); c.spec.desire = Desire::Hibernate; c }, Debt::EndOfWake, false)]
 #[case::deleting_with_finalizer(
     { let mut c = holding(cr("a", "me", "p", 0), "vm-x", Phase::Hibernated);
       c.metadata.deletion_timestamp = Some(at(1)); c }, Debt::OnDeletion, true)]

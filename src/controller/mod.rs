@@ -138,6 +138,7 @@ pub fn context(
         registry_slots: Arc::new(tokio::sync::Semaphore::new(settings_slots)),
         owed: Default::default(),
         refusals: Default::default(),
+        superseded: Default::default(),
         fence,
     })
 }

@@ -83,10 +83,12 @@ pub struct Plan {
     /// The status to write; `None` when nothing changed.
     pub status: Option<CocoonHibernationStatus>,
     pub events: Vec<PlannedEvent>,
-    /// Delete `<vm>:hibernate` after the status write (W2, W3).
+    /// Delete `<vm>:hibernate` (W2, W3).
     pub delete_tag: Option<String>,
-    /// Status to write once `delete_tag` succeeded.
-    pub status_after_delete: Option<CocoonHibernationStatus>,
+    /// The delete comes BEFORE the status write, which then records its outcome, so a
+    /// wake ends in one write (`Active` with `SnapshotDeleted` settled). Otherwise (a W3
+    /// retry on a settled CR) the delete runs after the pass's own writes.
+    pub delete_first: bool,
     pub phase_metric: Option<(Transition, TransitionResult, f64)>,
     pub requeue: Option<Duration>,
     /// H4: returned from the pass after the effects, so it is logged and retried.
@@ -171,7 +173,9 @@ pub fn ownership<'a>(
 /// Which debt a tag delete pays.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Debt {
-    /// W2, W3: the CR woke and owes the registry its old tag.
+    /// W2: the wake is ending; the status write waits for the delete.
+    EndOfWake,
+    /// W3: the CR woke and owes the registry its old tag.
     AfterWake,
     /// G1: the CR is being deleted and is the last holder of the VM.
     OnDeletion,
@@ -181,20 +185,30 @@ pub enum Debt {
 /// this delete. Anything else (another uid, a flipped desire, a finished delete, another
 /// VM) means the tag may be wanted again, so it is kept.
 pub fn still_owes(fresh: &CocoonHibernation, uid: Option<&str>, vm: &str, debt: Debt) -> bool {
-    let same = uid.is_some() && fresh.metadata.uid.as_deref() == uid && fresh.vm_name() == Some(vm);
-    same && match debt {
-        Debt::AfterWake => {
-            !fresh.is_deleting()
-                && fresh.spec.desire == Desire::Wake
-                && fresh.phase() == Some(Phase::Active)
-                && fresh
-                    .status
-                    .as_ref()
-                    .and_then(|s| conditions::find(&s.conditions, SNAPSHOT_DELETED))
-                    .is_some_and(|c| c.status != "True")
+    let same_uid = uid.is_some() && fresh.metadata.uid.as_deref() == uid;
+    // A wake that collapses into one write (a fresh Wake CR) has not recorded its VM yet.
+    let same_vm =
+        fresh.vm_name() == Some(vm) || (debt == Debt::EndOfWake && fresh.vm_name().is_none());
+    same_uid
+        && same_vm
+        && match debt {
+            Debt::EndOfWake => {
+                !fresh.is_deleting()
+                    && fresh.spec.desire == Desire::Wake
+                    && !matches!(fresh.phase(), Some(Phase::Hibernating | Phase::Hibernated))
+            }
+            Debt::AfterWake => {
+                !fresh.is_deleting()
+                    && fresh.spec.desire == Desire::Wake
+                    && fresh.phase() == Some(Phase::Active)
+                    && fresh
+                        .status
+                        .as_ref()
+                        .and_then(|s| conditions::find(&s.conditions, SNAPSHOT_DELETED))
+                        .is_some_and(|c| c.status != "True")
+            }
+            Debt::OnDeletion => fresh.is_deleting() && fresh.has_finalizer(),
         }
-        Debt::OnDeletion => fresh.is_deleting() && fresh.has_finalizer(),
-    }
 }
 
 /// How a tag delete ended, in the terms status needs (S5).
@@ -320,7 +334,7 @@ pub fn plan(
         pass.next.observed_generation = cr.metadata.generation;
     }
     match effective {
-        Desire::Wake => pass.wake(view, &vm, settings),
+        Desire::Wake => pass.wake(view, &vm, probe, settings),
         _ => pass.hibernate(view, &vm, probe, settings),
     }
 }
@@ -552,7 +566,7 @@ impl<'a> Pass<'a> {
         }
     }
 
-    fn wake(mut self, view: &PodView, vm: &str, settings: &Settings) -> Plan {
+    fn wake(mut self, view: &PodView, vm: &str, probe: &Probe, settings: &Settings) -> Plan {
         if view.hibernate_requested {
             self.plan.pod_patch = Some(PodPatch::ClearHibernate); // W1
         }
@@ -563,30 +577,19 @@ impl<'a> Pass<'a> {
                     .is_some_and(|c| c.status != "True");
                 if owed {
                     let tag_vm = self.next.vm_name.clone().unwrap_or_else(|| vm.to_owned());
-                    self.owe_delete(&tag_vm);
+                    self.plan.delete_tag = Some(tag_vm);
                 }
                 self.finish(None)
             }
             Some(Phase::Waking) => {
                 let elapsed = self.elapsed();
                 if view.woken() {
-                    self.set_phase(
-                        Phase::Active,
-                        READY_DONE,
-                        &format!("vm {vm} is running"),
-                        false,
-                    );
-                    self.event(
-                        EventKind::Normal,
-                        "WokenActive",
-                        format!("vm {vm} is running again"),
-                    );
                     self.plan.phase_metric = Some((
                         Transition::wake,
                         TransitionResult::ok,
                         elapsed.as_secs_f64(),
                     ));
-                    self.owe_delete(vm);
+                    self.complete_wake(vm, true);
                     return self.finish(None);
                 }
                 if elapsed >= settings.wake_timeout {
@@ -612,41 +615,60 @@ impl<'a> Pass<'a> {
                 let remaining = settings.wake_timeout - elapsed;
                 self.finish(Some(settings.transition_poll.min(remaining)))
             }
-            _ => {
-                self.enter(
-                    Phase::Waking,
-                    vm,
-                    &format!("waiting for vk-cocoon to wake vm {vm}"),
-                );
-                self.finish(Some(settings.transition_poll.min(settings.wake_timeout)))
+            // A new Wake CR whose pod already runs its VM: the wake's end already holds,
+            // so it goes straight to Active in one write. A tag is deleted only when the
+            // registry shows one.
+            None | Some(Phase::Pending) if !view.hibernate_requested && view.woken() => {
+                match probe {
+                    Probe::NotProbed => Plan {
+                        needs_probe: true,
+                        ..Plan::default()
+                    },
+                    Probe::Present => {
+                        self.complete_wake(vm, true);
+                        self.finish(None)
+                    }
+                    Probe::Absent => {
+                        self.complete_wake(vm, false);
+                        self.finish(None)
+                    }
+                    // The registry cannot say: take the long way, which records the debt.
+                    Probe::Failed(_) => self.start_waking(vm, settings),
+                }
             }
+            _ => self.start_waking(vm, settings),
         }
     }
 
-    /// Mark the tag delete as owed in the status to write, and plan the write once it is
-    /// done. A debt already recorded keeps its message (the last error, S5), so a retry
-    /// writes nothing until its outcome changes.
-    fn owe_delete(&mut self, vm: &str) {
-        let owed_already = conditions::find(&self.next.conditions, SNAPSHOT_DELETED)
-            .is_some_and(|c| c.status != "True");
-        if !owed_already {
-            let owed = format!("deleting snapshot {vm}:hibernate");
-            let owed = Update {
-                type_: SNAPSHOT_DELETED,
-                status: false,
-                reason: REASON_PENDING,
-                message: &owed,
-                observed_generation: self.cr.metadata.generation,
-            };
-            conditions::upsert(&mut self.next.conditions, owed, self.now.clone(), false);
-        }
-        self.plan.delete_tag = Some(vm.to_owned());
-        self.plan.status_after_delete = Some(after_delete(
-            &self.next,
+    fn start_waking(mut self, vm: &str, settings: &Settings) -> Plan {
+        self.enter(
+            Phase::Waking,
             vm,
-            &DeleteResult::Gone,
-            self.now.clone(),
-        ));
+            &format!("waiting for vk-cocoon to wake vm {vm}"),
+        );
+        self.finish(Some(settings.transition_poll.min(settings.wake_timeout)))
+    }
+
+    /// W2: Active, with the tag delete (if any) done before the one status write, which
+    /// then records its outcome (S5).
+    fn complete_wake(&mut self, vm: &str, delete: bool) {
+        self.next.vm_name = Some(vm.to_owned());
+        self.set_phase(
+            Phase::Active,
+            READY_DONE,
+            &format!("vm {vm} is running"),
+            false,
+        );
+        self.event(
+            EventKind::Normal,
+            "WokenActive",
+            format!("vm {vm} is running again"),
+        );
+        if delete {
+            self.next = after_delete(&self.next, vm, &DeleteResult::Gone, self.now.clone());
+            self.plan.delete_tag = Some(vm.to_owned());
+            self.plan.delete_first = true;
+        }
     }
 }
 

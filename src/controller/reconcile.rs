@@ -43,7 +43,16 @@ pub struct Context {
     /// S5: consecutive refusals-for-good of each CR's tag delete, for the slow backoff.
     /// Kept apart from `failures`, which a pass that returns Ok clears.
     pub refusals: Mutex<HashMap<ObjectRef<CocoonHibernation>, u32>>,
+    /// The resourceVersion each CR had when this process last wrote it. A pass that finds
+    /// the cache still at that version would act on a view older than its own write.
+    pub superseded: Mutex<HashMap<ObjectRef<CocoonHibernation>, String>>,
 }
+
+/// How soon a pass deferred because the cache has not seen our own write looks again;
+/// the watch event of that write usually comes first.
+const OWN_WRITE_RETRY: Duration = Duration::from_secs(1);
+/// A conflict is retried at once: the next pass reads what the cache holds by then.
+const CONFLICT_RETRY: Duration = Duration::from_millis(200);
 
 /// S1: the last registry request leaves this long before the fence closes.
 const FENCE_SLACK: Duration = Duration::from_millis(500);
@@ -94,6 +103,9 @@ pub fn error_policy(cr: Arc<CocoonHibernation>, err: &Error, ctx: Arc<Context>) 
         error = %err,
         "reconcile failed; retrying"
     );
+    if matches!(err.metric_label(), "conflict" | "precondition") {
+        return Action::requeue(CONFLICT_RETRY);
+    }
     let delay = Duration::from_millis(500u64.saturating_mul(1 << attempts.min(5)));
     Action::requeue(delay.min(Duration::from_secs(10)))
 }
@@ -120,6 +132,9 @@ async fn reconcile_inner(cr: Arc<CocoonHibernation>, ctx: &Context) -> Result<Ac
     let Some(cr) = ctx.cache.cr(&ns, &name) else {
         return Ok(Action::await_change());
     };
+    if ctx.behind_own_write(&cr) {
+        return Ok(Action::requeue(OWN_WRITE_RETRY));
+    }
     let pod = ctx.cache.pod(&ns, &pod_name);
     let view = pod.as_deref().map(PodView::from_pod);
     let now = Time(jiff::Timestamp::now());
@@ -177,6 +192,7 @@ async fn execute(
             &Patch::Json::<()>(add_finalizer_patch(cr)),
         )
         .await?;
+        ctx.wrote(cr);
         return Ok(Action::await_change());
     }
     if let (Some(patch), Some(pod)) = (plan.pod_patch, pod) {
@@ -195,9 +211,33 @@ async fn execute(
             "patched pod annotation"
         );
     }
-    if let Some(status) = &plan.status {
-        write_status(cr, api, status).await?;
-        tracing::info!(cr = name, phase = ?status.phase, "status updated");
+    // W2: a wake ends with the delete first, then one status write recording it.
+    let mut after_write = None;
+    let mut status_base = cr;
+    let fresh_holder;
+    let mut status = plan.status.clone();
+    if plan.delete_first
+        && let (Some(vm), Some(planned)) = (&plan.delete_tag, status.as_mut())
+    {
+        match fenced_delete_outcome(cr, vm, Debt::EndOfWake, api, ctx).await? {
+            Paid::Stop(action) => return Ok(action),
+            Paid::Done {
+                fresh,
+                result,
+                then,
+            } => {
+                *planned = plan::after_delete(planned, vm, &result, Time(jiff::Timestamp::now()));
+                fresh_holder = fresh;
+                // The fresh read's resourceVersion guards the write.
+                status_base = &fresh_holder;
+                after_write = then;
+            }
+        }
+    }
+    if let Some(status) = &status {
+        write_status(status_base, api, status).await?;
+        ctx.wrote(cr);
+        tracing::info!(namespace = cr.namespace().unwrap_or_default(), cr = name, phase = ?status.phase, "status updated");
     }
     for ev in &plan.events {
         publish(ctx, cr, ev.kind, ev.reason, &ev.note).await;
@@ -205,8 +245,11 @@ async fn execute(
     if let Some((transition, result, secs)) = plan.phase_metric.clone() {
         ctx.metrics.phase_done(transition, result, secs);
     }
-    if let Some(vm) = &plan.delete_tag {
-        // W2/W3: a failed delete is recorded and retried on later passes of the settled CR.
+    if let Some(then) = after_write {
+        return then;
+    }
+    if let (Some(vm), false) = (&plan.delete_tag, plan.delete_first) {
+        // W3: a failed delete is recorded and retried on later passes of the settled CR.
         if let Some(action) = pay_wake_debt(cr, vm, api, ctx).await? {
             return Ok(action);
         }
@@ -220,21 +263,33 @@ async fn execute(
         .unwrap_or_else(Action::await_change))
 }
 
-/// W2, W3 with S1 and S5: delete the woken CR's old tag, then record what happened.
-/// Returns an action when the pass should end differently from its plan.
-async fn pay_wake_debt(
+/// How a fenced delete went.
+enum Paid {
+    /// Nothing was deleted; end the pass with this.
+    Stop(Action),
+    /// The delete ran. Its `result` goes into status (S5); `then` ends the pass once the
+    /// status is written, when the outcome calls for it.
+    Done {
+        fresh: Box<CocoonHibernation>,
+        result: DeleteResult,
+        then: Option<Result<Action>>,
+    },
+}
+
+/// S1, S5: a fenced delete and what its outcome asks of the pass.
+async fn fenced_delete_outcome(
     cr: &CocoonHibernation,
     vm: &str,
+    debt: Debt,
     api: &Api<CocoonHibernation>,
     ctx: &Context,
-) -> Result<Option<Action>> {
-    let key = ObjectRef::from_obj(cr);
-    let (fresh, outcome) = match fenced_delete(cr, vm, Debt::AfterWake, api, ctx).await? {
-        Fenced::Busy => return Ok(Some(Action::requeue(REGISTRY_BUSY_RETRY))),
-        Fenced::NotOwed => return Ok(None),
+) -> Result<Paid> {
+    let (fresh, outcome) = match fenced_delete(cr, vm, debt, api, ctx).await? {
+        Fenced::Busy => return Ok(Paid::Stop(Action::requeue(REGISTRY_BUSY_RETRY))),
+        // The CR changed under us; the watch brings the new state to a new pass.
+        Fenced::NotOwed => return Ok(Paid::Stop(Action::requeue(REGISTRY_BUSY_RETRY))),
         Fenced::Done { fresh, outcome } => (fresh, outcome),
     };
-    let name = cr.name_any();
     let result = match &outcome {
         Ok(DeleteOutcome::KeptSharedDigest { other_tags }) => {
             DeleteResult::SharedDigest(other_tags.clone())
@@ -246,30 +301,57 @@ async fn pay_wake_debt(
     };
     tracing::info!(
         namespace = cr.namespace().unwrap_or_default(),
-        cr = name,
+        cr = cr.name_any(),
         vm,
         ?result,
-        "snapshot tag cleanup after wake"
+        ?debt,
+        "snapshot tag delete"
     );
-    let written = fresh.status.clone().unwrap_or_default();
-    let next = plan::after_delete(&written, vm, &result, Time(jiff::Timestamp::now()));
-    if next != written {
-        // The fresh read's resourceVersion guards this write.
-        write_status(&fresh, api, &next).await?;
-    }
-    ctx.owe(key, result != DeleteResult::Gone);
-    match (result, outcome) {
-        (DeleteResult::Gone, _) => Ok(None),
-        (DeleteResult::SharedDigest(_), _) => Ok(Some(Action::requeue(SHARED_DIGEST_RETRY))),
+    ctx.owe(ObjectRef::from_obj(cr), result != DeleteResult::Gone);
+    let then = match (result.clone(), outcome) {
+        (DeleteResult::Gone, _) => None,
+        (DeleteResult::SharedDigest(_), _) => Some(Ok(Action::requeue(SHARED_DIGEST_RETRY))),
         (_, Err(e)) if e.is_permanent() => {
             // S5: a refusal that will not heal by itself is retried in minutes, not seconds.
             let delay = ctx.permanent_backoff(cr);
-            tracing::warn!(namespace = cr.namespace().unwrap_or_default(), cr = name, vm, error = %e, retry_in = ?delay, "the registry refuses the tag delete; retrying later");
-            Ok(Some(Action::requeue(delay)))
+            tracing::warn!(namespace = cr.namespace().unwrap_or_default(), cr = cr.name_any(), vm, error = %e, retry_in = ?delay, "the registry refuses the tag delete; retrying later");
+            Some(Ok(Action::requeue(delay)))
         }
-        (_, Err(e)) => Err(Error::Registry(e)),
-        (_, Ok(_)) => Ok(None),
+        (_, Err(e)) => Some(Err(Error::Registry(e))),
+        (_, Ok(_)) => None,
+    };
+    Ok(Paid::Done {
+        fresh,
+        result,
+        then,
+    })
+}
+
+/// W3 with S1 and S5: delete the settled CR's old tag, then record what happened.
+/// Returns an action when the pass should end differently from its plan.
+async fn pay_wake_debt(
+    cr: &CocoonHibernation,
+    vm: &str,
+    api: &Api<CocoonHibernation>,
+    ctx: &Context,
+) -> Result<Option<Action>> {
+    let (fresh, result, then) =
+        match fenced_delete_outcome(cr, vm, Debt::AfterWake, api, ctx).await? {
+            Paid::Stop(action) => return Ok(Some(action)),
+            Paid::Done {
+                fresh,
+                result,
+                then,
+            } => (fresh, result, then),
+        };
+    // Recorded on top of what the apiserver holds now, not the cache's copy.
+    let written = fresh.status.clone().unwrap_or_default();
+    let next = plan::after_delete(&written, vm, &result, Time(jiff::Timestamp::now()));
+    if next != written {
+        write_status(&fresh, api, &next).await?;
+        ctx.wrote(cr);
     }
+    then.transpose()
 }
 
 /// What a fenced delete did.
@@ -333,6 +415,29 @@ async fn fenced_delete(
 }
 
 impl Context {
+    /// Notes that `cr`, as the cache held it, has just been superseded by our write.
+    fn wrote(&self, cr: &CocoonHibernation) {
+        if let (Some(rv), Ok(mut map)) = (&cr.metadata.resource_version, self.superseded.lock()) {
+            map.insert(ObjectRef::from_obj(cr), rv.clone());
+        }
+    }
+
+    /// True while the cache still holds the version our last write replaced.
+    fn behind_own_write(&self, cr: &CocoonHibernation) -> bool {
+        let Ok(mut map) = self.superseded.lock() else {
+            return false;
+        };
+        let key = ObjectRef::from_obj(cr);
+        match map.get(&key) {
+            Some(rv) if cr.metadata.resource_version.as_ref() == Some(rv) => true,
+            Some(_) => {
+                map.remove(&key);
+                false
+            }
+            None => false,
+        }
+    }
+
     /// Records whether a CR still owes a tag delete, for the gauge (S5).
     fn owe(&self, key: ObjectRef<CocoonHibernation>, owed: bool) {
         if !owed && let Ok(mut refusals) = self.refusals.lock() {
@@ -482,6 +587,9 @@ async fn cleanup(
         )
         .await?;
         ctx.owe(ObjectRef::from_obj(&cr), false);
+        if let Ok(mut map) = ctx.superseded.lock() {
+            map.remove(&ObjectRef::from_obj(&cr));
+        }
     }
     Ok(Action::await_change())
 }
