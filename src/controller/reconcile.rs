@@ -220,6 +220,11 @@ async fn execute(
         && let (Some(vm), Some(planned)) = (&plan.delete_tag, status.as_mut())
     {
         match fenced_delete_outcome(cr, vm, Debt::EndOfWake, api, ctx).await? {
+            // D1: the desire flipped back while waking. The wake still ends, but the tag
+            // is wanted again, so nothing is deleted and nothing is owed.
+            Paid::NotOwed => planned
+                .conditions
+                .retain(|c| c.type_ != crate::api::conditions::SNAPSHOT_DELETED),
             Paid::Stop(action) => return Ok(action),
             Paid::Done {
                 fresh,
@@ -267,6 +272,8 @@ async fn execute(
 enum Paid {
     /// Nothing was deleted; end the pass with this.
     Stop(Action),
+    /// The fresh read shows the delete is no longer owed; the tag is kept.
+    NotOwed,
     /// The delete ran. Its `result` goes into status (S5); `then` ends the pass once the
     /// status is written, when the outcome calls for it.
     Done {
@@ -286,8 +293,7 @@ async fn fenced_delete_outcome(
 ) -> Result<Paid> {
     let (fresh, outcome) = match fenced_delete(cr, vm, debt, api, ctx).await? {
         Fenced::Busy => return Ok(Paid::Stop(Action::requeue(REGISTRY_BUSY_RETRY))),
-        // The CR changed under us; the watch brings the new state to a new pass.
-        Fenced::NotOwed => return Ok(Paid::Stop(Action::requeue(REGISTRY_BUSY_RETRY))),
+        Fenced::NotOwed => return Ok(Paid::NotOwed),
         Fenced::Done { fresh, outcome } => (fresh, outcome),
     };
     let result = match &outcome {
@@ -338,6 +344,7 @@ async fn pay_wake_debt(
     let (fresh, result, then) =
         match fenced_delete_outcome(cr, vm, Debt::AfterWake, api, ctx).await? {
             Paid::Stop(action) => return Ok(Some(action)),
+            Paid::NotOwed => return Ok(None),
             Paid::Done {
                 fresh,
                 result,
