@@ -18,6 +18,16 @@ pub const COCOONSET_GENERATION: &str = "cocoonset.cocoonstack.io/generation";
 /// VMID: cleared by vk on hibernate, rewritten after a wake's clone.
 pub const VM_ID: &str = "vm.cocoonstack.io/id";
 
+/// Every annotation of the contract: the only ones the cache keeps.
+pub const CONTRACT: [&str; 6] = [
+    VM_NAME,
+    HIBERNATE,
+    LIFECYCLE_STATE,
+    LIFECYCLE_OBSERVED_GENERATION,
+    COCOONSET_GENERATION,
+    VM_ID,
+];
+
 /// Value of [`HIBERNATE`] that requests hibernation.
 pub const HIBERNATE_REQUESTED: &str = "true";
 /// Value of [`LIFECYCLE_STATE`] once vk has hibernated the VM.

@@ -10,7 +10,9 @@ use crate::api::CocoonHibernation;
 use crate::api::annotations::PodView;
 use futures::{Stream, StreamExt};
 use index::{Key, PodChangeTracker, PodRefIndex};
-use k8s_openapi::api::core::v1::{Pod, PodStatus};
+use k8s_openapi::api::core::v1::{
+    ContainerState, ContainerStateRunning, ContainerStatus, Pod, PodStatus,
+};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
@@ -147,13 +149,35 @@ pub fn start(
     (cache, driver)
 }
 
-/// Keep only what a pass or the webhook reads: metadata and container states.
+/// Keep only what a pass or the webhook reads: name, namespace, uid, resourceVersion,
+/// the contract's annotations and whether each container runs. Labels are matched by
+/// the apiserver (`--pod-selector`), so none are kept; the rest of the pod (spec, other
+/// annotations such as last-applied-configuration, owner references) is dropped.
 pub fn strip_pod(pod: &mut Pod) {
-    pod.managed_fields_mut().clear();
+    let meta = &mut pod.metadata;
+    meta.managed_fields = None;
+    meta.labels = None;
+    meta.owner_references = None;
+    meta.finalizers = None;
+    meta.generate_name = None;
+    if let Some(annotations) = meta.annotations.as_mut() {
+        // An empty map, not None: a patch creating the map must know one exists.
+        annotations.retain(|k, _| crate::api::annotations::CONTRACT.contains(&k.as_str()));
+    }
     pod.spec = None;
     if let Some(status) = pod.status.take() {
+        let running_only = |c: ContainerStatus| ContainerStatus {
+            name: c.name,
+            state: c.state.map(|s| ContainerState {
+                running: s.running.map(|_| ContainerStateRunning::default()),
+                ..ContainerState::default()
+            }),
+            ..ContainerStatus::default()
+        };
         pod.status = Some(PodStatus {
-            container_statuses: status.container_statuses,
+            container_statuses: status
+                .container_statuses
+                .map(|cs| cs.into_iter().map(running_only).collect()),
             ..PodStatus::default()
         });
     }
@@ -372,5 +396,65 @@ impl SharedCache {
             pod_writer.apply_watcher_event(&watcher::Event::Apply(pod));
         }
         cache
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::annotations::{self, HIBERNATE, LIFECYCLE_STATE, VM_ID, VM_NAME};
+
+    fn realistic_pod() -> Pod {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {
+                "name": "web-0", "namespace": "ns", "uid": "u-1", "resourceVersion": "7",
+                "labels": { "app": "web", "pod-template-hash": "abc" },
+                "annotations": {
+                    VM_NAME: "vm-a", VM_ID: "id-1", LIFECYCLE_STATE: "ready",
+                    HIBERNATE: "true",
+                    "kubectl.kubernetes.io/last-applied-configuration": "x".repeat(4000),
+                },
+                "ownerReferences": [{ "apiVersion": "apps/v1", "kind": "ReplicaSet",
+                                      "name": "web", "uid": "o-1" }],
+            },
+            "spec": { "containers": [{ "name": "vm", "image": "vm:1" }] },
+            "status": {
+                "phase": "Running",
+                "containerStatuses": [
+                    { "name": "vm", "image": "vm:1", "imageID": "sha256:1", "ready": true,
+                      "restartCount": 0, "state": { "running": { "startedAt": "2026-01-01T00:00:00Z" } } },
+                    { "name": "side", "image": "s:1", "imageID": "sha256:2", "ready": false,
+                      "restartCount": 3, "state": { "waiting": { "reason": "CrashLoopBackOff" } } },
+                ],
+            },
+        }))
+        .unwrap()
+    }
+
+    /// SPEC C3 (issue: memory): the stripped pod reads the same to every pass and to the
+    /// webhook, and the patches built from it still apply to the real pod.
+    #[test]
+    fn c3_stripped_pod_keeps_everything_a_pass_reads() {
+        let full = realistic_pod();
+        let mut stripped = full.clone();
+        strip_pod(&mut stripped);
+        assert_eq!(PodView::from_pod(&stripped), PodView::from_pod(&full));
+        assert!(stripped.metadata.labels.is_none());
+        assert!(stripped.metadata.owner_references.is_none());
+        let kept = stripped.metadata.annotations.clone().unwrap_or_default();
+        assert!(!kept.contains_key("kubectl.kubernetes.io/last-applied-configuration"));
+        let full_len = serde_json::to_vec(&full).unwrap().len();
+        let stripped_len = serde_json::to_vec(&stripped).unwrap().len();
+        assert!(
+            stripped_len * 5 < full_len,
+            "{stripped_len} of {full_len} bytes"
+        );
+        for patch in [
+            annotations::clear_hibernate_patch(&stripped),
+            annotations::set_hibernate_patch(&stripped),
+        ] {
+            let mut doc = serde_json::to_value(&full).unwrap();
+            json_patch::patch(&mut doc, &patch.0).unwrap();
+        }
     }
 }
