@@ -239,23 +239,29 @@ impl RegistryClient {
 
     /// The digest path, for registries that cannot delete a tag (S5, G1). Its requests:
     ///
-    /// 1. HEAD `<vm>:hibernate`. Its `Docker-Content-Digest` is the manifest to delete,
-    ///    read before anything else, so a snapshot pushed after this instant is a new
-    ///    manifest that this operation never deletes. 404: [`DeleteOutcome::Absent`].
-    /// 2. `tags/list`, every page once. `hibernate` missing from it: Absent.
-    /// 3. Only when the repository holds other tags: HEAD each one; any on the digest
-    ///    keeps the snapshot ([`DeleteOutcome::KeptSharedDigest`]). Then HEAD
-    ///    `<vm>:hibernate` again: moved means nothing is deleted
-    ///    ([`RegistryError::SnapshotMoved`]), so the status never claims a delete the
-    ///    registry did not do while those HEADs ran.
+    /// 1. HEAD `<vm>:hibernate`: its `Docker-Content-Digest` is the manifest to delete.
+    ///    404: [`DeleteOutcome::Absent`], nothing else is sent.
+    /// 2. `tags/list`, every page once. `hibernate` not in it: Absent, no DELETE.
+    /// 3. Only when the repository holds other tags: HEAD each one, and any on the digest
+    ///    keeps the snapshot ([`DeleteOutcome::KeptSharedDigest`], no DELETE); then HEAD
+    ///    `<vm>:hibernate` again, and if it moved meanwhile nothing is deleted
+    ///    ([`RegistryError::SnapshotMoved`], transient).
     /// 4. DELETE by the digest of step 1.
     ///
-    /// The normal case (no other tag) is three requests. What stays open, as no
-    /// conditional DELETE exists in Distribution: a tag put on the digest after the
-    /// listing (its own HEAD in step 3) is deleted with it; a push of `<vm>:hibernate`
-    /// after the last HEAD leaves the new manifest in place while the old one is deleted
-    /// and reported as [`DeleteOutcome::DeletedByDigest`]. The push of a byte-identical
-    /// manifest (the same digest) cannot be told apart.
+    /// The normal case (no other tag) is three requests. The HEAD comes before the
+    /// listing on purpose: read after it, the digest would be that of a snapshot pushed
+    /// during the listing, which would then be deleted. Read first, it is the snapshot the
+    /// caller decided about, and a later push is another manifest that a DELETE by this
+    /// digest leaves alone (Distribution removes only the tags whose current link is the
+    /// deleted digest).
+    ///
+    /// Left open, as Distribution has no conditional DELETE:
+    /// - a tag put on the digest after the listing (or after its own HEAD in step 3) is
+    ///   deleted with it;
+    /// - a push of `<vm>:hibernate` after its last HEAD (in the normal case: during the
+    ///   listing or the DELETE's round trip) survives, but the answer is
+    ///   [`DeleteOutcome::DeletedByDigest`] for the old manifest while the tag exists;
+    /// - a byte-identical re-push (the same digest) cannot be told apart and is deleted.
     async fn delete_by_digest(
         &self,
         registry: &str,

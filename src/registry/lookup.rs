@@ -160,6 +160,14 @@ impl RegistryClient {
                 return Ok(tags);
             };
             self.inner.metrics.registry_call(OP, "ok");
+            // Each tag goes into a HEAD's URL, and a tag that cannot be looked up leaves
+            // the digest unproven: a malformed one ends the delete.
+            if let Some(bad) = page.iter().find(|t| !valid_tag(t)) {
+                return Err(RegistryError::Protocol {
+                    operation: OP,
+                    message: format!("the tag list holds a malformed tag {bad:?}"),
+                });
+            }
             let page_len = page.len();
             let last = page.last().cloned();
             let mut new = 0;
@@ -287,6 +295,15 @@ fn next_link(header: &str) -> Option<String> {
     }
 }
 
+/// An OCI tag: `[a-zA-Z0-9_][a-zA-Z0-9._-]{0,127}`.
+fn valid_tag(tag: &str) -> bool {
+    tag.len() <= 128
+        && tag.starts_with(|c: char| c.is_ascii_alphanumeric() || c == '_')
+        && tag
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+}
+
 /// An OCI digest: `algorithm:encoded`, algorithm `[a-z0-9]+([+._-][a-z0-9]+)*`, encoded
 /// `[a-zA-Z0-9=_-]+`.
 pub(super) fn valid_digest(digest: &str) -> bool {
@@ -391,6 +408,26 @@ mod tests {
             )
             .is_err()
         );
+    }
+
+    #[test]
+    fn tags_are_checked_before_they_reach_a_url() {
+        for good in ["hibernate", "t000", "_x", "v1.2-rc_3", &"a".repeat(128)] {
+            assert!(valid_tag(good), "{good}");
+        }
+        for bad in [
+            "",
+            ".x",
+            "-x",
+            "a/b",
+            "../x",
+            "a?b",
+            "a#b",
+            "a b",
+            &"a".repeat(129),
+        ] {
+            assert!(!valid_tag(bad), "{bad}");
+        }
     }
 
     #[test]
