@@ -35,6 +35,45 @@ fn calls(metrics: &Metrics, operation: &'static str, outcome: &'static str) -> u
         .get()
 }
 
+/// Every registry call counted so far (`registry_calls_total`, all labels summed).
+fn total_calls(metrics: &Metrics) -> u64 {
+    metrics
+        .encode()
+        .unwrap()
+        .lines()
+        .filter(|l| l.starts_with("cocoon_hibernation_registry_calls_total{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum()
+}
+
+/// A client that reaches `server` through a counting proxy.
+async fn through_proxy(server: &RegistryServer) -> (SlowProxy, RegistryClient, Metrics) {
+    let proxy = SlowProxy::start(&server.host()).await;
+    let mut config = server.registry_config();
+    config.base = proxy.host();
+    let (client, metrics) = client_with(config);
+    (proxy, client, metrics)
+}
+
+fn head_line(tag: &str) -> String {
+    format!("HEAD /v2/{VM}/manifests/{tag} HTTP/1.1")
+}
+
+fn list_line() -> String {
+    format!("GET /v2/{VM}/tags/list?n=100 HTTP/1.1")
+}
+
+fn delete_line(reference: &str) -> String {
+    format!("DELETE /v2/{VM}/manifests/{reference} HTTP/1.1")
+}
+
+/// What a wake's delete does: bounded by the caller's instant (the leader's fence).
+async fn wake_delete(client: &RegistryClient) -> Result<DeleteOutcome, RegistryError> {
+    client
+        .delete_snapshot_before(VM, Instant::now() + Duration::from_secs(30))
+        .await
+}
+
 // H3: a repository that was never pushed is an answer (absent), not an error.
 #[tokio::test]
 async fn h3_probe_of_never_pushed_repo_is_absent() {
@@ -195,8 +234,24 @@ async fn w2_token_auth_probe_and_delete_with_delete_scope() {
     assert_eq!(
         calls(&metrics, "token", "ok"),
         1,
-        "one delete token per delete"
+        "one token per delete, for every request of it"
     );
+    // Issue 8: the next delete skips the refused tag DELETE and still asks for one token
+    // only (the registry asks for one on each operation's first request).
+    server.push_artifact(VM, "hibernate").await;
+    let before = total_calls(&metrics);
+    assert_eq!(
+        wake_delete(&client).await.unwrap(),
+        DeleteOutcome::DeletedByDigest
+    );
+    assert_eq!(calls(&metrics, "token", "ok"), 2);
+    assert_eq!(calls(&metrics, "delete", "unsupported"), 1);
+    assert_eq!(
+        total_calls(&metrics) - before,
+        4,
+        "token, HEAD, tags/list, DELETE by digest"
+    );
+    assert_eq!(server.digest_of(VM, "hibernate").await, None);
 
     // H4: refused credentials are auth errors on both paths.
     server.push_artifact(VM, "hibernate").await;
@@ -240,7 +295,10 @@ async fn w2_delete_falls_back_to_digest_when_tag_delete_unsupported() {
         "an unrelated tag survives"
     );
     assert_eq!(calls(&metrics, "delete", "unsupported"), 1);
+    // The snapshot's HEAD, then the other tag's, then the re-check of the snapshot.
     assert_eq!(calls(&metrics, "resolve", "present"), 2);
+    assert_eq!(calls(&metrics, "list_tags", "ok"), 1);
+    assert_eq!(calls(&metrics, "recheck", "present"), 1);
     assert_eq!(calls(&metrics, "delete_digest", "deleted"), 1);
     assert_eq!(metrics.snapshot_tags_kept.get(), 0);
 
@@ -280,7 +338,9 @@ async fn g1_delete_keeps_tag_when_another_tag_shares_digest() {
     );
 }
 
-// G1: the sharing check reads every page of the tag list (Distribution pages by `n`/`last`).
+// G1: the sharing check sees every tag of a repository with more tags than one page
+// asks for. Distribution 2.8 ignores `n` and sends them all at once (no `Link`), which
+// ends the listing: one request. Real paging is `g1_s5_shared_digest_found_on_a_later_link_page`.
 #[tokio::test]
 async fn g1_shared_digest_found_beyond_first_tag_page() {
     let server = RegistryServer::launch_default();
@@ -298,10 +358,12 @@ async fn g1_shared_digest_found_beyond_first_tag_page() {
             other_tags: vec!["zz-shared".to_string()]
         }
     );
-    assert!(
-        calls(&metrics, "list_tags", "ok") >= 2,
-        "the tag list was read in pages"
+    assert_eq!(
+        calls(&metrics, "list_tags", "ok"),
+        1,
+        "131 tags for n=100: the registry ignored `n`, so that page was all of them"
     );
+    assert_eq!(calls(&metrics, "delete_digest", "deleted"), 0);
     assert_eq!(server.digest_of(VM, "hibernate").await, Some(snapshot));
 }
 
@@ -340,11 +402,16 @@ async fn w3_delete_refused_is_error_then_succeeds_after_registry_allows_deletes(
     assert!(server.digest_of(VM, "hibernate").await.is_some());
     assert_eq!(calls(&metrics, "delete_digest", "unsupported"), 1);
 
+    // Deletes off altogether (405 by digest too) say nothing about tag deletes: the
+    // refusal is not remembered, and the retry tries the tag first again.
+    assert_eq!(calls(&metrics, "delete", "unsupported"), 1);
+
     server.restart_with_delete(true);
     assert_eq!(
         client.delete_snapshot(VM).await.unwrap(),
         DeleteOutcome::DeletedByDigest
     );
+    assert_eq!(calls(&metrics, "delete", "unsupported"), 2);
     assert!(!client.snapshot_exists(VM).await.unwrap());
 }
 
@@ -387,16 +454,23 @@ async fn h4_c2_unresponsive_registry_times_out_within_the_budget() {
     holder.abort();
 }
 
-/// A scripted Distribution 2.x for the delete fallback, for paused-clock tests (a real
-/// registry process cannot run on a virtual clock): tag DELETE refused with
-/// DIGEST_INVALID, the manifest present, no other tag, DELETE by digest accepted.
-async fn scripted_distribution() -> (std::net::SocketAddr, tokio::task::JoinHandle<()>) {
+/// The answer of a scripted registry to one request: status line, extra headers (each
+/// ending in CRLF), body.
+type Scripted = (String, String, String);
+
+/// A scripted registry on a loopback port: `answer` gets each request line
+/// ("HEAD /v2/… HTTP/1.1"). For what a real registry process cannot do: run on a paused
+/// clock, accept tag deletes, or page its tag list.
+async fn scripted_registry(
+    answer: impl Fn(&str) -> Scripted + Send + Sync + 'static,
+) -> (std::net::SocketAddr, tokio::task::JoinHandle<()>) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    const DIGEST: &str = "sha256:0000000000000000000000000000000000000000000000000000000000000000";
+    let answer = std::sync::Arc::new(answer);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let task = tokio::spawn(async move {
         while let Ok((mut socket, _)) = listener.accept().await {
+            let answer = answer.clone();
             tokio::spawn(async move {
                 let mut buf = vec![0u8; 8192];
                 loop {
@@ -406,33 +480,7 @@ async fn scripted_distribution() -> (std::net::SocketAddr, tokio::task::JoinHand
                     };
                     let request = String::from_utf8_lossy(&buf[..n]).to_string();
                     let line = request.lines().next().unwrap_or_default().to_owned();
-                    let (status, headers, body) = if line.starts_with("DELETE")
-                        && line.contains("/manifests/hibernate")
-                    {
-                        (
-                            "400 Bad Request",
-                            String::new(),
-                            r#"{"errors":[{"code":"DIGEST_INVALID","message":"m"}]}"#.to_owned(),
-                        )
-                    } else if line.starts_with("DELETE") {
-                        ("202 Accepted", String::new(), String::new())
-                    } else if line.contains("/tags/list") {
-                        (
-                            "200 OK",
-                            "Content-Type: application/json\r\n".to_owned(),
-                            format!(r#"{{"name":"{VM}","tags":["hibernate"]}}"#),
-                        )
-                    } else if line.contains("/manifests/") {
-                        (
-                            "200 OK",
-                            format!(
-                                "Docker-Content-Digest: {DIGEST}\r\nContent-Type: application/vnd.oci.image.manifest.v1+json\r\n"
-                            ),
-                            String::new(),
-                        )
-                    } else {
-                        ("200 OK", String::new(), "{}".to_owned())
-                    };
+                    let (status, headers, body) = answer(&line);
                     // HEAD answers carry no body.
                     let body = if line.starts_with("HEAD") {
                         String::new()
@@ -453,32 +501,80 @@ async fn scripted_distribution() -> (std::net::SocketAddr, tokio::task::JoinHand
     (addr, task)
 }
 
-// C2: one deadline for the whole delete. Every request of the digest fallback answers
+const SCRIPTED_DIGEST: &str =
+    "sha256:0000000000000000000000000000000000000000000000000000000000000000";
+
+fn manifest_found(digest: &str) -> Scripted {
+    (
+        "200 OK".into(),
+        format!(
+            "Docker-Content-Digest: {digest}\r\nContent-Type: application/vnd.oci.image.manifest.v1+json\r\n"
+        ),
+        String::new(),
+    )
+}
+
+/// A scripted Distribution 2.x for the delete fallback: tag DELETE refused with
+/// DIGEST_INVALID (or accepted, with `tag_delete`), the manifest present, no other tag,
+/// DELETE by digest accepted.
+async fn scripted_distribution(
+    tag_delete: bool,
+) -> (std::net::SocketAddr, tokio::task::JoinHandle<()>) {
+    scripted_registry(move |line| {
+        if line.starts_with("DELETE") && line.contains("/manifests/hibernate") && !tag_delete {
+            (
+                "400 Bad Request".into(),
+                String::new(),
+                r#"{"errors":[{"code":"DIGEST_INVALID","message":"m"}]}"#.into(),
+            )
+        } else if line.starts_with("DELETE") {
+            ("202 Accepted".into(), String::new(), String::new())
+        } else if line.contains("/tags/list") {
+            (
+                "200 OK".into(),
+                "Content-Type: application/json\r\n".into(),
+                format!(r#"{{"name":"{VM}","tags":["hibernate"]}}"#),
+            )
+        } else if line.contains("/manifests/") {
+            manifest_found(SCRIPTED_DIGEST)
+        } else {
+            ("200 OK".into(), String::new(), "{}".into())
+        }
+    })
+    .await
+}
+
+fn scripted_client(addr: &str, timeout: Duration) -> (RegistryClient, Metrics) {
+    client_with(RegistryConfig {
+        base: addr.to_string(),
+        plain_http: true,
+        auth: RegistryAuth::Anonymous,
+        extra_ca_pems: vec![],
+        timeout,
+    })
+}
+
+// C2: one deadline for the whole delete. Every request of the digest path answers
 // within the per-request timeout, yet the delete as a whole does not get a fresh timeout
 // per request: it ends, as a Timeout, exactly when its budget is spent, and the DELETE by
 // digest is never sent.
 #[tokio::test(start_paused = true)]
 async fn c2_delete_fallback_gets_one_deadline_for_all_its_requests() {
-    let (upstream, registry) = scripted_distribution().await;
+    let (upstream, registry) = scripted_distribution(false).await;
     let proxy = SlowProxy::start(&upstream.to_string()).await;
     let timeout = Duration::from_secs(10);
-    let (client, _) = client_with(RegistryConfig {
-        base: proxy.host(),
-        plain_http: true,
-        auth: RegistryAuth::Anonymous,
-        extra_ca_pems: vec![],
-        timeout,
-    });
+    let (client, _) = scripted_client(&proxy.host(), timeout);
     // Without the slowdown the fallback succeeds, so the script is a working registry.
     assert_eq!(
         client.delete_snapshot(VM).await.unwrap(),
         DeleteOutcome::DeletedByDigest
     );
     let fast = proxy.stats().requests();
-    assert!(fast >= 4, "{:?}", proxy.stats().lines);
+    assert_eq!(fast, 4, "{:?}", proxy.stats().lines);
 
-    // Each request now takes 40% of the budget: any three of them overrun it.
-    proxy.delay_each(timeout * 2 / 5);
+    // Each request now takes 60% of the budget: any two of them overrun it (the refused
+    // tag DELETE is remembered, so three requests remain).
+    proxy.delay_each(timeout * 3 / 5);
     let before = proxy.stats().requests();
     let started = Instant::now();
     let err = client.delete_snapshot(VM).await.unwrap_err();
@@ -488,9 +584,13 @@ async fn c2_delete_fallback_gets_one_deadline_for_all_its_requests() {
         "{err:?}"
     );
     let lines = proxy.stats().lines.split_off(before);
-    assert!(lines.len() < fast, "stopped partway: {lines:?}");
+    assert_eq!(
+        lines,
+        [head_line("hibernate"), list_line()],
+        "stopped partway"
+    );
     assert!(
-        !lines.iter().any(|l| l.contains("/manifests/sha256:")),
+        !lines.iter().any(|l| l.starts_with("DELETE")),
         "no DELETE by digest after the deadline: {lines:?}"
     );
     registry.abort();
@@ -562,17 +662,14 @@ async fn s1_delete_past_the_callers_instant_sends_no_request() {
     assert_eq!(server.digest_of(VM, "hibernate").await, None);
 }
 
-// W2/G1: a fresh push of `<vm>:hibernate` while the fallback lists the other tags is
-// caught by the re-check: nothing is deleted, and the error is transient (the controller
-// decides again with fresh state).
+// W2/S5: a fresh push of `<vm>:hibernate` while the delete lists the tags is a new
+// manifest, and the delete never touches it: the digest deleted is the one the
+// snapshot's HEAD read before the listing (the snapshot that was woken from).
 #[tokio::test]
-async fn w2_delete_by_digest_aborts_when_the_snapshot_moves_meanwhile() {
+async fn w2_s5_snapshot_pushed_during_the_listing_is_not_deleted() {
     let server = RegistryServer::launch_default();
     let old = server.push_artifact(VM, "hibernate").await;
-    let proxy = SlowProxy::start(&server.host()).await;
-    let mut config = server.registry_config();
-    config.base = proxy.host();
-    let (client, metrics) = client_with(config);
+    let (proxy, client, metrics) = through_proxy(&server).await;
 
     proxy.hold_matching("/tags/list");
     let deleting = tokio::spawn({
@@ -580,7 +677,52 @@ async fn w2_delete_by_digest_aborts_when_the_snapshot_moves_meanwhile() {
         async move { client.delete_snapshot(VM).await }
     });
     proxy.until(|s| s.held == 1).await;
-    // The fallback has resolved the old digest and waits for the tag list: push anew.
+    // The delete has read the old digest and waits for the tag list: push anew.
+    let fresh = server.push_artifact_with(VM, "hibernate", " (fresh)").await;
+    assert_ne!(fresh, old);
+    proxy.resume();
+
+    assert_eq!(
+        deleting.await.unwrap().unwrap(),
+        DeleteOutcome::DeletedByDigest,
+        "the snapshot woken from is gone"
+    );
+    assert_eq!(
+        server.digest_of(VM, "hibernate").await,
+        Some(fresh.clone()),
+        "the fresh snapshot survives"
+    );
+    assert_eq!(server.digest_of(VM, &old).await, None);
+    let lines = proxy.stats().lines;
+    assert_eq!(
+        lines,
+        [
+            delete_line("hibernate"),
+            head_line("hibernate"),
+            list_line(),
+            delete_line(&old)
+        ],
+        "the digest deleted is the one read before the push"
+    );
+    assert!(!lines.contains(&delete_line(&fresh)), "{lines:?}");
+    assert_eq!(calls(&metrics, "delete_digest", "deleted"), 1);
+}
+
+// W2/S5: a fresh push while other tags are checked is caught by the re-check: nothing is
+// deleted, and the error is transient (the controller decides again with fresh state).
+#[tokio::test]
+async fn w2_s5_delete_aborts_when_the_snapshot_moves_while_other_tags_are_checked() {
+    let server = RegistryServer::launch_default();
+    let old = server.push_artifact(VM, "hibernate").await;
+    let unrelated = server.push_artifact(VM, "older-cycle").await;
+    let (proxy, client, metrics) = through_proxy(&server).await;
+
+    proxy.hold_matching("/manifests/older-cycle");
+    let deleting = tokio::spawn({
+        let client = client.clone();
+        async move { client.delete_snapshot(VM).await }
+    });
+    proxy.until(|s| s.held == 1).await;
     let fresh = server.push_artifact_with(VM, "hibernate", " (fresh)").await;
     assert_ne!(fresh, old);
     proxy.resume();
@@ -592,6 +734,8 @@ async fn w2_delete_by_digest_aborts_when_the_snapshot_moves_meanwhile() {
     );
     assert!(!err.is_permanent(), "S5: decided again on the next pass");
     assert_eq!(server.digest_of(VM, "hibernate").await, Some(fresh));
+    assert_eq!(server.digest_of(VM, "older-cycle").await, Some(unrelated));
+    assert_eq!(server.digest_of(VM, &old).await, Some(old.clone()));
     assert_eq!(calls(&metrics, "delete_digest", "deleted"), 0);
     let lines = proxy.stats().lines;
     assert!(
@@ -600,6 +744,211 @@ async fn w2_delete_by_digest_aborts_when_the_snapshot_moves_meanwhile() {
             .any(|l| l.starts_with("DELETE") && l.contains("sha256:")),
         "{lines:?}"
     );
+}
+
+// W2/C2 (issue 8, registry calls at the floor): a wake's delete on Distribution. The
+// first one learns that tags cannot be deleted there: the refused DELETE by tag, then
+// HEAD, tags/list, DELETE by digest (4 calls). Every later one, from this client or a
+// clone of it, skips the refusal: 3 calls. Counted twice: by the metrics and by the
+// requests that reach the registry (no hidden `GET /v2/` either).
+#[tokio::test]
+async fn w2_c2_wake_delete_on_distribution_is_three_calls_once_the_refusal_is_known() {
+    let server = RegistryServer::launch_default();
+    let (proxy, client, metrics) = through_proxy(&server).await;
+    let first = server.push_artifact(VM, "hibernate").await;
+
+    assert_eq!(
+        wake_delete(&client).await.unwrap(),
+        DeleteOutcome::DeletedByDigest
+    );
+    assert_eq!(
+        proxy.stats().lines,
+        [
+            delete_line("hibernate"),
+            head_line("hibernate"),
+            list_line(),
+            delete_line(&first)
+        ]
+    );
+    assert_eq!(total_calls(&metrics), 4);
+    assert_eq!(server.digest_of(VM, "hibernate").await, None);
+
+    for (cycle, deleter) in [client.clone(), client].iter().enumerate() {
+        let snapshot = server
+            .push_artifact_with(VM, "hibernate", &format!(" (cycle {cycle})"))
+            .await;
+        let (sent, counted) = (proxy.stats().requests(), total_calls(&metrics));
+        assert_eq!(
+            wake_delete(deleter).await.unwrap(),
+            DeleteOutcome::DeletedByDigest
+        );
+        assert_eq!(
+            proxy.stats().lines.split_off(sent),
+            [head_line("hibernate"), list_line(), delete_line(&snapshot)],
+            "cycle {cycle}"
+        );
+        assert_eq!(total_calls(&metrics) - counted, 3, "cycle {cycle}");
+        assert_eq!(server.digest_of(VM, "hibernate").await, None);
+    }
+    assert_eq!(
+        calls(&metrics, "delete", "unsupported"),
+        1,
+        "refused once, then remembered"
+    );
+    assert_eq!(calls(&metrics, "resolve", "present"), 3);
+    assert_eq!(calls(&metrics, "list_tags", "ok"), 3);
+    assert_eq!(calls(&metrics, "delete_digest", "deleted"), 3);
+}
+
+// S5/G1 (issue 8): the short path still keeps a snapshot whose digest another tag
+// shares: HEAD, tags/list, HEAD of the other tag, and no DELETE.
+#[tokio::test]
+async fn s5_g1_shared_digest_is_still_kept_once_the_refusal_is_known() {
+    let server = RegistryServer::launch_default();
+    let (proxy, client, metrics) = through_proxy(&server).await;
+    server.push_artifact(VM, "hibernate").await;
+    assert_eq!(
+        wake_delete(&client).await.unwrap(),
+        DeleteOutcome::DeletedByDigest
+    );
+
+    let digest = server
+        .push_artifact_with(VM, "hibernate", " (next cycle)")
+        .await;
+    assert_eq!(server.add_tag(VM, "hibernate", "golden").await, digest);
+    let (sent, counted) = (proxy.stats().requests(), total_calls(&metrics));
+    assert_eq!(
+        wake_delete(&client).await.unwrap(),
+        DeleteOutcome::KeptSharedDigest {
+            other_tags: vec!["golden".to_string()]
+        }
+    );
+    assert_eq!(
+        proxy.stats().lines.split_off(sent),
+        [head_line("hibernate"), list_line(), head_line("golden")]
+    );
+    assert_eq!(total_calls(&metrics) - counted, 3);
+    assert_eq!(metrics.snapshot_tags_kept.get(), 1);
+    assert_eq!(
+        server.digest_of(VM, "hibernate").await,
+        Some(digest.clone())
+    );
+    assert_eq!(server.digest_of(VM, "golden").await, Some(digest));
+}
+
+// W3 (issue 8): an absent snapshot tag costs no DELETE by digest, and once the refusal
+// is known, no DELETE at all: the HEAD's 404 is the whole delete.
+#[tokio::test]
+async fn w3_absent_snapshot_makes_no_delete() {
+    let server = RegistryServer::launch_default();
+    let (proxy, client, metrics) = through_proxy(&server).await;
+    let other = server.push_artifact(VM, "other").await;
+
+    assert_eq!(wake_delete(&client).await.unwrap(), DeleteOutcome::Absent);
+    assert_eq!(
+        proxy.stats().lines,
+        [delete_line("hibernate"), head_line("hibernate")]
+    );
+    let (sent, counted) = (proxy.stats().requests(), total_calls(&metrics));
+    assert_eq!(wake_delete(&client).await.unwrap(), DeleteOutcome::Absent);
+    assert_eq!(
+        proxy.stats().lines.split_off(sent),
+        [head_line("hibernate")]
+    );
+    assert_eq!(total_calls(&metrics) - counted, 1);
+    assert_eq!(calls(&metrics, "resolve", "absent"), 2);
+    assert_eq!(server.digest_of(VM, "other").await, Some(other));
+}
+
+// W2 (issue 8): where the registry deletes tags, a delete is that one call, every time
+// (nothing is remembered as refused).
+#[tokio::test]
+async fn w2_registry_that_deletes_tags_takes_one_call() {
+    let (upstream, registry) = scripted_distribution(true).await;
+    let proxy = SlowProxy::start(&upstream.to_string()).await;
+    let (client, metrics) = scripted_client(&proxy.host(), Duration::from_secs(5));
+    for round in 0..2 {
+        let sent = proxy.stats().requests();
+        assert_eq!(wake_delete(&client).await.unwrap(), DeleteOutcome::Deleted);
+        assert_eq!(
+            proxy.stats().lines.split_off(sent),
+            [delete_line("hibernate")],
+            "round {round}"
+        );
+    }
+    assert_eq!(total_calls(&metrics), 2);
+    registry.abort();
+}
+
+// G1/S5: a registry that pages its tag list with `Link` is read to the end, each page
+// once, and a tag on the last page sharing the digest keeps the snapshot.
+#[tokio::test]
+async fn g1_s5_shared_digest_found_on_a_later_link_page() {
+    const OTHER: &str = "sha256:1111111111111111111111111111111111111111111111111111111111111111";
+    let mut tags: Vec<String> = (0..230).map(|i| format!("t{i:03}")).collect();
+    tags.extend(["hibernate".to_string(), "zz-shared".to_string()]);
+    tags.sort();
+    let (upstream, registry) = scripted_registry(move |line| {
+        let target = line.split(' ').nth(1).unwrap_or_default();
+        if line.starts_with("DELETE") && target.ends_with("/manifests/hibernate") {
+            (
+                "400 Bad Request".into(),
+                String::new(),
+                r#"{"errors":[{"code":"DIGEST_INVALID","message":"m"}]}"#.into(),
+            )
+        } else if line.starts_with("DELETE") {
+            ("202 Accepted".into(), String::new(), String::new())
+        } else if target.contains("/tags/list") {
+            let last = target
+                .split(['?', '&'])
+                .find_map(|p| p.strip_prefix("last="));
+            let start = last
+                .and_then(|l| tags.iter().position(|t| t == l))
+                .map_or(0, |i| i + 1);
+            let page = &tags[start..(start + 100).min(tags.len())];
+            let link = match page.last() {
+                Some(l) if start + 100 < tags.len() => {
+                    format!("Link: </v2/{VM}/tags/list?n=100&last={l}>; rel=\"next\"\r\n")
+                }
+                _ => String::new(),
+            };
+            (
+                "200 OK".into(),
+                format!("Content-Type: application/json\r\n{link}"),
+                serde_json::json!({ "name": VM, "tags": page }).to_string(),
+            )
+        } else if target.ends_with("/manifests/hibernate")
+            || target.ends_with("/manifests/zz-shared")
+        {
+            manifest_found(SCRIPTED_DIGEST)
+        } else {
+            manifest_found(OTHER)
+        }
+    })
+    .await;
+    let proxy = SlowProxy::start(&upstream.to_string()).await;
+    let (client, metrics) = scripted_client(&proxy.host(), Duration::from_secs(30));
+    assert_eq!(
+        wake_delete(&client).await.unwrap(),
+        DeleteOutcome::KeptSharedDigest {
+            other_tags: vec!["zz-shared".to_string()]
+        }
+    );
+    let stats = proxy.stats();
+    let pages: Vec<&String> = stats
+        .lines
+        .iter()
+        .filter(|l| l.contains("/tags/list"))
+        .collect();
+    assert_eq!(pages.len(), 3, "{pages:?}");
+    let distinct: std::collections::HashSet<_> = pages.iter().collect();
+    assert_eq!(distinct.len(), 3, "each page once: {pages:?}");
+    assert_eq!(calls(&metrics, "list_tags", "ok"), 3);
+    assert!(
+        !stats.lines.iter().any(|l| l.contains("sha256:")),
+        "no DELETE by digest"
+    );
+    registry.abort();
 }
 
 // H4: a 5xx (here a proxy in front of a failing registry) is an error, not "absent".

@@ -2,10 +2,11 @@
 
 use super::config::{RegistryAuth, RegistryConfig};
 use super::deadline::Deadline;
-use super::delete::{DeleteSession, RawDelete};
+use super::delete::RawDelete;
 use super::error::{RegistryError, describe_chain};
 use super::names::{RegistryBase, SNAPSHOT_TAG};
 use super::oci_errors::{Failure, classify};
+use super::request::Session;
 use crate::metrics::Metrics;
 use oci_client::Reference;
 use oci_client::client::{Certificate, CertificateEncoding, ClientConfig, ClientProtocol};
@@ -14,16 +15,12 @@ use rustls::pki_types::pem::PemObject as _;
 use std::collections::HashSet;
 use std::fmt;
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
 const USER_AGENT: &str = concat!("cocoon-hibernation/", env!("CARGO_PKG_VERSION"));
-/// Tags asked for per `tags/list` page.
-const TAG_PAGE_SIZE: usize = 100;
-/// Upper bound on pages, so a registry that ignores `last` cannot loop us forever.
-const MAX_TAG_PAGES: usize = 100;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum DeleteOutcome {
@@ -49,10 +46,12 @@ pub(super) struct Inner {
     pub auth: RegistryAuth,
     pub oci_auth: oci_client::secrets::RegistryAuth,
     pub oci: oci_client::Client,
-    /// For the calls oci-client lacks (DELETE, delete-scoped tokens).
+    /// For every request of a delete (see `request.rs`).
     pub http: reqwest::Client,
     pub timeout: Duration,
     pub metrics: Metrics,
+    /// Registry hosts that refused a DELETE by tag (400 DIGEST_INVALID/UNSUPPORTED, 405).
+    pub tag_delete_refused: Mutex<HashSet<String>>,
 }
 
 impl fmt::Debug for RegistryClient {
@@ -141,6 +140,7 @@ impl RegistryClient {
                 http,
                 timeout: config.timeout,
                 metrics,
+                tag_delete_refused: Mutex::new(HashSet::new()),
             }),
         })
     }
@@ -179,9 +179,13 @@ impl RegistryClient {
     /// Registries that cannot delete a tag (CNCF Distribution 2.x) get the manifest deleted
     /// by digest instead, unless another tag of the repository points at the same digest:
     /// that delete would take the other tag with it, so it is left alone
-    /// ([`DeleteOutcome::KeptSharedDigest`]). If `<vm>:hibernate` moves to another digest
-    /// while the fallback checks (a fresh push), nothing is deleted and the answer is
-    /// [`RegistryError::SnapshotMoved`].
+    /// ([`DeleteOutcome::KeptSharedDigest`]). The digest deleted is the one
+    /// `<vm>:hibernate` resolves to at the first request of that path; a snapshot pushed
+    /// later is a new manifest and is not deleted. If the tag moves to another digest
+    /// while other tags are checked, nothing is deleted and the answer is
+    /// [`RegistryError::SnapshotMoved`]. The refusal of a tag delete is remembered for the
+    /// life of the client, so later deletes on that registry skip it: HEAD, `tags/list`
+    /// and DELETE by digest when the snapshot is the repository's only tag.
     pub async fn delete_snapshot_before(
         &self,
         vm: &str,
@@ -202,73 +206,147 @@ impl RegistryClient {
         // The host oci-client talks to (it maps docker.io to index.docker.io).
         let registry = reference.resolve_registry();
         let repository = reference.repository();
-        let mut session = DeleteSession::default();
-        match self
-            .delete_manifest(
+        let mut session = Session::new(repository);
+        if !self.tag_delete_refused(registry) {
+            match self
+                .delete_manifest(
+                    registry,
+                    repository,
+                    SNAPSHOT_TAG,
+                    "delete",
+                    &mut session,
+                    &deadline,
+                )
+                .await?
+            {
+                RawDelete::Deleted => {
+                    info!(repository, tag = SNAPSHOT_TAG, "deleted snapshot tag");
+                    return Ok(DeleteOutcome::Deleted);
+                }
+                RawDelete::NotFound => return Ok(DeleteOutcome::Absent),
+                RawDelete::Unsupported { status, .. } => {
+                    debug!(
+                        repository,
+                        status, "tag delete refused; deleting by digest, now and on later deletes"
+                    );
+                    self.remember_tag_delete_refused(registry, true);
+                }
+            }
+        }
+        self.delete_by_digest(registry, repository, &mut session, &deadline)
+            .await
+    }
+
+    /// The digest path, for registries that cannot delete a tag (S5, G1). Its requests:
+    ///
+    /// 1. HEAD `<vm>:hibernate`: its `Docker-Content-Digest` is the manifest to delete.
+    ///    404: [`DeleteOutcome::Absent`], nothing else is sent.
+    /// 2. `tags/list`, every page once. `hibernate` not in it: Absent, no DELETE.
+    /// 3. Only when the repository holds other tags: HEAD each one, and any on the digest
+    ///    keeps the snapshot ([`DeleteOutcome::KeptSharedDigest`], no DELETE); then HEAD
+    ///    `<vm>:hibernate` again, and if it moved meanwhile nothing is deleted
+    ///    ([`RegistryError::SnapshotMoved`], transient).
+    /// 4. DELETE by the digest of step 1.
+    ///
+    /// The normal case (no other tag) is three requests. The HEAD comes before the
+    /// listing on purpose: read after it, the digest would be that of a snapshot pushed
+    /// during the listing, which would then be deleted. Read first, it is the snapshot the
+    /// caller decided about, and a later push is another manifest that a DELETE by this
+    /// digest leaves alone (Distribution removes only the tags whose current link is the
+    /// deleted digest).
+    ///
+    /// Left open, as Distribution has no conditional DELETE:
+    /// - a tag put on the digest after the listing (or after its own HEAD in step 3) is
+    ///   deleted with it;
+    /// - a push of `<vm>:hibernate` after its last HEAD (in the normal case: during the
+    ///   listing or the DELETE's round trip) survives, but the answer is
+    ///   [`DeleteOutcome::DeletedByDigest`] for the old manifest while the tag exists;
+    /// - a byte-identical re-push (the same digest) cannot be told apart and is deleted.
+    async fn delete_by_digest(
+        &self,
+        registry: &str,
+        repository: &str,
+        session: &mut Session,
+        deadline: &Deadline,
+    ) -> Result<DeleteOutcome, RegistryError> {
+        let Some(digest) = self
+            .head_digest(
                 registry,
                 repository,
                 SNAPSHOT_TAG,
-                "delete",
-                &mut session,
-                &deadline,
+                "resolve",
+                session,
+                deadline,
             )
-            .await?
-        {
-            RawDelete::Deleted => {
-                info!(repository, tag = SNAPSHOT_TAG, "deleted snapshot tag");
-                return Ok(DeleteOutcome::Deleted);
-            }
-            RawDelete::NotFound => return Ok(DeleteOutcome::Absent),
-            RawDelete::Unsupported { status, .. } => {
-                debug!(
-                    repository,
-                    status, "tag delete unsupported; falling back to delete by digest"
-                );
-            }
-        }
-
-        let Some(digest) = self
-            .resolve_digest(&reference, "resolve", &deadline)
             .await?
         else {
             return Ok(DeleteOutcome::Absent);
         };
-        let other_tags = self
-            .tags_sharing_digest(&reference, &digest, &deadline)
+        let tags = self
+            .list_tags(registry, repository, session, deadline)
             .await?;
-        if !other_tags.is_empty() {
-            warn!(
+        if !tags.iter().any(|t| t == SNAPSHOT_TAG) {
+            info!(
                 repository,
                 %digest,
-                ?other_tags,
-                "not deleting snapshot tag: other tags share its manifest digest and a delete by digest would remove them"
+                "snapshot tag not in the tag list (deleted meanwhile); nothing deleted"
             );
-            self.inner.metrics.snapshot_tags_kept.inc();
-            return Ok(DeleteOutcome::KeptSharedDigest { other_tags });
+            return Ok(DeleteOutcome::Absent);
         }
-        // The listing took a while: if the tag was pushed again meanwhile, the digest we
-        // checked is no longer the snapshot, and the new one was not checked at all.
-        // What is left open: a push or a new tag on this digest between this HEAD and the
-        // DELETE (one round trip). Distribution has no conditional DELETE to close it.
-        match self
-            .resolve_digest(&reference, "recheck", &deadline)
-            .await?
-        {
-            None => return Ok(DeleteOutcome::Absent),
-            Some(now) if now != digest => {
+        let others: Vec<String> = tags.into_iter().filter(|t| t != SNAPSHOT_TAG).collect();
+        if !others.is_empty() {
+            let mut sharing = Vec::new();
+            for tag in others {
+                // A lookup error aborts: without a full answer the digest is not proven
+                // unshared.
+                if self
+                    .head_digest(registry, repository, &tag, "resolve", session, deadline)
+                    .await?
+                    .as_deref()
+                    == Some(digest.as_str())
+                {
+                    sharing.push(tag);
+                }
+            }
+            if !sharing.is_empty() {
                 warn!(
                     repository,
-                    checked = %digest,
-                    found = %now,
-                    "not deleting: the snapshot tag moved to another manifest while it was checked"
+                    %digest,
+                    other_tags = ?sharing,
+                    "not deleting snapshot tag: other tags share its manifest digest and a delete by digest would remove them"
                 );
-                return Err(RegistryError::SnapshotMoved {
-                    reference: format!("{registry}/{repository}:{SNAPSHOT_TAG}"),
-                    checked: digest,
-                    found: now,
+                self.inner.metrics.snapshot_tags_kept.inc();
+                return Ok(DeleteOutcome::KeptSharedDigest {
+                    other_tags: sharing,
                 });
             }
-            Some(_) => {}
+            match self
+                .head_digest(
+                    registry,
+                    repository,
+                    SNAPSHOT_TAG,
+                    "recheck",
+                    session,
+                    deadline,
+                )
+                .await?
+            {
+                None => return Ok(DeleteOutcome::Absent),
+                Some(now) if now != digest => {
+                    warn!(
+                        repository,
+                        checked = %digest,
+                        found = %now,
+                        "not deleting: the snapshot tag moved to another manifest while it was checked"
+                    );
+                    return Err(RegistryError::SnapshotMoved {
+                        reference: format!("{registry}/{repository}:{SNAPSHOT_TAG}"),
+                        checked: digest,
+                        found: now,
+                    });
+                }
+                Some(_) => {}
+            }
         }
         match self
             .delete_manifest(
@@ -276,8 +354,8 @@ impl RegistryClient {
                 repository,
                 &digest,
                 "delete_digest",
-                &mut session,
-                &deadline,
+                session,
+                deadline,
             )
             .await?
         {
@@ -286,11 +364,39 @@ impl RegistryClient {
                 Ok(DeleteOutcome::DeletedByDigest)
             }
             RawDelete::NotFound => Ok(DeleteOutcome::Absent),
-            RawDelete::Unsupported { status, message } => Err(RegistryError::DeleteRefused {
-                reference: format!("{registry}/{repository}@{digest}"),
-                status,
-                message,
-            }),
+            RawDelete::Unsupported { status, message } => {
+                // Digests refused too: deletes are off altogether, which says nothing
+                // about tags. Once the registry allows deletes, a tag delete is tried again.
+                self.remember_tag_delete_refused(registry, false);
+                Err(RegistryError::DeleteRefused {
+                    reference: format!("{registry}/{repository}@{digest}"),
+                    status,
+                    message,
+                })
+            }
+        }
+    }
+
+    /// Whether `registry` refused a DELETE by tag before (remembered for the life of the
+    /// client): its deletes then go straight to the digest path.
+    fn tag_delete_refused(&self, registry: &str) -> bool {
+        self.inner
+            .tag_delete_refused
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .contains(registry)
+    }
+
+    fn remember_tag_delete_refused(&self, registry: &str, refused: bool) {
+        let mut hosts = self
+            .inner
+            .tag_delete_refused
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if refused {
+            hosts.insert(registry.to_string());
+        } else {
+            hosts.remove(registry);
         }
     }
 
@@ -338,104 +444,6 @@ impl RegistryClient {
         result
     }
 
-    /// Other tags of the repository whose manifest digest equals `digest`.
-    async fn tags_sharing_digest(
-        &self,
-        reference: &Reference,
-        digest: &str,
-        deadline: &Deadline,
-    ) -> Result<Vec<String>, RegistryError> {
-        let mut sharing = Vec::new();
-        for tag in self.list_tags(reference, deadline).await? {
-            if tag == SNAPSHOT_TAG {
-                continue;
-            }
-            let other = Reference::with_tag(
-                reference.registry().to_string(),
-                reference.repository().to_string(),
-                tag,
-            );
-            // A lookup error aborts: without a full answer we cannot prove the digest is unshared.
-            if self
-                .resolve_digest(&other, "resolve", deadline)
-                .await?
-                .as_deref()
-                == Some(digest)
-            {
-                sharing.extend(other.tag().map(str::to_string));
-            }
-        }
-        Ok(sharing)
-    }
-
-    /// Every tag of the repository. Pages until a page brings nothing new, so a registry
-    /// that caps the page size below ours is still read to the end.
-    async fn list_tags(
-        &self,
-        reference: &Reference,
-        deadline: &Deadline,
-    ) -> Result<Vec<String>, RegistryError> {
-        let inner = &self.inner;
-        let mut tags = Vec::new();
-        let mut seen = HashSet::new();
-        let mut last: Option<String> = None;
-        for _ in 0..MAX_TAG_PAGES {
-            let page = self
-                .retry_transport("list_tags", || async {
-                    let listed = deadline
-                        .run(
-                            "list_tags",
-                            inner.oci.list_tags(
-                                reference,
-                                &inner.oci_auth,
-                                Some(TAG_PAGE_SIZE),
-                                last.as_deref(),
-                            ),
-                        )
-                        .await?;
-                    match listed {
-                        Ok(page) => Ok(Some(page.tags)),
-                        Err(e) => match classify(e, "list_tags", deadline.budget()) {
-                            Failure::NotFound => Ok(None),
-                            Failure::Error(e) => Err(e),
-                        },
-                    }
-                })
-                .await;
-            let page = match page {
-                Ok(Some(page)) => page,
-                // The repository vanished meanwhile: no tags.
-                Ok(None) => {
-                    inner.metrics.registry_call("list_tags", "absent");
-                    return Ok(tags);
-                }
-                Err(e) => return Err(self.failed("list_tags", e)),
-            };
-            inner.metrics.registry_call("list_tags", "ok");
-            let page_last = page.last().cloned();
-            let before = tags.len();
-            for tag in page {
-                if seen.insert(tag.clone()) {
-                    tags.push(tag);
-                }
-            }
-            if tags.len() == before {
-                return Ok(tags);
-            }
-            last = page_last;
-        }
-        Err(self.failed(
-            "list_tags",
-            RegistryError::Protocol {
-                operation: "list_tags",
-                message: format!(
-                    "more than {} tags, or the registry ignores pagination",
-                    TAG_PAGE_SIZE * MAX_TAG_PAGES
-                ),
-            },
-        ))
-    }
-
     /// Runs `call` once more after a transport failure. A registry restart leaves dead
     /// connections in the pool, and the first request on one fails without reaching the
     /// new process; every call here is idempotent (HEAD, GET, DELETE).
@@ -455,14 +463,6 @@ impl RegistryClient {
             }
             other => other,
         }
-    }
-
-    /// Records a failed call and hands the error back.
-    pub(super) fn failed(&self, operation: &'static str, error: RegistryError) -> RegistryError {
-        self.inner
-            .metrics
-            .registry_call(operation, error_outcome(&error));
-        error
     }
 }
 

@@ -2,8 +2,8 @@
 //!
 //! `--registry-timeout` is the budget of a whole operation: a probe, or a delete with
 //! everything its digest fallback needs (tag DELETE, token, HEAD, every `tags/list` page,
-//! the HEAD of each other tag, the re-check, the DELETE by digest). Per-request timeouts
-//! alone would let one delete take (5 + tags) × timeout. A caller may bound the operation
+//! the HEAD of each other tag and the re-check, the DELETE by digest). Per-request
+//! timeouts alone would let one delete take (5 + tags) × timeout. A caller may bound the operation
 //! further by an instant of its own (the leader fence's expiry, S1).
 
 use super::error::RegistryError;

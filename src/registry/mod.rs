@@ -1,9 +1,15 @@
 //! OCI registry client: probe and delete the `<base>/<vm>:hibernate` snapshot tag
 //! (SPEC H3, H4, W2, W3, G1, G2; metrics O1).
 //!
-//! oci-client does the reads (manifest HEAD, tag listing, its own token handling); the
-//! DELETE it lacks goes through reqwest with the same TLS settings and credentials.
-//! Secrets never reach logs or `Debug` output.
+//! oci-client does the probe (manifest HEAD, its own token handling). A delete goes
+//! through reqwest with the same TLS settings and credentials, all its requests on one
+//! token fetched when the registry asks for one (`request.rs`). Secrets never reach logs
+//! or `Debug` output.
+//!
+//! Registry calls at the floor (issue 8): a registry that refused a DELETE by tag is
+//! remembered for the life of the client, and later deletes there go straight to the
+//! digest path: HEAD, `tags/list`, DELETE by digest (three requests when the snapshot
+//! tag is alone in its repository).
 //!
 //! C2: `--registry-timeout` (`RegistryConfig::timeout`) is the budget of one whole
 //! operation, not of each request: a probe, or a delete with its whole digest fallback,
@@ -17,8 +23,10 @@ mod config;
 mod deadline;
 mod delete;
 mod error;
+mod lookup;
 mod names;
 mod oci_errors;
+mod request;
 
 pub use client::{DeleteOutcome, RegistryClient};
 pub use config::{RegistryAuth, RegistryConfig};
