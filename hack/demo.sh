@@ -28,6 +28,8 @@ if [[ "${1:-up}" == "down" ]]; then
   stop_pid simulator
   stop_pid server
   [[ -d "$CLUSTER_DIR" ]] && bash "$HACK_DIR/cluster-down.sh" "$CLUSTER_DIR"
+  # The serving certificate is signed by the cluster CA just removed.
+  rm -f "$DEMO_DIR"/tls.{crt,key,csr} "$DEMO_DIR/ext.cnf"
   log "demo stopped"
   exit 0
 fi
@@ -49,8 +51,10 @@ log "kube-apiserver $COCOON_K8S_VERSION, registry $COCOON_REGISTRY"
 "$BIN" crd | "$KUBECTL" apply --server-side -f - >/dev/null
 "$KUBECTL" wait --for condition=Established crd/cocoonhibernations.cocoonset.cocoonstack.io --timeout=30s >/dev/null
 
-# Webhook serving certificate for 127.0.0.1, signed by the cluster CA.
-if [[ ! -s "$DEMO_DIR/tls.crt" ]]; then
+# Webhook serving certificate for 127.0.0.1, signed by the cluster CA (made again when
+# the cluster, and so its CA, is new).
+if [[ ! -s "$DEMO_DIR/tls.crt" ]] ||
+  ! openssl verify -CAfile "$COCOON_CA_CERT" "$DEMO_DIR/tls.crt" >/dev/null 2>&1; then
   openssl ecparam -name prime256v1 -genkey -noout -out "$DEMO_DIR/tls.key" 2>/dev/null
   openssl req -new -key "$DEMO_DIR/tls.key" -subj "/CN=cocoon-hibernation-demo" -out "$DEMO_DIR/tls.csr" 2>/dev/null
   printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth\n' >"$DEMO_DIR/ext.cnf"
