@@ -294,7 +294,7 @@ where
 /// probes and mounts, labels and annotations; about 8 KB of JSON. Running (VMID, ready).
 pub fn realistic_pod(name: &str, vm: &str) -> Pod {
     let container = |cname: &str, image: &str| {
-        let env: Vec<serde_json::Value> = (0..22)
+        let env: Vec<serde_json::Value> = (0..6)
             .map(|i| {
                 serde_json::json!({
                     "name": format!("{}_SETTING_{i:02}", cname.to_uppercase()),
