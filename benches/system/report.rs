@@ -148,6 +148,14 @@ const NAMES: [&str; 7] = [
     "no phase",
 ];
 
+fn tick(v: f64) -> String {
+    if v >= 10.0 {
+        format!("{v:.0}")
+    } else {
+        format!("{v:.1}")
+    }
+}
+
 #[allow(clippy::too_many_arguments)]
 fn axes(
     svg: &mut String,
@@ -173,10 +181,10 @@ fn axes(
             svg,
             r##"<text x="{fx}" y="{}" font-size="11" text-anchor="middle">{}</text><text x="{}" y="{}" font-size="11" text-anchor="end">{}</text><line x1="{x0}" y1="{fy}" x2="{}" y2="{fy}" stroke="#eee"/>"##,
             y0 + 14.0,
-            fmt(Some(round(xmax * i as f64 / 5.0))),
+            tick(xmax * i as f64 / 5.0),
             x0 - 4.0,
             fy + 4.0,
-            fmt(Some(round(ymax * i as f64 / 5.0))),
+            tick(ymax * i as f64 / 5.0),
             x0 + w
         );
     }

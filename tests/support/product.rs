@@ -115,7 +115,11 @@ impl Product {
             "--shutdown-grace=5s".into(),
         ];
         // A `--log-filter` in `extra_args` replaces this default (clap refuses repeats).
-        if !opts.extra_args.iter().any(|a| a.starts_with("--log-filter")) {
+        if !opts
+            .extra_args
+            .iter()
+            .any(|a| a.starts_with("--log-filter"))
+        {
             args.push("--log-filter=info,cocoon_hibernation=debug".into());
         }
         match &opts.lease {
