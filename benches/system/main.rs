@@ -906,17 +906,28 @@ async fn roundtrip(
         );
     }
 
+    // The load generator shares this process: stop the simulator's resync loop and the
+    // watches first.
+    drop(watches);
+    let env::Env {
+        client,
+        crs,
+        product,
+        sim,
+        ..
+    } = env;
+    drop(sim);
     if o.part("admission") {
-        let crs = world::count_crs(&env.crs).await;
+        let crs = world::count_crs(&crs).await;
         log(format!(
             "admission: webhook with {crs} CRs in the namespace"
         ));
         admission(
             o,
             cluster,
-            &env.client,
+            &client,
             &ns,
-            env.product.webhook_port,
+            product.webhook_port,
             "1k",
             figs,
             detail,
@@ -924,8 +935,8 @@ async fn roundtrip(
         .await;
         figs.set("adm.crs_1k", Some(crs as f64), "", Kind::Info);
     }
-    drop(watches);
-    drop(env);
+    drop(product);
+    world::delete_pods(&client, &ns).await;
 }
 
 /// Admission load at concurrency 16 and 64 against the product's webhook, for a CREATE of
