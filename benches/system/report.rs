@@ -8,8 +8,12 @@ use std::fmt::Write as _;
 pub enum Kind {
     /// Exact count (writes, calls, conflicts): any increase is a regression.
     Count,
-    /// Time, lower is better: a regression beyond [`TIME_RATIO`].
+    /// Time (a wall time or a median), lower is better: a regression beyond
+    /// [`TIME_RATIO`] and [`time_slack`].
     Time,
+    /// A tail latency (p99, max), lower is better: a regression beyond [`TAIL_RATIO`] and
+    /// [`time_slack`].
+    Tail,
     /// Throughput or share, higher is better: a regression below 1/[`TIME_RATIO`].
     Rate,
     /// Memory, lower is better: a regression beyond [`MEMORY_RATIO`].
@@ -22,6 +26,9 @@ pub enum Kind {
 /// simulator and other sessions' builds) move ±30 % between runs of the same build:
 /// only a 1.5× change is called a regression.
 pub const TIME_RATIO: f64 = 1.5;
+/// p99 and max are set by a few slow passes (error backoff doubles from 500 ms), so they
+/// move in steps: only a doubling is called a regression.
+pub const TAIL_RATIO: f64 = 2.0;
 /// RSS after sync moves a few percent between runs (allocator, watch-cache page sizes).
 pub const MEMORY_RATIO: f64 = 1.25;
 
@@ -79,8 +86,20 @@ pub fn fmt(v: Option<f64>) -> String {
     }
 }
 
+/// A time must also grow by this much to count: /readyz is polled every 100 ms and a
+/// sub-second figure doubles from one poll to the next.
+pub fn time_slack(key: &str) -> f64 {
+    if key.ends_with("_ms") {
+        5.0
+    } else if key.ends_with("_s") {
+        0.5
+    } else {
+        0.0
+    }
+}
+
 /// `None` when not comparable; otherwise (ratio, regressed).
-pub fn compare(kind: Kind, value: f64, base: f64) -> (Option<f64>, bool) {
+pub fn compare(key: &str, kind: Kind, value: f64, base: f64) -> (Option<f64>, bool) {
     let ratio = if base != 0.0 {
         Some(value / base)
     } else if value == 0.0 {
@@ -90,7 +109,8 @@ pub fn compare(kind: Kind, value: f64, base: f64) -> (Option<f64>, bool) {
     };
     let regressed = match kind {
         Kind::Count => value > base + 1e-9,
-        Kind::Time => ratio.is_none_or(|r| r > TIME_RATIO),
+        Kind::Time => ratio.is_none_or(|r| r > TIME_RATIO) && value - base > time_slack(key),
+        Kind::Tail => ratio.is_none_or(|r| r > TAIL_RATIO) && value - base > time_slack(key),
         Kind::Memory => ratio.is_none_or(|r| r > MEMORY_RATIO),
         Kind::Rate => ratio.is_some_and(|r| r < 1.0 / TIME_RATIO),
         Kind::Info => false,
@@ -111,7 +131,7 @@ pub fn print_table(figs: &Figures, baseline: Option<&Value>) -> Vec<String> {
         let base = baseline.and_then(|b| b["figures"][f.key].as_f64());
         let (ratio, verdict) = match (f.value, base) {
             (Some(v), Some(b)) => {
-                let (ratio, bad) = compare(f.kind, v, b);
+                let (ratio, bad) = compare(f.key, f.kind, v, b);
                 if bad {
                     regressions.push(f.key.to_owned());
                 }
