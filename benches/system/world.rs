@@ -91,6 +91,31 @@ fn classify(old: &CocoonHibernationStatus, new: &CocoonHibernationStatus) -> Sta
     }
 }
 
+fn counts(s: &Seen, names: &[String]) -> [usize; 7] {
+    let mut c = [0; 7];
+    for n in names {
+        c[phase_index(s.phase.get(n).copied().flatten())] += 1;
+    }
+    c
+}
+
+/// (ms since the start, counts by phase index).
+pub type Sample = (f64, [usize; 7]);
+
+/// Phase counts over time, sampled in the background.
+pub struct Sampler {
+    samples: Arc<Mutex<Vec<Sample>>>,
+    task: JoinHandle<()>,
+}
+
+impl Sampler {
+    /// Stops sampling and returns the samples.
+    pub fn finish(self) -> Vec<Sample> {
+        self.task.abort();
+        self.samples.lock().expect("samples lock").clone()
+    }
+}
+
 /// Watches of CRs and pods in one namespace, recording what they see with timestamps.
 pub struct Watches {
     pub seen: Arc<Mutex<Seen>>,
@@ -173,12 +198,23 @@ impl Watches {
 
     /// Counts of `names` by phase index (see [`PHASES`]; the last slot is "no phase").
     pub fn counts(&self, names: &[String]) -> [usize; 7] {
-        let s = self.seen.lock().expect("seen lock");
-        let mut c = [0; 7];
-        for n in names {
-            c[phase_index(s.phase.get(n).copied().flatten())] += 1;
-        }
-        c
+        counts(&self.seen.lock().expect("seen lock"), names)
+    }
+
+    /// Samples [`Self::counts`] every `every` (ms since `t0`) until the task is aborted.
+    pub fn sampler(&self, names: Vec<String>, t0: Instant, every: Duration) -> Sampler {
+        let samples = Arc::new(Mutex::new(Vec::new()));
+        let (seen, out) = (self.seen.clone(), samples.clone());
+        let task = tokio::spawn(async move {
+            loop {
+                let c = counts(&seen.lock().expect("seen lock"), &names);
+                out.lock()
+                    .expect("samples lock")
+                    .push((t0.elapsed().as_secs_f64() * 1000.0, c));
+                tokio::time::sleep(every).await;
+            }
+        });
+        Sampler { samples, task }
     }
 
     /// Waits until every name is in `want`; samples phase counts every `every` into
