@@ -1,7 +1,7 @@
 # Two commands matter: `make demo` runs the product locally, `make test` runs every test.
 export CARGO_TARGET_DIR ?= $(HOME)/.cache/cocoon-hibernation/target
 
-.PHONY: build release crd test demo demo-down cluster-up cluster-down chart-check fmt lint
+.PHONY: build release crd test bench demo demo-down cluster-up cluster-down chart-check fmt lint
 
 build:
 	cargo build --locked
@@ -14,6 +14,10 @@ crd:
 
 test:
 	bash hack/test.sh
+
+# System benchmark on the local control plane (release build; several minutes). Not in `test`.
+bench:
+	bash hack/bench.sh $(BENCH_ARGS)
 
 demo:
 	bash hack/demo.sh up

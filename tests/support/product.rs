@@ -113,8 +113,15 @@ impl Product {
             format!("--wake-timeout={}", opts.wake_timeout),
             format!("--watch-namespace={}", opts.namespace),
             "--shutdown-grace=5s".into(),
-            "--log-filter=info,cocoon_hibernation=debug".into(),
         ];
+        // A `--log-filter` in `extra_args` replaces this default (clap refuses repeats).
+        if !opts
+            .extra_args
+            .iter()
+            .any(|a| a.starts_with("--log-filter"))
+        {
+            args.push("--log-filter=info,cocoon_hibernation=debug".into());
+        }
         match &opts.lease {
             Some(lease) => {
                 args.push("--leader-election=true".into());

@@ -1,0 +1,122 @@
+//! Reading the apiserver audit log (API writes only, JSON lines) incrementally, and
+//! tallying writes by who made them and what they touched.
+
+use serde_json::Value;
+use std::collections::BTreeMap;
+use std::io::{Read, Seek, SeekFrom};
+use std::path::PathBuf;
+
+/// Follows the audit log from where it ended at creation, keeping the events of one
+/// namespace. Lines of other namespaces (other tests share the cluster) are skipped
+/// without parsing.
+pub struct AuditTail {
+    path: PathBuf,
+    offset: u64,
+    needle: String,
+    pub events: Vec<Value>,
+}
+
+impl AuditTail {
+    pub fn new(path: PathBuf, namespace: &str) -> Self {
+        let offset = std::fs::metadata(&path).map_or(0, |m| m.len());
+        Self {
+            path,
+            offset,
+            needle: format!("\"namespace\":\"{namespace}\""),
+            events: Vec::new(),
+        }
+    }
+
+    /// Reads what was appended since the last call; returns the number of events kept.
+    pub fn poll(&mut self) -> usize {
+        let mut file = std::fs::File::open(&self.path)
+            .unwrap_or_else(|e| panic!("open audit log {}: {e}", self.path.display()));
+        file.seek(SeekFrom::Start(self.offset))
+            .expect("seek audit log");
+        let mut buf = Vec::new();
+        file.read_to_end(&mut buf).expect("read audit log");
+        // A line still being written has no newline yet: leave it for the next poll.
+        let Some(end) = buf.iter().rposition(|b| *b == b'\n') else {
+            return self.events.len();
+        };
+        self.offset += end as u64 + 1;
+        let text = String::from_utf8_lossy(&buf[..end]);
+        for line in text.lines() {
+            if !line.contains(&self.needle) {
+                continue;
+            }
+            if let Ok(v) = serde_json::from_str::<Value>(line)
+                && v["stage"] == "ResponseComplete"
+            {
+                self.events.push(v);
+            }
+        }
+        self.events.len()
+    }
+
+    /// A point in the kept events, for windows.
+    pub fn mark(&mut self) -> usize {
+        self.poll()
+    }
+
+    pub fn window(&self, from: usize, to: usize) -> &[Value] {
+        &self.events[from.min(self.events.len())..to.min(self.events.len())]
+    }
+}
+
+pub fn user(e: &Value) -> &str {
+    e["user"]["username"].as_str().unwrap_or_default()
+}
+
+pub fn is_write(e: &Value) -> bool {
+    matches!(
+        e["verb"].as_str(),
+        Some("create" | "update" | "patch" | "delete" | "deletecollection")
+    )
+}
+
+/// `verb resource[/subresource]`.
+pub fn key(e: &Value) -> String {
+    let verb = e["verb"].as_str().unwrap_or("?");
+    let res = e["objectRef"]["resource"].as_str().unwrap_or("?");
+    match e["objectRef"]["subresource"].as_str() {
+        Some(sub) if !sub.is_empty() => format!("{verb} {res}/{sub}"),
+        _ => format!("{verb} {res}"),
+    }
+}
+
+pub fn code(e: &Value) -> u64 {
+    e["responseStatus"]["code"].as_u64().unwrap_or(0)
+}
+
+/// Writes of one user in a window.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct Tally {
+    /// Every write request, events included, whatever its response.
+    pub total: usize,
+    /// Event creates/patches (events.k8s.io or core).
+    pub events: usize,
+    /// Writes other than events, by `verb resource[/subresource]`.
+    pub by_key: BTreeMap<String, usize>,
+    /// Response codes of all writes.
+    pub codes: BTreeMap<u64, usize>,
+    /// 409 responses.
+    pub conflicts: usize,
+}
+
+pub fn tally(events: &[Value], who: impl Fn(&str) -> bool) -> Tally {
+    let mut t = Tally::default();
+    for e in events.iter().filter(|e| is_write(e) && who(user(e))) {
+        t.total += 1;
+        *t.codes.entry(code(e)).or_default() += 1;
+        if code(e) == 409 {
+            t.conflicts += 1;
+        }
+        if e["objectRef"]["resource"] == "events" {
+            t.events += 1;
+        } else {
+            *t.by_key.entry(key(e)).or_default() += 1;
+        }
+    }
+    t
+}
