@@ -483,12 +483,20 @@ async fn e2e_webhook_denies_mismatched_name_and_duplicates_live_or_terminating()
         .await
         .unwrap();
     product::wait_gone(&crs, "legacy", LONG).await;
-    crs.create(
-        &Default::default(),
-        &product::new_cr("web-0", "web-0", Desire::Hibernate),
+    // The webhook answers from its cache, which sees the delete a moment after the API.
+    eventually(
+        "CREATE admitted once the cache saw the delete",
+        LONG,
+        || async {
+            crs.create(
+                &Default::default(),
+                &product::new_cr("web-0", "web-0", Desire::Hibernate),
+            )
+            .await
+            .ok()
+        },
     )
-    .await
-    .unwrap();
+    .await;
     let text = product.get("/metrics").unwrap().1;
     assert!(text.contains(r#"admission_decisions_total{operation="review",result="denied"}"#));
 }
