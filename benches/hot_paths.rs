@@ -36,6 +36,8 @@ fn cr(name: &str, pod: &str) -> CocoonHibernation {
         CocoonHibernationSpec {
             pod_ref: PodRef { name: pod.into() },
             desire: Desire::Hibernate,
+            hibernate_timeout: None,
+            wake_timeout: None,
         },
     );
     cr.metadata.namespace = Some("ns".into());

@@ -17,3 +17,6 @@ pub mod admin;
 pub mod leader;
 pub mod server;
 pub mod webhook;
+
+/// Sent by every client (apiserver and registry), so audit and access logs name us.
+pub const USER_AGENT: &str = concat!("cocoon-hibernation/", env!("CARGO_PKG_VERSION"));

@@ -29,6 +29,16 @@ pub struct PhaseLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReactionLabels {
+    pub transition: Transition,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PhaseGaugeLabels {
+    pub phase: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ErrorLabels {
     pub error: &'static str,
 }
@@ -59,6 +69,14 @@ pub struct Metrics {
     pub leader: Gauge,
     /// S5: woken CRs whose tag delete is still owed (failed, refused or kept).
     pub snapshot_deletes_owed: Gauge,
+    /// CRs in the cache by phase; every replica reports it (alerts take the max).
+    pub crs: Family<PhaseGaugeLabels, Gauge>,
+    /// CRs in Hibernating or Waking past their timeout plus a pass: the controller is not
+    /// acting on them.
+    pub crs_overdue: Gauge,
+    /// From the pod change that completed a transition (vk's write, as the watch delivered
+    /// it) to the CR's terminal status write.
+    pub reaction_seconds: Family<ReactionLabels, Histogram>,
     registry: Arc<Registry>,
 }
 
@@ -81,6 +99,26 @@ impl Metrics {
         let snapshot_tags_kept = Counter::default();
         let leader = Gauge::default();
         let snapshot_deletes_owed = Gauge::default();
+        let crs = Family::<PhaseGaugeLabels, Gauge>::default();
+        let crs_overdue = Gauge::default();
+        let reaction_seconds = Family::<ReactionLabels, Histogram>::new_with_constructor(|| {
+            Histogram::new([0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0])
+        });
+        registry.register(
+            "crs",
+            "CocoonHibernations in this replica's cache, by phase",
+            crs.clone(),
+        );
+        registry.register(
+            "crs_overdue",
+            "CocoonHibernations in Hibernating or Waking past their timeout",
+            crs_overdue.clone(),
+        );
+        registry.register(
+            "reaction_seconds",
+            "Time from the pod change that completed a transition to the terminal status write",
+            reaction_seconds.clone(),
+        );
         registry.register(
             "snapshot_deletes_owed",
             "CocoonHibernations whose snapshot tag delete is still owed after a wake",
@@ -130,6 +168,9 @@ impl Metrics {
             snapshot_tags_kept,
             leader,
             snapshot_deletes_owed,
+            crs,
+            crs_overdue,
+            reaction_seconds,
             registry: Arc::new(registry),
         }
     }
@@ -149,6 +190,12 @@ impl Metrics {
     pub fn phase_done(&self, transition: Transition, result: TransitionResult, seconds: f64) {
         self.phase_duration
             .get_or_create(&PhaseLabels { transition, result })
+            .observe(seconds);
+    }
+
+    pub fn reaction(&self, transition: Transition, seconds: f64) {
+        self.reaction_seconds
+            .get_or_create(&ReactionLabels { transition })
             .observe(seconds);
     }
 

@@ -93,6 +93,7 @@ pub async fn run(args: ServerArgs) -> Result<()> {
         Some(identity),
         election.fence.clone(),
     );
+    let census_task = tokio::spawn(controller::report_census(ctx.clone(), shutdown.clone()));
     let concurrency = u16::try_from(args.controller.concurrency).unwrap_or(u16::MAX);
     let controller_task = tokio::spawn(controller::run(
         ctx,
@@ -114,6 +115,7 @@ pub async fn run(args: ServerArgs) -> Result<()> {
     webhook_handle.graceful_shutdown(Some(args.shutdown_grace));
     shutdown.cancel();
     let _ = controller_task.await;
+    census_task.abort();
     election.stop.cancel();
     if let Some(task) = election.task {
         let _ = tokio::time::timeout(Duration::from_secs(5), task).await;
@@ -147,7 +149,12 @@ async fn kube_clients(timeout: Duration) -> Result<(kube::Client, kube::Client)>
 }
 
 /// (watch config, timed config) from one inferred config.
-fn client_configs(config: kube::Config, timeout: Duration) -> (kube::Config, kube::Config) {
+fn client_configs(mut config: kube::Config, timeout: Duration) -> (kube::Config, kube::Config) {
+    // The apiserver's audit log then tells our calls from everyone else's.
+    config.headers.push((
+        http::header::USER_AGENT,
+        http::HeaderValue::from_static(crate::USER_AGENT),
+    ));
     let mut watch = config.clone();
     watch.read_timeout = None;
     let mut timed = config;

@@ -7,9 +7,8 @@ use cocoon_hibernation::api::{
     PodRef,
 };
 use cocoon_hibernation::controller::plan::{
-    self, EventKind, Ownership, Plan, PodPatch, Probe, Settings,
+    self, Ending, EventKind, Finished, Ownership, Plan, PodPatch, Probe, Settings, Transition,
 };
-use cocoon_hibernation::metrics::{Transition, TransitionResult};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use rstest::rstest;
 use std::time::Duration;
@@ -28,6 +27,8 @@ fn cr(desire: Desire, phase: Option<Phase>) -> CocoonHibernation {
                 name: "pod-a".into(),
             },
             desire,
+            hibernate_timeout: None,
+            wake_timeout: None,
         },
     );
     cr.metadata.namespace = Some("ns".into());
@@ -38,7 +39,7 @@ fn cr(desire: Desire, phase: Option<Phase>) -> CocoonHibernation {
             observed_generation: Some(2),
             phase: Some(phase),
             vm_name: Some("vm-a".into()),
-            conditions: vec![],
+            ..Default::default()
         };
         let (ok, reason) = match phase {
             Phase::Hibernated | Phase::Active => (true, conditions::REASON_DONE),
@@ -53,6 +54,28 @@ fn cr(desire: Desire, phase: Option<Phase>) -> CocoonHibernation {
             observed_generation: Some(2),
         };
         conditions::upsert(&mut status.conditions, update, at(0), true);
+        // In flight, Progressing says what the transition waits for, as the product wrote it.
+        let waiting = match phase {
+            Phase::Hibernating => Some((
+                conditions::REASON_WAITING_FOR_LIFECYCLE,
+                "waiting for vk-cocoon to hibernate vm vm-a",
+            )),
+            Phase::Waking => Some((
+                conditions::REASON_WAITING_FOR_CONTAINER,
+                "waiting for vk-cocoon to wake vm vm-a: a running container with a new VMID",
+            )),
+            _ => None,
+        };
+        if let Some((reason, message)) = waiting {
+            let update = conditions::Update {
+                type_: conditions::PROGRESSING,
+                status: true,
+                reason,
+                message,
+                observed_generation: Some(2),
+            };
+            conditions::upsert(&mut status.conditions, update, at(0), true);
+        }
         cr.status = Some(status);
     }
     cr
@@ -154,12 +177,19 @@ fn r2_hibernated_and_waking_keep_their_phase_without_a_pod(
     #[case] phase: Phase,
     #[case] desire: Desire,
 ) {
-    let p = run(&cr(desire, Some(phase)), None, Probe::NotProbed, 10);
-    assert_eq!(
-        p.status, None,
-        "no write: the phase carries the restore intent"
-    );
+    let c = cr(desire, Some(phase));
+    let p = run(&c, None, Probe::NotProbed, 10);
+    // The phase carries the restore intent; only Progressing says the pod is missing.
+    let written = p.status.clone().expect("one write naming the missing pod");
+    assert_eq!(written.phase, Some(phase));
+    let progressing = conditions::find(&written.conditions, conditions::PROGRESSING).unwrap();
+    assert_eq!(progressing.reason, "PodMissing");
+    assert!(!progressing.message.contains("vk-cocoon"));
     assert_eq!(p.requeue, Some(Duration::from_secs(5)));
+    // Said once: the next pass writes nothing.
+    let mut again = c.clone();
+    again.status = Some(written);
+    assert_eq!(run(&again, None, Probe::NotProbed, 20).status, None);
 }
 
 /// SPEC R2.
@@ -268,8 +298,12 @@ fn h3_done_when_lifecycle_round_and_tag_all_hold() {
     assert_eq!(reasons(&p), vec!["Hibernated"]);
     assert_eq!(p.events[0].kind, EventKind::Normal);
     assert_eq!(
-        p.phase_metric,
-        Some((Transition::hibernate, TransitionResult::ok, 42.0))
+        p.finished,
+        Some(Finished {
+            transition: Transition::Hibernate,
+            ending: Ending::Done,
+            seconds: 42.0
+        })
     );
     assert_eq!(p.requeue, None);
 }
@@ -293,7 +327,9 @@ fn h3_stale_tag_or_stale_lifecycle_round_never_completes(#[case] pod: PodView) {
 fn h3_tag_absent_keeps_waiting_and_rechecks_soon() {
     let c = cr(Desire::Hibernate, Some(Phase::Hibernating));
     let p = run(&c, Some(&hibernated_pod()), Probe::Absent, 5);
-    assert_eq!(p.status, None);
+    // Still Hibernating; only Progressing changes, to say what it waits for (O2).
+    assert_eq!(phase_of(&p), Some(Phase::Hibernating));
+    assert_eq!(progressing(&p).1, "WaitingForSnapshot");
     assert_eq!(p.requeue, Some(Duration::from_secs(5)));
     assert_eq!(p.error, None);
 }
@@ -345,10 +381,7 @@ fn h5_hibernate_timeout_fails_with_the_timeout_in_the_message() {
         "F1: no silent requeue loop; the status write drives the retry"
     );
     assert_eq!(p.events[0].kind, EventKind::Warning);
-    assert_eq!(
-        p.phase_metric.as_ref().map(|m| m.1.clone()),
-        Some(TransitionResult::timeout)
-    );
+    assert_eq!(p.finished.map(|f| f.ending), Some(Ending::TimedOut));
 }
 
 /// SPEC H5.
@@ -417,8 +450,12 @@ fn w2_running_with_fresh_vmid_is_active_then_tag_deleted() {
         "True"
     );
     assert_eq!(
-        p.phase_metric,
-        Some((Transition::wake, TransitionResult::ok, 20.0))
+        p.finished,
+        Some(Finished {
+            transition: Transition::Wake,
+            ending: Ending::Done,
+            seconds: 20.0
+        })
     );
 }
 
@@ -730,5 +767,236 @@ fn observed_generation_follows_a_desire_flip_on_a_settled_cr() {
     assert_eq!(
         p.status.as_ref().and_then(|s| s.observed_generation),
         Some(4)
+    );
+}
+
+// --- Status an operator reads: Progressing, lastFailure, attempts, timestamps, timeouts.
+
+fn progressing(p: &Plan) -> (String, String, String) {
+    let s = p.status.as_ref().expect("a status write");
+    let c = conditions::find(&s.conditions, conditions::PROGRESSING).expect("Progressing");
+    (c.status.clone(), c.reason.clone(), c.message.clone())
+}
+
+/// Applies a plan's status write to the CR, as the apiserver would.
+fn applied(mut c: CocoonHibernation, p: &Plan) -> CocoonHibernation {
+    if let Some(s) = &p.status {
+        c.status = Some(s.clone());
+    }
+    c
+}
+
+/// O2: Progressing names what each step of a hibernate waits for, in the same writes as
+/// the phase where it can; only a changed reason costs a write of its own.
+#[test]
+fn o2_progressing_reason_follows_a_hibernate() {
+    let c = cr(Desire::Hibernate, None);
+    let enter = run(&c, Some(&running_pod()), Probe::NotProbed, 0);
+    assert_eq!(phase_of(&enter), Some(Phase::Hibernating));
+    assert_eq!(progressing(&enter).0, "True");
+    assert_eq!(progressing(&enter).1, "WaitingForLifecycle");
+    let c = applied(c, &enter);
+
+    // vk has not finished: nothing new to say, nothing written.
+    let pod = PodView {
+        lifecycle_state: Some("hibernating".into()),
+        ..hibernated_pod()
+    };
+    assert_eq!(run(&c, Some(&pod), Probe::NotProbed, 5).status, None);
+
+    // vk done, tag not there yet: one reason write.
+    let waiting = run(&c, Some(&hibernated_pod()), Probe::Absent, 6);
+    assert_eq!(phase_of(&waiting), Some(Phase::Hibernating));
+    assert_eq!(progressing(&waiting).1, "WaitingForSnapshot");
+    let c2 = applied(c.clone(), &waiting);
+    assert_eq!(
+        run(&c2, Some(&hibernated_pod()), Probe::Absent, 7).status,
+        None,
+        "the same wait again writes nothing"
+    );
+
+    // The registry fails: the reason and its error show.
+    let down = run(
+        &c2,
+        Some(&hibernated_pod()),
+        Probe::Failed("HTTP 503".into()),
+        8,
+    );
+    assert_eq!(progressing(&down).1, "RegistryUnavailable");
+    assert!(progressing(&down).2.contains("HTTP 503"));
+    assert!(down.error.is_some(), "H4: still returned as an error");
+
+    // Done: Progressing False, hibernatedAt set, in the phase's own write.
+    let done = run(&c2, Some(&hibernated_pod()), Probe::Present, 9);
+    assert_eq!(phase_of(&done), Some(Phase::Hibernated));
+    assert_eq!(
+        (progressing(&done).0.as_str(), progressing(&done).1.as_str()),
+        ("False", "Done")
+    );
+    assert_eq!(done.status.as_ref().unwrap().hibernated_at, Some(at(9)));
+    assert_eq!(done.status.as_ref().unwrap().attempts, Some(1));
+}
+
+/// O2 H3: the digest of the probe that completed the hibernate goes into status.
+#[test]
+fn o2_h3_snapshot_digest_recorded_only_by_the_completing_probe() {
+    let c = cr(Desire::Hibernate, Some(Phase::Hibernating));
+    let mut done = run(&c, Some(&hibernated_pod()), Probe::Present, 9);
+    plan::record_digest(&mut done, Some("sha256:abc".into()));
+    let snapshot = done.status.as_ref().unwrap().snapshot.clone().unwrap();
+    assert_eq!(snapshot.digest.as_deref(), Some("sha256:abc"));
+
+    let mut waiting = run(&c, Some(&hibernated_pod()), Probe::Absent, 9);
+    plan::record_digest(&mut waiting, Some("sha256:abc".into()));
+    assert_eq!(waiting.status.as_ref().unwrap().snapshot, None);
+}
+
+/// O2 W2: a wake says it waits for the container; a missing pod says PodMissing, not
+/// "waiting for vk-cocoon"; Active sets wokenAt and drops the deleted snapshot's digest.
+#[test]
+fn o2_w2_progressing_reason_follows_a_wake() {
+    let mut c = cr(Desire::Wake, Some(Phase::Hibernated));
+    c.status.as_mut().unwrap().snapshot = Some(cocoon_hibernation::api::SnapshotStatus {
+        digest: Some("sha256:abc".into()),
+    });
+    c.metadata.generation = Some(3); // the desire was flipped
+    let enter = run(&c, Some(&hibernated_pod()), Probe::NotProbed, 0);
+    assert_eq!(phase_of(&enter), Some(Phase::Waking));
+    assert_eq!(progressing(&enter).1, "WaitingForContainer");
+    assert_eq!(enter.status.as_ref().unwrap().attempts, Some(1));
+    let c = applied(c, &enter);
+
+    let gone = run(&c, None, Probe::NotProbed, 5);
+    assert_eq!(phase_of(&gone), Some(Phase::Waking));
+    assert_eq!(progressing(&gone).1, "PodMissing");
+    assert!(!progressing(&gone).2.contains("vk-cocoon"));
+    let c_gone = applied(c.clone(), &gone);
+    let back = run(&c_gone, Some(&hibernated_pod()), Probe::NotProbed, 6);
+    assert_eq!(
+        progressing(&back).1,
+        "WaitingForContainer",
+        "the pod is back"
+    );
+
+    let woken = run(&c, Some(&running_pod()), Probe::NotProbed, 20);
+    let s = woken.status.as_ref().unwrap();
+    assert_eq!(s.phase, Some(Phase::Active));
+    assert_eq!(s.woken_at, Some(at(20)));
+    assert_eq!(s.snapshot, None, "the tag is deleted in the same pass");
+    assert_eq!(progressing(&woken).1, "Done");
+}
+
+/// O2 W3 S5: a failed tag delete keeps the CR Progressing (DeletingSnapshot) with the
+/// registry's answer; a kept shared-digest tag is settled, not progressing.
+#[rstest]
+#[case::failed(plan::DeleteResult::Failed { message: "HTTP 503".into() }, "True", "DeletingSnapshot")]
+#[case::shared(plan::DeleteResult::SharedDigest(vec!["other".into()]), "False", "SharedDigest")]
+#[case::gone(plan::DeleteResult::Gone, "False", "Done")]
+fn o2_w3_s5_delete_outcome_shows_in_progressing(
+    #[case] result: plan::DeleteResult,
+    #[case] status: &str,
+    #[case] reason: &str,
+) {
+    let c = cr(Desire::Wake, Some(Phase::Active));
+    let next = plan::after_delete(c.status.as_ref().unwrap(), "vm-a", &result, at(1));
+    let p = conditions::find(&next.conditions, conditions::PROGRESSING).unwrap();
+    assert_eq!((p.status.as_str(), p.reason.as_str()), (status, reason));
+}
+
+/// O2 F1 F2: lastFailure records a timeout and survives the retry that clears Failed;
+/// attempts counts the retries of one spec and starts again when the desire flips.
+#[test]
+fn o2_f2_last_failure_survives_the_retry_and_attempts_count() {
+    let c = cr(Desire::Hibernate, None);
+    let c = applied(
+        c.clone(),
+        &run(&c, Some(&running_pod()), Probe::NotProbed, 0),
+    );
+    let stuck = PodView {
+        lifecycle_state: Some("hibernating".into()),
+        ..hibernated_pod()
+    };
+    let failed = run(&c, Some(&stuck), Probe::NotProbed, 180);
+    assert_eq!(phase_of(&failed), Some(Phase::Failed));
+    assert_eq!(progressing(&failed).1, "HibernateTimedOut");
+    let failure = failed
+        .status
+        .as_ref()
+        .unwrap()
+        .last_failure
+        .clone()
+        .unwrap();
+    assert_eq!(failure.reason, "HibernateTimedOut");
+    assert_eq!(failure.time, at(180));
+    let c = applied(c, &failed);
+
+    let retry = run(&c, Some(&stuck), Probe::NotProbed, 181);
+    let s = retry.status.as_ref().unwrap();
+    assert_eq!(s.phase, Some(Phase::Hibernating));
+    assert_eq!(s.attempts, Some(2));
+    assert_eq!(s.last_failure, Some(failure), "kept after the retry");
+
+    // A flipped desire is a new spec: attempts start again.
+    let mut flipped = applied(c, &retry);
+    flipped.spec.desire = Desire::Wake;
+    flipped.metadata.generation = Some(3);
+    // D1: the in-flight hibernate finishes first...
+    let done = run(&flipped, Some(&hibernated_pod()), Probe::Present, 190);
+    let flipped = applied(flipped, &done);
+    // ...then the wake starts with attempt 1.
+    let wake = run(&flipped, Some(&hibernated_pod()), Probe::NotProbed, 191);
+    assert_eq!(phase_of(&wake), Some(Phase::Waking));
+    assert_eq!(wake.status.as_ref().unwrap().attempts, Some(1));
+}
+
+/// O3 H5 W4: a CR's own timeout replaces the flag's, for either transition.
+#[rstest]
+#[case::hibernate(Desire::Hibernate, Phase::Hibernating, "30s", "HibernateTimedOut")]
+#[case::wake(Desire::Wake, Phase::Waking, "30s", "WakeTimedOut")]
+fn o3_h5_w4_per_cr_timeout_trips_before_the_flag(
+    #[case] desire: Desire,
+    #[case] phase: Phase,
+    #[case] timeout: &str,
+    #[case] reason: &str,
+) {
+    let mut c = cr(desire, Some(phase));
+    match desire {
+        Desire::Hibernate => c.spec.hibernate_timeout = Some(timeout.into()),
+        _ => c.spec.wake_timeout = Some(timeout.into()),
+    }
+    let stuck = PodView {
+        lifecycle_state: Some("hibernating".into()),
+        ..hibernated_pod()
+    };
+    let before = run(&c, Some(&stuck), Probe::NotProbed, 29);
+    assert_ne!(phase_of(&before), Some(Phase::Failed));
+    let p = run(&c, Some(&stuck), Probe::NotProbed, 30);
+    assert_eq!(phase_of(&p), Some(Phase::Failed));
+    assert_eq!(progressing(&p).1, reason);
+    assert!(ready(&p).2.contains("30s"), "{:?}", ready(&p));
+}
+
+/// O3 R3: a timeout the CRD should have refused fails the CR with a message, never a guess.
+#[test]
+fn o3_r3_unparsable_timeout_fails_with_a_message() {
+    let mut c = cr(Desire::Hibernate, None);
+    c.spec.wake_timeout = Some("soon".into());
+    let p = run(&c, Some(&running_pod()), Probe::NotProbed, 0);
+    assert_eq!(phase_of(&p), Some(Phase::Failed));
+    assert_eq!(progressing(&p).1, "InvalidSpec");
+    assert!(ready(&p).2.contains("spec.wakeTimeout"), "{:?}", ready(&p));
+    assert_eq!(p.pod_patch, None);
+}
+
+/// O3: the duration forms the CRD's pattern admits all parse.
+#[rstest]
+#[case("90s", 90)]
+#[case("5m", 300)]
+#[case("1h30m", 5400)]
+#[case("24h", 86_400)]
+fn o3_crd_duration_forms_parse(#[case] raw: &str, #[case] secs: u64) {
+    assert_eq!(
+        cocoon_hibernation::api::parse_duration(raw),
+        Ok(Duration::from_secs(secs))
     );
 }

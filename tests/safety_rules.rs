@@ -27,6 +27,8 @@ fn cr(ns: &str, name: &str, pod: &str, born: i64) -> CocoonHibernation {
         CocoonHibernationSpec {
             pod_ref: PodRef { name: pod.into() },
             desire: Desire::Hibernate,
+            hibernate_timeout: None,
+            wake_timeout: None,
         },
     );
     cr.metadata.namespace = Some(ns.into());

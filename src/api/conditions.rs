@@ -1,4 +1,5 @@
-//! Status conditions: the `Ready` condition (A3) and snapshot cleanup bookkeeping (W3).
+//! Status conditions: `Ready` (A3), `Progressing` (what a transition waits for) and
+//! snapshot cleanup bookkeeping (W3).
 
 use super::Condition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -6,6 +7,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 pub const READY: &str = "Ready";
 /// False while a woken CR still owes the registry a tag delete (W3); True once done.
 pub const SNAPSHOT_DELETED: &str = "SnapshotDeleted";
+
+/// True while a transition runs; its reason names what it waits for. False once settled.
+pub const PROGRESSING: &str = "Progressing";
 
 pub const REASON_DONE: &str = "Done";
 pub const REASON_FAILED: &str = "Failed";
@@ -16,6 +20,26 @@ pub const REASON_CONFLICT: &str = "Conflict";
 pub const REASON_SHARED_DIGEST: &str = "SharedDigest";
 /// S5: the last tag delete failed; the message carries the registry's answer.
 pub const REASON_DELETE_FAILED: &str = "DeleteFailed";
+
+// Progressing reasons: what an unfinished transition waits for.
+/// vk-cocoon has not reported this round's hibernate (or wake) yet.
+pub const REASON_WAITING_FOR_LIFECYCLE: &str = "WaitingForLifecycle";
+/// vk-cocoon reports hibernated; the registry does not show the snapshot tag yet.
+pub const REASON_WAITING_FOR_SNAPSHOT: &str = "WaitingForSnapshot";
+/// The wake waits for a running container with a fresh VMID.
+pub const REASON_WAITING_FOR_CONTAINER: &str = "WaitingForContainer";
+/// The registry could not be asked; the message carries its error.
+pub const REASON_REGISTRY_UNAVAILABLE: &str = "RegistryUnavailable";
+/// The snapshot tag is still to be deleted after a wake; the message carries the last error.
+pub const REASON_DELETING_SNAPSHOT: &str = "DeletingSnapshot";
+/// The pod named by spec.podRef does not exist.
+pub const REASON_POD_MISSING: &str = "PodMissing";
+/// The pod exists but has no VM name yet.
+pub const REASON_WAITING_FOR_VM: &str = "WaitingForVM";
+/// Failure reasons, also in `status.lastFailure.reason`.
+pub const REASON_HIBERNATE_TIMED_OUT: &str = "HibernateTimedOut";
+pub const REASON_WAKE_TIMED_OUT: &str = "WakeTimedOut";
+pub const REASON_INVALID_SPEC: &str = "InvalidSpec";
 
 pub fn find<'a>(conditions: &'a [Condition], type_: &str) -> Option<&'a Condition> {
     conditions.iter().find(|c| c.type_ == type_)

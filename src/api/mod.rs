@@ -7,7 +7,7 @@ use kube::{CustomResource, CustomResourceExt, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-pub use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+pub use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
 /// Finalizer that guards snapshot-tag cleanup (R1, G1).
 pub const FINALIZER: &str = "cocoonhibernation.cocoonset.cocoonstack.io/finalizer";
@@ -26,8 +26,10 @@ pub const FINALIZER: &str = "cocoonhibernation.cocoonset.cocoonstack.io/finalize
     printcolumn = r#"{"name":"Pod","type":"string","jsonPath":".spec.podRef.name"}"#,
     printcolumn = r#"{"name":"Desire","type":"string","jsonPath":".spec.desire"}"#,
     printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
+    printcolumn = r#"{"name":"Reason","type":"string","jsonPath":".status.conditions[?(@.type==\"Progressing\")].reason"}"#,
     printcolumn = r#"{"name":"VM","type":"string","jsonPath":".status.vmName"}"#,
-    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
+    printcolumn = r#"{"name":"Digest","type":"string","priority":1,"jsonPath":".status.snapshot.digest"}"#
 )]
 #[serde(rename_all = "camelCase")]
 pub struct CocoonHibernationSpec {
@@ -36,6 +38,17 @@ pub struct CocoonHibernationSpec {
     pub pod_ref: PodRef,
     /// What the user wants: `Hibernate` or `Wake`.
     pub desire: Desire,
+    /// How long a hibernate may take before the CR fails, as a Kubernetes duration such
+    /// as `90s`, `5m` or `1h30m` (1s to 24h). Unset: the controller's `--hibernate-timeout`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 32), regex(pattern = r"^([0-9]+(ms|s|m|h))+$"))]
+    #[x_kube(validation = Rule::new("duration(self) >= duration('1s') && duration(self) <= duration('24h')").message("must be between 1s and 24h"))]
+    pub hibernate_timeout: Option<String>,
+    /// Like `hibernateTimeout`, for a wake. Unset: the controller's `--wake-timeout`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 32), regex(pattern = r"^([0-9]+(ms|s|m|h))+$"))]
+    #[x_kube(validation = Rule::new("duration(self) >= duration('1s') && duration(self) <= duration('24h')").message("must be between 1s and 24h"))]
+    pub wake_timeout: Option<String>,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
@@ -97,6 +110,39 @@ pub struct CocoonHibernationStatus {
     #[serde(default)]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,
+    /// The snapshot the last completed hibernate stored; cleared once its tag is deleted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot: Option<SnapshotStatus>,
+    /// How many times the current transition was started for the current spec: 1, then
+    /// one more for each retry out of `Failed`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attempts: Option<u32>,
+    /// When the CR last reached `Hibernated`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hibernated_at: Option<Time>,
+    /// When the CR last reached `Active`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub woken_at: Option<Time>,
+    /// The last failure, kept after a retry so one that flashed past stays visible.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_failure: Option<Failure>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SnapshotStatus {
+    /// Manifest digest of `<vm>:hibernate`, from the probe that completed the hibernate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub digest: Option<String>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Failure {
+    /// A CamelCase reason such as `HibernateTimedOut`, `WakeTimedOut` or `Conflict`.
+    pub reason: String,
+    pub message: String,
+    pub time: Time,
 }
 
 impl CocoonHibernation {
@@ -118,6 +164,12 @@ impl CocoonHibernation {
             .as_ref()
             .is_some_and(|f| f.iter().any(|x| x == FINALIZER))
     }
+}
+
+/// A spec timeout such as `90s`, `5m` or `1h30m` (the CRD's pattern: digits and a unit,
+/// repeated; humantime reads that form).
+pub fn parse_duration(raw: &str) -> Result<std::time::Duration, String> {
+    humantime::parse_duration(raw).map_err(|e| e.to_string())
 }
 
 /// The CRD as YAML, exactly as `cocoon-hibernation crd` prints it.
@@ -173,8 +225,13 @@ mod tests {
             ("Pod", ".spec.podRef.name"),
             ("Desire", ".spec.desire"),
             ("Phase", ".status.phase"),
+            (
+                "Reason",
+                ".status.conditions[?(@.type==\"Progressing\")].reason",
+            ),
             ("VM", ".status.vmName"),
             ("Age", ".metadata.creationTimestamp"),
+            ("Digest", ".status.snapshot.digest"),
         ];
         assert_eq!(
             cols,

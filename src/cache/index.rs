@@ -142,7 +142,8 @@ impl PodRefIndex {
 /// pods naming each VM, to find the CRs waiting on a VM another CR held (S2).
 #[derive(Debug, Default)]
 pub struct PodChangeTracker {
-    views: HashMap<Key, PodView>,
+    /// Each pod's view and when it last changed (for the reaction-time histogram).
+    views: HashMap<Key, (PodView, std::time::Instant)>,
     by_vm: HashMap<String, BTreeSet<Key>>,
     resync_seen: Option<HashSet<Key>>,
 }
@@ -154,7 +155,7 @@ impl PodChangeTracker {
             seen.insert(key.clone());
         }
         match self.views.get(&key) {
-            Some(old) if *old == view => false,
+            Some((old, _)) if *old == view => false,
             _ => {
                 self.remove(&key);
                 if let Some(vm) = &view.vm_name {
@@ -163,7 +164,7 @@ impl PodChangeTracker {
                         .or_default()
                         .insert(key.clone());
                 }
-                self.views.insert(key, view);
+                self.views.insert(key, (view, std::time::Instant::now()));
                 true
             }
         }
@@ -175,7 +176,7 @@ impl PodChangeTracker {
     }
 
     fn remove(&mut self, key: &Key) -> bool {
-        let Some(old) = self.views.remove(key) else {
+        let Some((old, _)) = self.views.remove(key) else {
             return false;
         };
         if let Some(vm) = old.vm_name
@@ -187,6 +188,11 @@ impl PodChangeTracker {
             }
         }
         true
+    }
+
+    /// When something a pass reads last changed on this pod, as this process saw it.
+    pub fn changed_at(&self, key: &Key) -> Option<std::time::Instant> {
+        self.views.get(key).map(|(_, at)| *at)
     }
 
     /// Pods whose `vm.cocoonstack.io/name` is `vm`, in any namespace.

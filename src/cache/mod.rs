@@ -85,6 +85,16 @@ impl SharedCache {
             .collect()
     }
 
+    /// When the pod last changed in a way a pass reads (vk's lifecycle writes, a running
+    /// container): the start of the controller's reaction time.
+    pub fn pod_changed_at(&self, namespace: &str, name: &str) -> Option<std::time::Instant> {
+        let key = (namespace.to_owned(), name.to_owned());
+        match self.pod_views.read() {
+            Ok(t) => t.changed_at(&key),
+            Err(poisoned) => poisoned.into_inner().changed_at(&key),
+        }
+    }
+
     /// CRs in any namespace whose status.vmName is `vm` (S2, G1).
     pub fn crs_holding_vm(&self, vm: &str) -> Vec<Arc<CocoonHibernation>> {
         let keys = match self.index.read() {

@@ -34,6 +34,8 @@ fn cr(finalizer: bool, phase: Option<Phase>) -> CocoonHibernation {
                 name: "web-0".into(),
             },
             desire: Desire::Hibernate,
+            hibernate_timeout: None,
+            wake_timeout: None,
         },
     );
     cr.metadata.namespace = Some("ns".into());
@@ -48,7 +50,7 @@ fn cr(finalizer: bool, phase: Option<Phase>) -> CocoonHibernation {
             observed_generation: Some(1),
             phase: Some(phase),
             vm_name: Some("vm-a".into()),
-            conditions: vec![],
+            ..Default::default()
         };
         let update = Update {
             type_: READY,

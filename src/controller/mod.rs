@@ -1,6 +1,7 @@
 //! The CocoonHibernation controller: pure rules in [`plan`], effects in [`reconcile`],
 //! per-VM serialization in [`locks`], and the leader-gated run loop here.
 
+pub mod census;
 pub mod locks;
 pub mod plan;
 pub mod reconcile;
@@ -80,6 +81,32 @@ pub async fn run(
             }
             Term::Ended => return,
         }
+    }
+}
+
+/// Keeps the phase gauges current from the cache, on every replica (alerts take the max).
+pub async fn report_census(ctx: Arc<Context>, shutdown: CancellationToken) {
+    let mut tick = tokio::time::interval(Duration::from_secs(10));
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        if !ctx.cache.is_synced() {
+            continue;
+        }
+        let crs = ctx.cache.all_crs();
+        let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(jiff::Timestamp::now());
+        let c = census::census(crs.iter().map(Arc::as_ref), &now, &ctx.settings);
+        for (phase, n) in census::PHASES.iter().zip(c.by_phase) {
+            ctx.metrics
+                .crs
+                .get_or_create(&crate::metrics::PhaseGaugeLabels {
+                    phase: phase.as_str(),
+                })
+                .set(n);
+        }
+        ctx.metrics.crs_overdue.set(c.overdue);
     }
 }
 

@@ -3,11 +3,13 @@
 
 use crate::api::annotations::PodView;
 use crate::api::conditions::{
-    self, READY, REASON_CONFLICT, REASON_DELETE_FAILED, REASON_DONE, REASON_FAILED, REASON_PENDING,
-    REASON_SHARED_DIGEST, SNAPSHOT_DELETED, Update,
+    self, PROGRESSING, READY, REASON_CONFLICT, REASON_DELETE_FAILED, REASON_DELETING_SNAPSHOT,
+    REASON_DONE, REASON_FAILED, REASON_HIBERNATE_TIMED_OUT, REASON_INVALID_SPEC, REASON_PENDING,
+    REASON_POD_MISSING, REASON_REGISTRY_UNAVAILABLE, REASON_SHARED_DIGEST,
+    REASON_WAITING_FOR_CONTAINER, REASON_WAITING_FOR_LIFECYCLE, REASON_WAITING_FOR_SNAPSHOT,
+    REASON_WAITING_FOR_VM, REASON_WAKE_TIMED_OUT, SNAPSHOT_DELETED, Update,
 };
-use crate::api::{CocoonHibernation, CocoonHibernationStatus, Desire, Phase};
-use crate::metrics::{Transition, TransitionResult};
+use crate::api::{CocoonHibernation, CocoonHibernationStatus, Desire, Failure, Phase};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use std::time::Duration;
 
@@ -28,6 +30,54 @@ pub struct Settings {
     pub registry_slots: usize,
     /// S5: first wait after a tag delete is refused for good; doubles up to 10x.
     pub refused_delete_backoff: Duration,
+}
+
+impl Settings {
+    /// The CR's own timeout for `transition` (spec.hibernateTimeout / spec.wakeTimeout),
+    /// else the controller's default. Err names the field whose value is not a duration.
+    pub fn timeout_for(
+        &self,
+        cr: &CocoonHibernation,
+        transition: Transition,
+    ) -> Result<Duration, String> {
+        let (field, value, default) = match transition {
+            Transition::Hibernate => (
+                "spec.hibernateTimeout",
+                &cr.spec.hibernate_timeout,
+                self.hibernate_timeout,
+            ),
+            Transition::Wake => ("spec.wakeTimeout", &cr.spec.wake_timeout, self.wake_timeout),
+        };
+        match value {
+            None => Ok(default),
+            Some(raw) => crate::api::parse_duration(raw).map_err(|e| {
+                format!("{field} {raw:?} is not a duration such as 90s, 5m or 1h30m: {e}")
+            }),
+        }
+    }
+}
+
+/// A transition, for timeouts and for what a pass reports as finished.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Transition {
+    Hibernate,
+    Wake,
+}
+
+/// How a transition ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Ending {
+    Done,
+    TimedOut,
+}
+
+/// A transition this pass ends; the effect layer turns it into metrics.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Finished {
+    pub transition: Transition,
+    pub ending: Ending,
+    /// From entering Hibernating or Waking to this pass.
+    pub seconds: f64,
 }
 
 impl Default for Settings {
@@ -89,10 +139,22 @@ pub struct Plan {
     /// wake ends in one write (`Active` with `SnapshotDeleted` settled). Otherwise (a W3
     /// retry on a settled CR) the delete runs after the pass's own writes.
     pub delete_first: bool,
-    pub phase_metric: Option<(Transition, TransitionResult, f64)>,
+    pub finished: Option<Finished>,
     pub requeue: Option<Duration>,
     /// H4: returned from the pass after the effects, so it is logged and retried.
     pub error: Option<String>,
+}
+
+/// Records the digest of the probe that completed a hibernate (H3) in the status to write.
+pub fn record_digest(plan: &mut Plan, digest: Option<String>) {
+    if let (Some(status), Some(digest)) = (plan.status.as_mut(), digest)
+        && status.phase == Some(Phase::Hibernated)
+        && plan.finished.is_some()
+    {
+        status.snapshot = Some(crate::api::SnapshotStatus {
+            digest: Some(digest),
+        });
+    }
 }
 
 /// What to do for a CR being deleted (G1, G2).
@@ -261,6 +323,23 @@ pub fn after_delete(
         message: &message,
         observed_generation: generation,
     };
+    conditions::upsert(&mut next.conditions, update, now.clone(), false);
+    // What the CR still does about it shows in Progressing; a gone tag has no digest.
+    let (progressing, reason, message) = match result {
+        DeleteResult::Gone => {
+            next.snapshot = None;
+            (false, REASON_DONE, format!("vm {vm} is running"))
+        }
+        DeleteResult::SharedDigest(_) => (false, REASON_SHARED_DIGEST, message),
+        DeleteResult::Failed { .. } => (true, REASON_DELETING_SNAPSHOT, message),
+    };
+    let update = Update {
+        type_: PROGRESSING,
+        status: progressing,
+        reason,
+        message: &message,
+        observed_generation: generation,
+    };
     conditions::upsert(&mut next.conditions, update, now, false);
     next
 }
@@ -283,14 +362,24 @@ pub fn plan(
 
     if cr.spec.desire == Desire::Unknown {
         // R3: the CRD's enum should have refused it; report rather than guess.
-        pass.set_phase(
-            Phase::Failed,
-            READY_FAILED,
-            "spec.desire must be Hibernate or Wake",
-            false,
-        );
+        pass.fail(REASON_INVALID_SPEC, "spec.desire must be Hibernate or Wake");
         return pass.finish(None);
     }
+    // The CRD's pattern should have refused a bad timeout; report rather than guess.
+    let timeouts = settings
+        .timeout_for(cr, Transition::Hibernate)
+        .and_then(|h| Ok((h, settings.timeout_for(cr, Transition::Wake)?)));
+    let (hibernate_timeout, wake_timeout) = match timeouts {
+        Ok(t) => t,
+        Err(message) => {
+            pass.fail(REASON_INVALID_SPEC, &message);
+            return pass.finish(None);
+        }
+    };
+    let timeouts = Timeouts {
+        hibernate: hibernate_timeout,
+        wake: wake_timeout,
+    };
     // S2: a CR that another CR outranks never touches the pod or the VM. Failed is not
     // retried (F2) while that lasts, and an unchanged status writes nothing.
     let conflict = match owner {
@@ -305,16 +394,24 @@ pub fn plan(
     };
     if let Some(message) = conflict {
         pass.set_phase(Phase::Failed, READY_CONFLICT, &message, false);
+        pass.failure(REASON_CONFLICT, &message);
         return pass.finish(Some(settings.conflict_recheck));
     }
 
     let pod_name = &cr.spec.pod_ref.name;
     let ns = cr.metadata.namespace.as_deref().unwrap_or_default();
     let (view, vm) = match pod {
-        None => return pass.pending(&format!("pod {ns}/{pod_name} not found"), settings),
+        None => {
+            return pass.pending(
+                REASON_POD_MISSING,
+                &format!("pod {ns}/{pod_name} not found"),
+                settings,
+            );
+        }
         Some(v) => match v.vm_name.clone() {
             None => {
                 return pass.pending(
+                    REASON_WAITING_FOR_VM,
                     &format!("pod {ns}/{pod_name} has no vm.cocoonstack.io/name yet"),
                     settings,
                 );
@@ -334,9 +431,15 @@ pub fn plan(
         pass.next.observed_generation = cr.metadata.generation;
     }
     match effective {
-        Desire::Wake => pass.wake(view, &vm, probe, settings),
-        _ => pass.hibernate(view, &vm, probe, settings),
+        Desire::Wake => pass.wake(view, &vm, probe, settings, &timeouts),
+        _ => pass.hibernate(view, &vm, probe, settings, &timeouts),
     }
+}
+
+/// The timeouts that apply to this CR (its own, else the controller's).
+struct Timeouts {
+    hibernate: Duration,
+    wake: Duration,
 }
 
 /// G1, S6. `others` are the CRs that may still hold the VM: those on the same pod and
@@ -429,6 +532,42 @@ impl<'a> Pass<'a> {
         conditions::upsert(&mut self.next.conditions, update, self.now.clone(), refresh);
     }
 
+    /// The Progressing condition: True with what a transition waits for, False once settled.
+    fn progress(&mut self, progressing: bool, reason: &str, message: &str) {
+        let update = Update {
+            type_: PROGRESSING,
+            status: progressing,
+            reason,
+            message,
+            observed_generation: self.cr.metadata.generation,
+        };
+        conditions::upsert(&mut self.next.conditions, update, self.now.clone(), false);
+    }
+
+    /// F1: Failed, with the reason in Ready, Progressing and lastFailure.
+    fn fail(&mut self, reason: &str, message: &str) {
+        self.set_phase(Phase::Failed, READY_FAILED, message, false);
+        self.failure(reason, message);
+    }
+
+    /// Records a failure in Progressing and lastFailure. The same failure seen again keeps
+    /// its time, so a CR that stays failed writes nothing more (C3).
+    fn failure(&mut self, reason: &str, message: &str) {
+        self.progress(false, reason, message);
+        let same = self
+            .next
+            .last_failure
+            .as_ref()
+            .is_some_and(|f| f.reason == reason && f.message == message);
+        if !(same && self.phase() == Some(Phase::Failed)) {
+            self.next.last_failure = Some(Failure {
+                reason: reason.to_owned(),
+                message: message.to_owned(),
+                time: self.now.clone(),
+            });
+        }
+    }
+
     fn event(&mut self, kind: EventKind, reason: &'static str, note: String) {
         self.plan.events.push(PlannedEvent { kind, reason, note });
     }
@@ -450,28 +589,53 @@ impl<'a> Pass<'a> {
         self.plan
     }
 
-    /// R2: no pod or no VM name yet.
-    fn pending(mut self, message: &str, settings: &Settings) -> Plan {
-        if !matches!(self.phase(), Some(Phase::Hibernated | Phase::Waking)) {
-            self.set_phase(Phase::Pending, READY_PENDING, message, false);
+    /// R2: no pod or no VM name yet. Hibernated and Waking keep their phase; a wake
+    /// that cannot go on says why in Progressing, and a settled Hibernated writes nothing.
+    fn pending(mut self, reason: &str, message: &str, settings: &Settings) -> Plan {
+        match self.phase() {
+            Some(Phase::Waking) => self.progress(true, reason, message),
+            Some(Phase::Hibernated) if self.cr.spec.desire == Desire::Wake => {
+                self.progress(true, reason, message)
+            }
+            Some(Phase::Hibernated) => {}
+            _ => {
+                self.set_phase(Phase::Pending, READY_PENDING, message, false);
+                self.progress(true, reason, message);
+            }
         }
         self.finish(Some(settings.pending_recheck))
     }
 
     /// Enter Hibernating or Waking with a full budget (F2); a retry from Failed is announced (F3).
-    fn enter(&mut self, phase: Phase, vm: &str, message: &str) {
-        if self.phase() == Some(Phase::Failed) {
+    fn enter(&mut self, phase: Phase, vm: &str, reason: &str, message: &str) {
+        let old = self.cr.status.as_ref();
+        let retry = self.phase() == Some(Phase::Failed);
+        if retry {
             self.event(
                 EventKind::Normal,
                 "RetryRequested",
                 format!("retrying after failure: now {phase}"),
             );
         }
+        // Attempts count retries of one spec; a new spec (a flipped desire) starts at 1.
+        let same_spec = old.and_then(|s| s.observed_generation) == self.cr.metadata.generation;
+        self.next.attempts = Some(match old.and_then(|s| s.attempts) {
+            Some(n) if retry && same_spec => n.saturating_add(1),
+            _ => 1,
+        });
         self.next.vm_name = Some(vm.to_owned());
         self.set_phase(phase, READY_PENDING, message, true);
+        self.progress(true, reason, message);
     }
 
-    fn hibernate(mut self, view: &PodView, vm: &str, probe: &Probe, settings: &Settings) -> Plan {
+    fn hibernate(
+        mut self,
+        view: &PodView,
+        vm: &str,
+        probe: &Probe,
+        settings: &Settings,
+        timeouts: &Timeouts,
+    ) -> Plan {
         if !view.hibernate_requested {
             self.plan.pod_patch = Some(PodPatch::SetHibernate); // H1
         }
@@ -489,62 +653,54 @@ impl<'a> Pass<'a> {
                             };
                         }
                         Probe::Present => {
-                            self.set_phase(
-                                Phase::Hibernated,
-                                READY_DONE,
-                                &format!("vm {vm} hibernated; snapshot {vm}:hibernate stored"),
-                                false,
-                            );
+                            let message =
+                                format!("vm {vm} hibernated; snapshot {vm}:hibernate stored");
+                            self.set_phase(Phase::Hibernated, READY_DONE, &message, false);
+                            self.progress(false, REASON_DONE, &message);
+                            self.next.hibernated_at = Some(self.now.clone());
                             self.event(
                                 EventKind::Normal,
                                 "Hibernated",
                                 format!("vm {vm} hibernated"),
                             );
-                            self.plan.phase_metric = Some((
-                                Transition::hibernate,
-                                TransitionResult::ok,
-                                elapsed.as_secs_f64(),
-                            ));
+                            self.finished(Transition::Hibernate, Ending::Done, elapsed);
                             return self.finish(None);
                         }
-                        Probe::Absent => {}
+                        Probe::Absent => self.progress(
+                            true,
+                            REASON_WAITING_FOR_SNAPSHOT,
+                            &format!(
+                                "vk-cocoon reports vm {vm} hibernated; waiting for snapshot {vm}:hibernate in the registry"
+                            ),
+                        ),
                         // H4: still counts against the clock (H5) before it is returned.
-                        // S5: the error shows in Ready, not only in the logs.
+                        // S5: the error shows in Ready and Progressing, not only in the logs.
                         Probe::Failed(e) => {
-                            self.set_phase(
-                                Phase::Hibernating,
-                                READY_PENDING,
-                                &format!(
-                                    "vk-cocoon reports vm {vm} hibernated; probing snapshot {vm}:hibernate failed: {e}"
-                                ),
-                                false,
+                            let message = format!(
+                                "vk-cocoon reports vm {vm} hibernated; probing snapshot {vm}:hibernate failed: {e}"
                             );
+                            self.set_phase(Phase::Hibernating, READY_PENDING, &message, false);
+                            self.progress(true, REASON_REGISTRY_UNAVAILABLE, &message);
                             self.plan.error = Some(e.clone());
                         }
                     }
                 }
-                if elapsed >= settings.hibernate_timeout {
+                if elapsed >= timeouts.hibernate {
                     self.plan.error = None;
-                    let timeout = humanize(settings.hibernate_timeout);
-                    self.set_phase(
-                        Phase::Failed,
-                        READY_FAILED,
+                    let timeout = humanize(timeouts.hibernate);
+                    self.fail(
+                        REASON_HIBERNATE_TIMED_OUT,
                         &format!("hibernate of vm {vm} did not complete within {timeout}"),
-                        false,
                     );
                     self.event(
                         EventKind::Warning,
                         "HibernateTimedOut",
                         format!("hibernate of vm {vm} timed out after {timeout}"),
                     );
-                    self.plan.phase_metric = Some((
-                        Transition::hibernate,
-                        TransitionResult::timeout,
-                        elapsed.as_secs_f64(),
-                    ));
+                    self.finished(Transition::Hibernate, Ending::TimedOut, elapsed);
                     return self.finish(None);
                 }
-                let remaining = settings.hibernate_timeout - elapsed;
+                let remaining = timeouts.hibernate - elapsed;
                 let poll = if view.lifecycle_hibernated_for_round() {
                     settings.pending_recheck // tag may land just after the annotations
                 } else {
@@ -554,19 +710,26 @@ impl<'a> Pass<'a> {
             }
             _ => {
                 self.next.conditions.retain(|c| c.type_ != SNAPSHOT_DELETED); // the tag is wanted again
+                self.next.snapshot = None; // the next probe records the new one
                 self.enter(
                     Phase::Hibernating,
                     vm,
+                    REASON_WAITING_FOR_LIFECYCLE,
                     &format!("waiting for vk-cocoon to hibernate vm {vm}"),
                 );
-                self.finish(Some(
-                    settings.transition_poll.min(settings.hibernate_timeout),
-                ))
+                self.finish(Some(settings.transition_poll.min(timeouts.hibernate)))
             }
         }
     }
 
-    fn wake(mut self, view: &PodView, vm: &str, probe: &Probe, settings: &Settings) -> Plan {
+    fn wake(
+        mut self,
+        view: &PodView,
+        vm: &str,
+        probe: &Probe,
+        settings: &Settings,
+        timeouts: &Timeouts,
+    ) -> Plan {
         if view.hibernate_requested {
             self.plan.pod_patch = Some(PodPatch::ClearHibernate); // W1
         }
@@ -584,35 +747,33 @@ impl<'a> Pass<'a> {
             Some(Phase::Waking) => {
                 let elapsed = self.elapsed();
                 if view.woken() {
-                    self.plan.phase_metric = Some((
-                        Transition::wake,
-                        TransitionResult::ok,
-                        elapsed.as_secs_f64(),
-                    ));
+                    self.finished(Transition::Wake, Ending::Done, elapsed);
                     self.complete_wake(vm, true);
                     return self.finish(None);
                 }
-                if elapsed >= settings.wake_timeout {
-                    let timeout = humanize(settings.wake_timeout);
-                    self.set_phase(
-                        Phase::Failed,
-                        READY_FAILED,
+                if elapsed >= timeouts.wake {
+                    let timeout = humanize(timeouts.wake);
+                    self.fail(
+                        REASON_WAKE_TIMED_OUT,
                         &format!("wake of vm {vm} did not complete within {timeout}"),
-                        false,
                     );
                     self.event(
                         EventKind::Warning,
                         "WakeTimedOut",
                         format!("wake of vm {vm} timed out after {timeout}"),
                     );
-                    self.plan.phase_metric = Some((
-                        Transition::wake,
-                        TransitionResult::timeout,
-                        elapsed.as_secs_f64(),
-                    ));
+                    self.finished(Transition::Wake, Ending::TimedOut, elapsed);
                     return self.finish(None);
                 }
-                let remaining = settings.wake_timeout - elapsed;
+                // The pod is back (R2 may have said PodMissing): say what the wake waits for.
+                self.progress(
+                    true,
+                    REASON_WAITING_FOR_CONTAINER,
+                    &format!(
+                        "waiting for vk-cocoon to wake vm {vm}: a running container with a new VMID"
+                    ),
+                );
+                let remaining = timeouts.wake - elapsed;
                 self.finish(Some(settings.transition_poll.min(remaining)))
             }
             // A new Wake CR whose pod already runs its VM: the wake's end already holds,
@@ -633,32 +794,42 @@ impl<'a> Pass<'a> {
                         self.finish(None)
                     }
                     // The registry cannot say: take the long way, which records the debt.
-                    Probe::Failed(_) => self.start_waking(vm, settings),
+                    Probe::Failed(_) => self.start_waking(vm, settings, timeouts),
                 }
             }
-            _ => self.start_waking(vm, settings),
+            _ => self.start_waking(vm, settings, timeouts),
         }
     }
 
-    fn start_waking(mut self, vm: &str, settings: &Settings) -> Plan {
+    fn start_waking(mut self, vm: &str, settings: &Settings, timeouts: &Timeouts) -> Plan {
         self.enter(
             Phase::Waking,
             vm,
-            &format!("waiting for vk-cocoon to wake vm {vm}"),
+            REASON_WAITING_FOR_CONTAINER,
+            &format!("waiting for vk-cocoon to wake vm {vm}: a running container with a new VMID"),
         );
-        self.finish(Some(settings.transition_poll.min(settings.wake_timeout)))
+        self.finish(Some(settings.transition_poll.min(timeouts.wake)))
+    }
+
+    fn finished(&mut self, transition: Transition, ending: Ending, elapsed: Duration) {
+        self.plan.finished = Some(Finished {
+            transition,
+            ending,
+            seconds: elapsed.as_secs_f64(),
+        });
     }
 
     /// W2: Active, with the tag delete (if any) done before the one status write, which
     /// then records its outcome (S5).
     fn complete_wake(&mut self, vm: &str, delete: bool) {
         self.next.vm_name = Some(vm.to_owned());
-        self.set_phase(
-            Phase::Active,
-            READY_DONE,
-            &format!("vm {vm} is running"),
-            false,
-        );
+        let message = format!("vm {vm} is running");
+        self.set_phase(Phase::Active, READY_DONE, &message, false);
+        self.progress(false, REASON_DONE, &message);
+        self.next.woken_at = Some(self.now.clone());
+        if self.next.attempts.is_none() {
+            self.next.attempts = Some(1); // a fresh Wake CR that found its pod running
+        }
         self.event(
             EventKind::Normal,
             "WokenActive",

@@ -3,7 +3,7 @@
 use super::locks::VmLocks;
 use super::plan::{self, Cleanup, Debt, DeleteResult, EventKind, Plan, PodPatch, Probe, Settings};
 use crate::api::annotations::{self, PodView};
-use crate::api::{CocoonHibernation, FINALIZER};
+use crate::api::{CocoonHibernation, FINALIZER, Phase};
 use crate::cache::SharedCache;
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
@@ -97,8 +97,7 @@ pub fn error_policy(cr: Arc<CocoonHibernation>, err: &Error, ctx: Arc<Context>) 
         })
         .inc();
     tracing::warn!(
-        namespace = cr.namespace().unwrap_or_default(),
-        name = cr.name_any(),
+        cr = %key(&cr),
         attempts,
         error = %err,
         "reconcile failed; retrying"
@@ -162,16 +161,21 @@ async fn reconcile_inner(cr: Arc<CocoonHibernation>, ctx: &Context) -> Result<Ac
         let Ok(_slot) = ctx.registry_slots.clone().try_acquire_owned() else {
             return Ok(Action::requeue(REGISTRY_BUSY_RETRY));
         };
+        let mut digest = None;
         let probe = match ctx
             .registry
-            .snapshot_exists(pod_vm.unwrap_or_default())
+            .snapshot_digest(pod_vm.unwrap_or_default())
             .await
         {
-            Ok(true) => Probe::Present,
-            Ok(false) => Probe::Absent,
+            Ok(Some(d)) => {
+                digest = Some(d);
+                Probe::Present
+            }
+            Ok(None) => Probe::Absent,
             Err(e) => Probe::Failed(e.to_string()),
         };
         plan = plan::plan(&cr, view.as_ref(), &owner, &probe, now, &ctx.settings);
+        plan::record_digest(&mut plan, digest);
     }
     execute(&cr, pod.as_deref(), plan, &api, ctx).await
 }
@@ -205,9 +209,12 @@ async fn execute(
         pods.patch(&pod.name_any(), &patch_params(), &Patch::Json::<()>(json))
             .await?;
         tracing::info!(
+            cr = %key(cr),
             pod = pod.name_any(),
-            cr = name,
-            ?patch,
+            patch = match patch {
+                PodPatch::SetHibernate => "set vm.cocoonstack.io/hibernate",
+                PodPatch::ClearHibernate => "removed vm.cocoonstack.io/hibernate",
+            },
             "patched pod annotation"
         );
     }
@@ -242,13 +249,18 @@ async fn execute(
     if let Some(status) = &status {
         write_status(status_base, api, status).await?;
         ctx.wrote(cr);
-        tracing::info!(namespace = cr.namespace().unwrap_or_default(), cr = name, phase = ?status.phase, "status updated");
+        tracing::info!(
+            cr = %key(cr),
+            phase = status.phase.map(Phase::as_str).unwrap_or("none"),
+            reason = progress_reason(status),
+            "status updated"
+        );
     }
     for ev in &plan.events {
         publish(ctx, cr, ev.kind, ev.reason, &ev.note).await;
     }
-    if let Some((transition, result, secs)) = plan.phase_metric.clone() {
-        ctx.metrics.phase_done(transition, result, secs);
+    if let Some(done) = plan.finished {
+        record_finished(ctx, cr, done);
     }
     if let Some(then) = after_write {
         return then;
@@ -266,6 +278,39 @@ async fn execute(
         .requeue
         .map(Action::requeue)
         .unwrap_or_else(Action::await_change))
+}
+
+/// `namespace/name`, as every log line names a CR.
+fn key(cr: &CocoonHibernation) -> String {
+    format!("{}/{}", cr.namespace().unwrap_or_default(), cr.name_any())
+}
+
+fn progress_reason(status: &crate::api::CocoonHibernationStatus) -> &str {
+    crate::api::conditions::find(&status.conditions, crate::api::conditions::PROGRESSING)
+        .map(|c| c.reason.as_str())
+        .unwrap_or("")
+}
+
+/// Phase duration, and the reaction time from the pod change that completed it.
+fn record_finished(ctx: &Context, cr: &CocoonHibernation, done: plan::Finished) {
+    use crate::metrics::{Transition, TransitionResult};
+    let transition = match done.transition {
+        plan::Transition::Hibernate => Transition::hibernate,
+        plan::Transition::Wake => Transition::wake,
+    };
+    let result = match done.ending {
+        plan::Ending::Done => TransitionResult::ok,
+        plan::Ending::TimedOut => TransitionResult::timeout,
+    };
+    ctx.metrics
+        .phase_done(transition.clone(), result, done.seconds);
+    if done.ending == plan::Ending::Done
+        && let Some(at) = ctx
+            .cache
+            .pod_changed_at(&cr.namespace().unwrap_or_default(), &cr.spec.pod_ref.name)
+    {
+        ctx.metrics.reaction(transition, at.elapsed().as_secs_f64());
+    }
 }
 
 /// How a fenced delete went.
@@ -306,8 +351,7 @@ async fn fenced_delete_outcome(
         },
     };
     tracing::info!(
-        namespace = cr.namespace().unwrap_or_default(),
-        cr = cr.name_any(),
+        cr = %key(cr),
         vm,
         ?result,
         ?debt,
@@ -320,7 +364,7 @@ async fn fenced_delete_outcome(
         (_, Err(e)) if e.is_permanent() => {
             // S5: a refusal that will not heal by itself is retried in minutes, not seconds.
             let delay = ctx.permanent_backoff(cr);
-            tracing::warn!(namespace = cr.namespace().unwrap_or_default(), cr = cr.name_any(), vm, error = %e, retry_in = ?delay, "the registry refuses the tag delete; retrying later");
+            tracing::warn!(cr = %key(cr), vm, error = %e, retry_in = ?delay, "the registry refuses the tag delete; retrying later");
             Some(Ok(Action::requeue(delay)))
         }
         (_, Err(e)) => Some(Err(Error::Registry(e))),
@@ -394,8 +438,7 @@ async fn fenced_delete(
         Some(fresh) if plan::still_owes(&fresh, cr.metadata.uid.as_deref(), vm, debt) => fresh,
         _ => {
             tracing::info!(
-                namespace = cr.namespace().unwrap_or_default(),
-                cr = cr.name_any(),
+                cr = %key(cr),
                 vm,
                 ?debt,
                 "fresh read: the delete is no longer owed; tag kept"
@@ -511,7 +554,7 @@ async fn publish(ctx: &Context, cr: &CocoonHibernation, kind: EventKind, reason:
     };
     // An event that cannot be written must not undo or repeat the pass.
     if let Err(e) = ctx.recorder.publish(&event, &cr.object_ref(&())).await {
-        tracing::warn!(cr = cr.name_any(), reason, error = %e, "could not publish event");
+        tracing::warn!(cr = %key(cr), reason, error = %e, "could not publish event");
     }
 }
 
@@ -559,29 +602,26 @@ async fn cleanup(
             Fenced::Done { outcome, .. } => match outcome {
                 Ok(DeleteOutcome::KeptSharedDigest { other_tags }) => {
                     tracing::warn!(
-                        namespace = ns,
-                        cr = name,
+                        cr = %key(&cr),
                         vm,
                         ?other_tags,
                         "snapshot tag kept: its digest is shared"
                     )
                 }
                 Ok(outcome) => tracing::info!(
-                    namespace = ns,
-                    cr = name,
+                    cr = %key(&cr),
                     vm,
                     ?outcome,
                     "snapshot tag cleaned up on deletion"
                 ),
                 Err(e) => {
-                    tracing::error!(namespace = ns, cr = name, vm, error = %e, "snapshot tag cleanup failed; removing finalizer anyway")
+                    tracing::error!(cr = %key(&cr), vm, error = %e, "snapshot tag cleanup failed; removing finalizer anyway")
                 }
             },
         }
     } else if let Some(vm) = cr.vm_name() {
         tracing::info!(
-            namespace = ns,
-            cr = name,
+            cr = %key(&cr),
             vm,
             "snapshot tag kept: another CocoonHibernation holds the VM"
         );
@@ -662,6 +702,8 @@ mod tests {
             CocoonHibernationSpec {
                 pod_ref: PodRef { name: "p".into() },
                 desire: Desire::Hibernate,
+                hibernate_timeout: None,
+                wake_timeout: None,
             },
         );
         cr.metadata.resource_version = Some("5".into());

@@ -416,6 +416,8 @@ pub fn new_cr(name: &str, pod: &str, desire: Desire) -> CocoonHibernation {
         CocoonHibernationSpec {
             pod_ref: PodRef { name: pod.into() },
             desire,
+            hibernate_timeout: None,
+            wake_timeout: None,
         },
     )
 }
