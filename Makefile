@@ -1,7 +1,7 @@
 # Two commands matter: `make demo` runs the product locally, `make test` runs every test.
 export CARGO_TARGET_DIR ?= $(HOME)/.cache/cocoon-hibernation/target
 
-.PHONY: build release crd test bench demo demo-down demo-check cluster-up cluster-down chart-check fmt lint
+.PHONY: build release crd test bench demo demo-down cluster-up cluster-down chart-check fmt lint
 
 build:
 	cargo build --locked
@@ -24,10 +24,6 @@ demo:
 
 demo-down:
 	bash hack/demo.sh down
-
-# What CI runs after `make test`: the demo twice, with a teardown in between.
-demo-check:
-	bash hack/demo.sh up && bash hack/demo.sh down && bash hack/demo.sh up
 
 cluster-up:
 	bash hack/cluster-up.sh
