@@ -1,30 +1,26 @@
 #!/usr/bin/env bash
-# Checks the Helm chart charts/cocoon-hibernation (P5). Fails loudly on any error.
-#   1. crd-drift    `cocoon-hibernation crd` == charts/cocoon-hibernation/crds/cocoonhibernations.yaml
-#   2. unittest     `helm unittest`: the suites in charts/cocoon-hibernation/tests/*_test.yaml
-#                   (what the rendered objects say: RBAC, Deployment, webhook, TLS, values)
+# Checks the Helm chart charts/cocoon-hibernation (P5): what needs a cluster or another tool.
+# What the rendered objects say is tested by the helm-unittest suites in the chart's tests/.
+#   1. crd-drift    `cocoon-hibernation crd` == the chart's crds/cocoonhibernations.yaml
+#   2. unittest     `helm unittest charts/cocoon-hibernation` (tests/*_test.yaml)
 #   3. alerts       the PrometheusRule renders files/prometheus-rules.yaml unchanged;
-#                   `promtool test rules` proves every alert (tests/promtool/alerts_test.yaml);
-#                   every query of the Grafana dashboard parses
-#   4. lint         helm lint --strict, both TLS modes; every ClusterRole rule says what it is for
+#                   `promtool test rules` proves every alert; every dashboard query parses
+#   4. lint         helm lint --strict, both TLS modes; every ClusterRole rule has a comment
 #   5. kubeconform  helm template (every values file) | kubeconform -strict, offline schemas
-#   6. dry-run      CRD applied for real (dry-run only if the cluster already has one), the
-#                   rest `kubectl apply --server-side --dry-run=server`; the self-signed
-#                   certificate is reused on upgrade and renewed near expiry (`lookup`)
+#   6. dry-run      the CRD applied for real (dry run only if one is installed), the rest
+#                   `kubectl apply --server-side --dry-run=server`; the self-signed
+#                   certificate is trusted, reused on upgrade and renewed near expiry
 # Prints one summary line: `check-chart: PASS ...` or `check-chart: FAIL ...`.
 #
-# Needs: KUBECONFIG pointing at a reachable kube-apiserver (e.g. from hack/cluster-up.sh),
-# python3 with PyYAML (hack/chart-schemas.py), Go on a cold tool cache
-# (hack/install-tools.sh builds helm, kubeconform, helm-unittest and promtool).
-# Optional environment:
+# Needs KUBECONFIG for a reachable kube-apiserver (e.g. from hack/cluster-up.sh), python3
+# with PyYAML, and Go on a cold tool cache (hack/install-tools.sh). Optional environment:
 #   COCOON_BIN   the cocoon-hibernation binary (default: `cargo run -q --locked -- crd`)
 #   KUBECTL      kubectl to use (default: the control-plane cache's, then PATH)
 #   CHECK_NAMESPACE  release namespace for the dry run (default cocoon-chart-check)
 #   COCOON_CACHE     cache root (default ~/.cache/cocoon-hibernation)
-#
-# kubeconform cannot download schemas here. hack/chart-schemas.py makes them: built-in kinds
-# from the apiserver's /openapi/v2 (cached per server version), CocoonHibernation from the
-# CRD file (every run). cert-manager and Prometheus Operator kinds have none and are skipped.
+# kubeconform cannot download schemas here: hack/chart-schemas.py converts the apiserver's
+# /openapi/v2 (cached per server version) and the CRD's schema. cert-manager and
+# Prometheus Operator kinds have none and are skipped.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -68,8 +64,6 @@ step() {
   PASSED+=("$1")
 }
 
-# ---------------------------------------------------------------------------------------
-# Prerequisites
 [[ -n "${KUBECONFIG:-}" ]] || die "KUBECONFIG is not set. Start a cluster first, e.g.
     bash hack/cluster-up.sh && set -a && . \"\${COCOON_STATE_DIR:-\$HOME/.cache/cocoon-hibernation/cluster}/env\" && set +a
   then run this again (the dry run needs a real kube-apiserver)."
@@ -108,7 +102,6 @@ field() { sed -n "s|^ *$1: *||p" "$2" | head -n 1; }
 FULL=(-f "$VALUES/full.yaml")
 OPTIONAL=(--set serviceMonitor.enabled=true --set prometheusRule.enabled=true --set grafanaDashboard.enabled=true)
 
-# ---------------------------------------------------------------------------------------
 crd_drift() {
   local crd="$WORK/crd.yaml"
   if [[ -n "${COCOON_BIN:-}" ]]; then
@@ -180,7 +173,6 @@ schemas() {
   else
     log "built-in schemas: $BUILTIN_SCHEMAS (cached)"
   fi
-  # The CRD's own schema, from the chart's CRD file, every run.
   CRD_SCHEMAS="$WORK/crd-schemas"
   python3 "$ROOT/hack/chart-schemas.py" crd "$CRD_FILE" "$CRD_SCHEMAS" >&2
   [[ -f "$CRD_SCHEMAS/cocoonhibernation-cocoonset-v1.json" ]] || die "no CocoonHibernation schema generated"
