@@ -35,55 +35,33 @@ AUDIT_LOG="$STATE_DIR/audit.log"
 RUN_STATE="$STATE_DIR/run.state"
 
 # ---------------------------------------------------------------------------------------
-# PKI (generated once per state dir). One CA serves as apiserver serving CA, client CA
-# and the CA tests sign webhook serving certs with; tests may also mint client identities.
-gen_key() { openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256 -out "$1" 2>/dev/null; }
-
-# sign NAME SUBJECT EXTENSIONS: NAME.key + NAME.crt signed by the CA.
-sign() {
-  local name="$1" subj="$2" ext="$3"
-  gen_key "$PKI/$name.key"
-  openssl req -new -key "$PKI/$name.key" -subj "$subj" -config "$PKI/openssl.cnf" \
-    -out "$PKI/$name.csr"
-  printf '%s\n' "$ext" >"$PKI/$name.ext"
-  openssl x509 -req -in "$PKI/$name.csr" -CA "$PKI/ca.crt" -CAkey "$PKI/ca.key" \
-    -set_serial "0x$(openssl rand -hex 12)" -days 3650 -sha256 \
-    -extfile "$PKI/$name.ext" -out "$PKI/$name.crt" 2>/dev/null
-  rm -f "$PKI/$name.csr" "$PKI/$name.ext"
-}
+# PKI (generated once per state dir), made with certs/certs.sh. One CA serves as apiserver
+# serving CA, client CA and the CA tests sign webhook serving certs with; tests may also
+# mint client identities. Its subject is a UTF8String CN (certs.sh's utf8only mask):
+# tests/support/cluster.rs rebuilds the issuer name with rcgen to sign webhook certs, and
+# verifiers compare the bytes. Keep CA_CN equal to that file's CA_COMMON_NAME.
+CERTS="$HACK_DIR/../certs/certs.sh"
+CA_CN=cocoon-hibernation-test-ca
 
 gen_pki() {
   rm -rf "$PKI"
   mkdir -p "$PKI"
-  # utf8only: the CA subject must encode exactly as rcgen encodes it (tests/support/
-  # cluster.rs rebuilds the issuer name to sign webhook certs; verifiers compare bytes).
-  cat >"$PKI/openssl.cnf" <<'EOF'
-[req]
-distinguished_name = dn
-string_mask = utf8only
-prompt = no
-[dn]
-[v3_ca]
-basicConstraints = critical,CA:TRUE
-keyUsage = critical,keyCertSign,cRLSign,digitalSignature
-subjectKeyIdentifier = hash
-EOF
-  gen_key "$PKI/ca.key"
-  openssl req -x509 -new -key "$PKI/ca.key" -subj "/CN=cocoon-hibernation-test-ca" \
-    -config "$PKI/openssl.cnf" -extensions v3_ca -days 3650 -sha256 -out "$PKI/ca.crt"
-  sign apiserver "/CN=kube-apiserver" "$(
-    printf '%s\n' 'basicConstraints = critical,CA:FALSE' \
-      'keyUsage = critical,digitalSignature' 'extendedKeyUsage = serverAuth' \
-      'subjectAltName = DNS:localhost,IP:127.0.0.1'
-  )"
-  sign admin "/O=system:masters/CN=admin" "$(
-    printf '%s\n' 'basicConstraints = critical,CA:FALSE' \
-      'keyUsage = critical,digitalSignature' 'extendedKeyUsage = clientAuth'
-  )"
-  gen_key "$PKI/sa.key"
+  bash "$CERTS" ca --dir "$PKI" --cn "$CA_CN"
+  bash "$CERTS" issue --ca "$PKI" --out "$PKI/apiserver" --cn kube-apiserver \
+    --dns localhost --ip 127.0.0.1
+  bash "$CERTS" issue --ca "$PKI" --out "$PKI/admin" --cn admin --org system:masters --client
+  # The service-account token signing key pair: a key, not a certificate.
+  (umask 077 && openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256 -out "$PKI/sa.key" 2>/dev/null)
   openssl pkey -in "$PKI/sa.key" -pubout -out "$PKI/sa.pub"
-  chmod 600 "$PKI"/*.key
   log "generated PKI in $PKI"
+}
+
+# pki_ok: every file is there, and the apiserver and admin certificates still chain to the
+# CA with a week to spare (a PKI left half-made or expiring is made again).
+pki_ok() {
+  [[ -f "$PKI/ca.key" && -f "$PKI/sa.key" && -f "$PKI/sa.pub" && -f "$PKI/admin.key" && -f "$PKI/apiserver.key" ]] &&
+    bash "$CERTS" check --ca "$PKI" --cert "$PKI/apiserver.crt" --ip 127.0.0.1 2>/dev/null &&
+    bash "$CERTS" check --ca "$PKI" --cert "$PKI/admin.crt"
 }
 
 # ---------------------------------------------------------------------------------------
@@ -104,7 +82,7 @@ running_and_healthy() {
   [[ "${RUN_BIN_DIR:-}" == "$BIN_DIR" ]] || return 1
   local d
   for d in "${DAEMONS[@]}"; do daemon_pid "$d" >/dev/null || return 1; done
-  { etcd_healthy && apiserver_healthy && default_ns_exists && registry_healthy; } 2>/dev/null
+  { etcd_healthy && apiserver_healthy && default_ns_exists && registry_healthy; }
 }
 
 write_kubeconfig() {
@@ -139,8 +117,7 @@ start_all() {
   # Runtime state goes; the PKI stays unless it is incomplete.
   rm -rf "$STATE_DIR/etcd-data" "$STATE_DIR/registry-data" "$RUN_STATE" "$STATE_DIR/env" \
     "$AUDIT_LOG" "$STATE_DIR"/*.log
-  [[ -f "$PKI/ca.key" && -f "$PKI/ca.crt" && -f "$PKI/admin.crt" && -f "$PKI/apiserver.crt" && -f "$PKI/sa.key" ]] ||
-    gen_pki
+  pki_ok || gen_pki
 
   ETCD_PORT="$(free_port)"
   ETCD_PEER_PORT="$(free_port)"

@@ -1,90 +1,117 @@
 #!/usr/bin/env bash
 # `make demo`: a local control plane, the server, the vk-cocoon simulator, a demo pod and
 # its CocoonHibernation; hibernates and wakes it, printing each phase with a timestamp.
-# Leaves everything running. `make demo-down` (hack/demo.sh down) stops it all.
+# Leaves everything running. `make demo-down` (hack/demo.sh down) stops it all. Safe to
+# run again at any time, before or after `make demo-down`.
+#
+# Ports are picked free on loopback unless given:
+#   COCOON_DEMO_WEBHOOK_PORT  the webhook (HTTPS)      COCOON_DEMO_ADMIN_PORT  /metrics, /readyz
+# State, logs and the webhook certificate: ${COCOON_DEMO_DIR:-~/.cache/cocoon-hibernation/demo}.
 set -euo pipefail
 LOG_TAG=demo
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 ROOT="$(cd "$HACK_DIR/.." && pwd)"
 DEMO_DIR="${COCOON_DEMO_DIR:-$HOME/.cache/cocoon-hibernation/demo}"
 CLUSTER_DIR="$DEMO_DIR/cluster"
+CERTS="$ROOT/certs/certs.sh"
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/cocoon-hibernation/target}"
 NS=demo
 POD=web-0
-
-stop_pid() {
-  local f="$DEMO_DIR/$1.pid"
-  if [[ -f "$f" ]]; then
-    local pid
-    pid="$(cat "$f")"
-    kill -TERM "$pid" 2>/dev/null || true
-    for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-    kill -KILL "$pid" 2>/dev/null || true
-    rm -f "$f"
-  fi
-}
+SERVER=cocoon-hibernation SIMULATOR=vk_cocoon_simulator # also their executables' names
+mkdir -p "$DEMO_DIR"
+STATE_DIR="$DEMO_DIR" # where lib.sh's start_daemon/stop_daemon keep pid files and logs
+say() { echo "$(date -u +%H:%M:%S)  $*"; }
 
 if [[ "${1:-up}" == "down" ]]; then
-  stop_pid simulator
-  stop_pid server
+  stop_daemon "$SIMULATOR"
+  stop_daemon "$SERVER"
   [[ -d "$CLUSTER_DIR" ]] && bash "$HACK_DIR/cluster-down.sh" "$CLUSTER_DIR"
-  # The serving certificate is signed by the cluster CA just removed.
-  rm -f "$DEMO_DIR"/tls.{crt,key,csr} "$DEMO_DIR/ext.cnf"
-  log "demo stopped"
+  # The webhook certificate stays: the next `make demo` checks it against the new
+  # cluster's CA with certs/certs.sh and issues a new one when it no longer chains.
+  rm -f "$DEMO_DIR/ports"
+  say "demo stopped (logs kept in $DEMO_DIR)"
   exit 0
 fi
+[[ "${1:-up}" == "up" ]] || die "usage: hack/demo.sh [up|down]"
 
-mkdir -p "$DEMO_DIR"
-log "building the server and the simulator (cached after the first run)"
-(cd "$ROOT" && cargo build --quiet --bin cocoon-hibernation --example vk_cocoon_simulator)
-BIN="$CARGO_TARGET_DIR/debug/cocoon-hibernation"
-SIM="$CARGO_TARGET_DIR/debug/examples/vk_cocoon_simulator"
+# port VAR OUT: sets OUT to the port the user gave in VAR (refused if taken), else a free one.
+port() {
+  local given="${!1:-}" p
+  if [[ -n "$given" ]]; then
+    [[ "$given" =~ ^[0-9]+$ ]] || die "$1=$given is not a port"
+    ! port_in_use "$given" || die "$1=$given: another program listens on 127.0.0.1:$given; pick another port, or unset $1 for a free one"
+    p="$given"
+  else
+    p="$(free_port)"
+  fi
+  TAKEN_PORTS+="$p "
+  printf -v "$2" '%s' "$p"
+}
 
-ENV_FILE="$(bash "$HACK_DIR/cluster-up.sh" "$CLUSTER_DIR" | tail -n 1)"
+# alive NAME: dies with the end of NAME's log if its process has exited.
+alive() {
+  daemon_pid "$1" >/dev/null && return 0
+  echo "---- last lines of $DEMO_DIR/$1.log:" >&2
+  tail -n 20 "$DEMO_DIR/$1.log" >&2 || true
+  die "$1 exited; see $DEMO_DIR/$1.log"
+}
+
+say "1/6  building the server and the vk-cocoon simulator (cached after the first run)"
+(cd "$ROOT" && cargo build --quiet --bin "$SERVER" --example "$SIMULATOR")
+BIN="$CARGO_TARGET_DIR/debug/$SERVER"
+SIM="$CARGO_TARGET_DIR/debug/examples/$SIMULATOR"
+
+say "2/6  starting a local control plane: etcd, kube-apiserver, an OCI registry (first run: builds them, ~7 min)"
+ENV_FILE="$(bash "$HACK_DIR/cluster-up.sh" "$CLUSTER_DIR" 2>"$DEMO_DIR/cluster-up.log" | tail -n 1)" ||
+  { cat "$DEMO_DIR/cluster-up.log" >&2; die "the control plane did not start"; }
 set -a
 # shellcheck disable=SC1090
 source "$ENV_FILE"
 set +a
 KUBECTL="$COCOON_BIN_DIR/kubectl"
-log "kube-apiserver $COCOON_K8S_VERSION, registry $COCOON_REGISTRY"
-
+say "     kube-apiserver $COCOON_K8S_VERSION at $COCOON_APISERVER_URL, registry at $COCOON_REGISTRY"
 "$BIN" crd | "$KUBECTL" apply --server-side -f - >/dev/null
 "$KUBECTL" wait --for condition=Established crd/cocoonhibernations.cocoonset.cocoonstack.io --timeout=30s >/dev/null
 
-# Webhook serving certificate for 127.0.0.1, signed by the cluster CA (made again when
-# the cluster, and so its CA, is new).
-if [[ ! -s "$DEMO_DIR/tls.crt" ]] ||
-  ! openssl verify -CAfile "$COCOON_CA_CERT" "$DEMO_DIR/tls.crt" >/dev/null 2>&1; then
-  openssl ecparam -name prime256v1 -genkey -noout -out "$DEMO_DIR/tls.key" 2>/dev/null
-  openssl req -new -key "$DEMO_DIR/tls.key" -subj "/CN=cocoon-hibernation-demo" -out "$DEMO_DIR/tls.csr" 2>/dev/null
-  printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth\n' >"$DEMO_DIR/ext.cnf"
-  openssl x509 -req -in "$DEMO_DIR/tls.csr" -CA "$COCOON_CA_CERT" -CAkey "$COCOON_CA_KEY" -CAcreateserial \
-    -days 30 -extfile "$DEMO_DIR/ext.cnf" -out "$DEMO_DIR/tls.crt" 2>/dev/null
-fi
+say "3/6  webhook serving certificate for 127.0.0.1, signed by the cluster's CA"
+# Kept across runs while it still chains to this cluster's CA; issued again otherwise
+# (e.g. after `make demo-down`, which throws the cluster and its CA away).
+bash "$CERTS" ensure --ca "$(dirname "$COCOON_CA_CERT")" --out "$DEMO_DIR/tls" \
+  --cn cocoon-hibernation-demo --ip 127.0.0.1 --dns localhost --days 30 2>&1 | sed 's/^/     /'
+bash "$CERTS" check --ca "$(dirname "$COCOON_CA_CERT")" --cert "$DEMO_DIR/tls.crt" --ip 127.0.0.1 2>/dev/null ||
+  die "the webhook certificate $DEMO_DIR/tls.crt does not chain to $COCOON_CA_CERT"
 
-WEBHOOK_PORT="${COCOON_DEMO_WEBHOOK_PORT:-18443}"
-ADMIN_PORT="${COCOON_DEMO_ADMIN_PORT:-18080}"
-stop_pid simulator
-stop_pid server
-setsid "$BIN" run \
+stop_daemon "$SIMULATOR"
+stop_daemon "$SERVER"
+port COCOON_DEMO_WEBHOOK_PORT WEBHOOK_PORT
+port COCOON_DEMO_ADMIN_PORT ADMIN_PORT
+[[ "$WEBHOOK_PORT" != "$ADMIN_PORT" ]] || die "the webhook and admin ports must differ"
+echo "WEBHOOK_PORT=$WEBHOOK_PORT ADMIN_PORT=$ADMIN_PORT" >"$DEMO_DIR/ports"
+say "4/6  starting the server (webhook https://127.0.0.1:$WEBHOOK_PORT, metrics http://127.0.0.1:$ADMIN_PORT/metrics)"
+start_daemon "$SERVER" "$BIN" run \
   --webhook-addr "127.0.0.1:$WEBHOOK_PORT" --admin-addr "127.0.0.1:$ADMIN_PORT" \
   --tls-cert-file "$DEMO_DIR/tls.crt" --tls-key-file "$DEMO_DIR/tls.key" \
   --registry-base "$COCOON_REGISTRY" --registry-plain-http \
-  --leader-election=true --lease-namespace default \
-  </dev/null >>"$DEMO_DIR/server.log" 2>&1 &
-echo $! >"$DEMO_DIR/server.pid"
-setsid "$SIM" --registry "$COCOON_REGISTRY" --hibernate-delay-ms 2000 --wake-delay-ms 2000 \
-  </dev/null >>"$DEMO_DIR/simulator.log" 2>&1 &
-echo $! >"$DEMO_DIR/simulator.pid"
-
-for _ in $(seq 1 300); do
-  curl -fsS "http://127.0.0.1:$ADMIN_PORT/readyz" >/dev/null 2>&1 && break
-  sleep 0.1
+  --leader-election=true --lease-namespace default
+start_daemon "$SIMULATOR" "$SIM" --registry "$COCOON_REGISTRY" --hibernate-delay-ms 2000 --wake-delay-ms 2000
+# Ready means: our own server process is alive, and it answers /readyz on its port. A
+# server that cannot bind its port exits, so another program there cannot fool this.
+deadline=$((SECONDS + 60))
+until curl -fsS --max-time 1 "http://127.0.0.1:$ADMIN_PORT/readyz" >/dev/null 2>&1; do
+  alive "$SERVER"
+  alive "$SIMULATOR"
+  ((SECONDS < deadline)) || die "the server (pid $(daemon_pid "$SERVER")) is not ready after 60s; see $DEMO_DIR/$SERVER.log"
+  sleep 0.2
 done
-curl -fsS "http://127.0.0.1:$ADMIN_PORT/readyz" >/dev/null || die "server not ready; see $DEMO_DIR/server.log"
+alive "$SERVER"
+if command -v ss >/dev/null; then # and the port is really its own
+  ss -Hltnp "sport = :$ADMIN_PORT" | grep -q "pid=$(daemon_pid "$SERVER")," ||
+    die "127.0.0.1:$ADMIN_PORT is not served by our server (pid $(daemon_pid "$SERVER"))"
+fi
+say "     server pid $(daemon_pid "$SERVER") ready; simulator pid $(daemon_pid "$SIMULATOR")"
 
 CA_B64="$(base64 -w0 <"$COCOON_CA_CERT")"
-"$KUBECTL" apply --server-side -f - >/dev/null <<YAML
+"$KUBECTL" apply --server-side --force-conflicts -f - >/dev/null <<YAML
 apiVersion: admissionregistration.k8s.io/v1
 kind: ValidatingWebhookConfiguration
 metadata:
@@ -109,6 +136,7 @@ webhooks:
         resources: [cocoonhibernations]
 YAML
 
+say "5/6  creating pod $NS/$POD (a VM-backed pod, as vk-cocoon would run it)"
 "$KUBECTL" create namespace "$NS" --dry-run=client -o yaml | "$KUBECTL" apply -f - >/dev/null
 "$KUBECTL" -n "$NS" delete ch "$POD" --ignore-not-found --wait=true >/dev/null
 "$KUBECTL" -n "$NS" delete pod "$POD" --ignore-not-found --grace-period=0 >/dev/null
@@ -132,19 +160,20 @@ phase() { "$KUBECTL" -n "$NS" get ch "$POD" -o jsonpath='{.status.phase}' 2>/dev
 watch_until() {
   local want="$1" last="" now deadline=$((SECONDS + 90))
   while ((SECONDS < deadline)); do
+    alive "$SERVER"
     now="$(phase)"
     if [[ -n "$now" && "$now" != "$last" ]]; then
-      echo "$(date -u +%H:%M:%S.%3N)  $NS/$POD  ${now}"
+      echo "$(date -u +%H:%M:%S.%3N)     $NS/$POD  ${now}"
       last="$now"
     fi
     [[ "$now" == "$want" ]] && return 0
     sleep 0.2
   done
-  die "did not reach $want; see $DEMO_DIR/server.log"
+  die "$NS/$POD did not reach $want in 90s; see $DEMO_DIR/$SERVER.log"
 }
 
+say "6/6  hibernating it (CocoonHibernation desire: Hibernate), then waking it (desire: Wake)"
 START=$SECONDS
-echo "--- hibernate"
 "$KUBECTL" -n "$NS" apply -f - >/dev/null <<YAML
 apiVersion: cocoonset.cocoonstack.io/v1
 kind: CocoonHibernation
@@ -155,13 +184,19 @@ spec:
   desire: Hibernate
 YAML
 watch_until Hibernated
-echo "--- wake"
 "$KUBECTL" -n "$NS" patch ch "$POD" --type merge -p '{"spec":{"desire":"Wake"}}' >/dev/null
 watch_until Active
-echo "--- round trip took $((SECONDS - START))s"
-"$KUBECTL" -n "$NS" get ch
+say "     round trip took $((SECONDS - START))s"
 echo
-echo "Everything is still running. Try it yourself:"
-echo "  export KUBECONFIG=$KUBECONFIG"
-echo "  $KUBECTL get ch -A"
-echo "Logs: $DEMO_DIR/server.log, $DEMO_DIR/simulator.log. Stop with: make demo-down"
+"$KUBECTL" -n "$NS" get ch
+cat <<EOF
+
+The demo is up and still running. Try it yourself:
+  export KUBECONFIG=$KUBECONFIG
+  alias kubectl=$KUBECTL
+  kubectl -n $NS patch ch $POD --type merge -p '{"spec":{"desire":"Hibernate"}}'
+  kubectl -n $NS get ch -w
+  curl -s http://127.0.0.1:$ADMIN_PORT/metrics | grep ^cocoon_hibernation
+Logs: $DEMO_DIR/$SERVER.log, $DEMO_DIR/$SIMULATOR.log
+Stop everything with: make demo-down
+EOF

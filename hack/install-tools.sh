@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# Installs the chart tooling (helm, kubeconform) from the Go module proxy into a cache
-# outside the repo, one directory per tool and version:
+# Installs the chart tooling (helm, kubeconform, the helm-unittest plugin, promtool) from
+# the Go module proxy into a cache outside the repo, one directory per tool and version:
 #   ${COCOON_CACHE:-$HOME/.cache/cocoon-hibernation}/tools/<name>-<version>/<name>
-# and links both into tools/bin-helm-<v>-kubeconform-<v>/ (one dir per version pair).
+# and links them into tools/bin-helm-<v>-kubeconform-<v>-unittest-<v>-promtool-<v>/ (one
+# dir per version set). helm-unittest is laid out as a Helm plugin in <bin>/helm-plugins:
+#   export HELM_PLUGINS="$bin/helm-plugins"; helm unittest CHART
 # Idempotent: a tool already present is not rebuilt. Needs Go >= 1.24 on a cold cache.
 # Serialized by a lock file in the cache, so concurrent callers build once.
 # Prints that bin dir on its last line, e.g.
@@ -12,6 +14,9 @@ set -euo pipefail
 HELM_VERSION="${HELM_VERSION:-v3.21.4}"
 HELM_V4_VERSION="${HELM_V4_VERSION:-v4.3.2}"
 KUBECONFORM_VERSION="${KUBECONFORM_VERSION:-v0.8.0}"
+HELM_UNITTEST_VERSION="${HELM_UNITTEST_VERSION:-v1.1.2}"
+# Prometheus' Go module is tagged v0.<minor>.<patch> for release 3.<minor>.<patch>.
+PROMTOOL_VERSION="${PROMTOOL_VERSION:-v0.316.0}"
 CACHE_ROOT="${COCOON_CACHE:-$HOME/.cache/cocoon-hibernation}"
 TOOLS="$CACHE_ROOT/tools"
 
@@ -20,10 +25,13 @@ die() { log "ERROR: $*"; exit 1; }
 
 need_go() { command -v go >/dev/null || die "go is required to build $1 (install Go >= 1.24)"; }
 
-# go_install NAME VERSION PACKAGE@VERSION LDFLAGS: builds into $TOOLS/NAME-VERSION unless
-# already there. Echoes the bin dir. Non-zero if the build fails (partial output removed).
+# go_install NAME VERSION PACKAGE@VERSION LDFLAGS [MODULE]: builds into $TOOLS/NAME-VERSION
+# unless already there. Echoes the bin dir. Non-zero if the build fails (partial output
+# removed). With MODULE (module path), builds inside that module's source at VERSION, for
+# modules whose go.mod has replace directives (`go install pkg@v` refuses those).
+# GO_TAGS (environment) passes build tags.
 go_install() {
-  local name="$1" version="$2" pkg="$3" ldflags="$4" dir="$TOOLS/$1-$2"
+  local name="$1" version="$2" pkg="$3" ldflags="$4" module="${5:-}" dir="$TOOLS/$1-$2"
   if [[ -x "$dir/$name" ]]; then
     log "cached: $dir/$name"
     echo "$dir"
@@ -34,8 +42,20 @@ go_install() {
   mkdir -p "$dir"
   local start=$SECONDS
   # A clean GOFLAGS: a caller's -mod=vendor or similar must not leak into go install.
-  if ! (cd "$TOOLS" && CGO_ENABLED=0 GOBIN="$dir" GOFLAGS=-buildvcs=false \
-        go install -trimpath -ldflags="-s -w $ldflags" "$pkg" >&2); then
+  local src=""
+  if [[ -n "$module" ]]; then
+    src="$(cd "$TOOLS" && GOFLAGS='' go mod download -json "$module@$version" |
+      sed -n 's/.*"Dir": "\(.*\)".*/\1/p')"
+    [[ -d "$src" ]] || { rm -rf "$dir"; return 1; }
+  fi
+  if [[ -n "$src" ]]; then
+    if ! (cd "$src" && CGO_ENABLED=0 GOFLAGS="-buildvcs=false -mod=readonly" \
+          go build -trimpath -tags="${GO_TAGS:-}" -ldflags="-s -w $ldflags" -o "$dir/$name" "./${pkg#"$module"/}" >&2); then
+      rm -rf "$dir"
+      return 1
+    fi
+  elif ! (cd "$TOOLS" && CGO_ENABLED=0 GOBIN="$dir" GOFLAGS=-buildvcs=false \
+        go install -trimpath -tags="${GO_TAGS:-}" -ldflags="-s -w $ldflags" "$pkg" >&2); then
     rm -rf "$dir"
     return 1
   fi
@@ -93,10 +113,37 @@ kubeconform_dir="$(go_install kubeconform "$KUBECONFORM_VERSION" \
   "-X main.version=$KUBECONFORM_VERSION")" ||
   die "could not build kubeconform $KUBECONFORM_VERSION"
 
+unittest_dir="$(go_install helm-unittest "$HELM_UNITTEST_VERSION" \
+  "github.com/helm-unittest/helm-unittest/cmd/helm-unittest" \
+  "-X github.com/helm-unittest/helm-unittest/internal/build.version=${HELM_UNITTEST_VERSION#v}" \
+  github.com/helm-unittest/helm-unittest)" ||
+  die "could not build helm-unittest $HELM_UNITTEST_VERSION"
+
+# remove_all_sd: no service-discovery plugins (cloud SDKs); rule tests need none of them,
+# and the build takes a fraction of the time.
+promtool_dir="$(GO_TAGS=remove_all_sd go_install promtool "$PROMTOOL_VERSION" \
+  "github.com/prometheus/prometheus/cmd/promtool@$PROMTOOL_VERSION" \
+  "-X github.com/prometheus/common/version.Version=${PROMTOOL_VERSION#v}")" ||
+  die "could not build promtool $PROMTOOL_VERSION"
+
 bin="$TOOLS/bin-$(basename "$helm_dir")-kubeconform-$KUBECONFORM_VERSION"
-mkdir -p "$bin"
+bin+="-unittest-$HELM_UNITTEST_VERSION-promtool-$PROMTOOL_VERSION"
+mkdir -p "$bin/helm-plugins/unittest"
 ln -sfn "$helm_dir/helm" "$bin/helm"
 ln -sfn "$kubeconform_dir/kubeconform" "$bin/kubeconform"
+ln -sfn "$promtool_dir/promtool" "$bin/promtool"
+ln -sfn "$unittest_dir/helm-unittest" "$bin/helm-plugins/unittest/untt"
+# The plugin manifest Helm reads from $HELM_PLUGINS/unittest (what `helm plugin install`
+# would lay down, minus its download hooks).
+cat >"$bin/helm-plugins/unittest/plugin.yaml" <<EOF
+name: "unittest"
+version: "${HELM_UNITTEST_VERSION#v}"
+usage: "unittest for helm charts"
+description: "helm-unittest, built from the Go module proxy by hack/install-tools.sh"
+ignoreFlags: false
+command: "\$HELM_PLUGIN_DIR/untt"
+EOF
 
-log "helm $("$bin/helm" version --short 2>/dev/null), kubeconform $("$bin/kubeconform" -v)"
+log "helm $("$bin/helm" version --short 2>/dev/null), kubeconform $("$bin/kubeconform" -v)," \
+  "helm-unittest $HELM_UNITTEST_VERSION, $("$bin/promtool" --version 2>&1 | head -n 1)"
 echo "$bin"

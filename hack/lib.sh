@@ -36,6 +36,7 @@ daemon_pid() {
   [[ "$pid" =~ ^[0-9]+$ ]] || return 1
   kill -0 "$pid" 2>/dev/null || return 1
   exe="$(readlink "/proc/$pid/exe" 2>/dev/null)" || return 1
+  exe="${exe% (deleted)}" # rebuilt since it started (e.g. cargo replaced the demo's server)
   case "$name" in
     registry) [[ "$exe" == */docker-registry ]] ;;
     *) [[ "$exe" == */"$name" ]] ;;

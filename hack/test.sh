@@ -18,6 +18,9 @@ cargo clippy --locked --all-targets -- -D warnings
 step "cargo build"
 cargo build --locked --all-targets
 
+step "certs/ tooling"
+bash certs/test.sh
+
 step "local control plane"
 t0=$SECONDS
 ENV_FILE="$(bash hack/cluster-up.sh | tail -n 1)"

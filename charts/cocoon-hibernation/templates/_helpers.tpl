@@ -59,7 +59,11 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 
 {{/* Secret holding the webhook's serving certificate (tls.crt, tls.key, ca.crt). */}}
 {{- define "cocoon-hibernation.tlsSecretName" -}}
+{{- if eq .Values.tls.mode "secret" }}
+{{- required "tls.secret.name is required with tls.mode=secret" .Values.tls.secret.name }}
+{{- else }}
 {{- printf "%s-tls" (include "cocoon-hibernation.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
 {{- end }}
 
 {{- define "cocoon-hibernation.image" -}}
@@ -183,8 +187,11 @@ entries of the same name replace these (duplicate names break server-side apply)
 {{- end }}
 
 {{- define "cocoon-hibernation.validate" -}}
-{{- if not (has .Values.tls.mode (list "cert-manager" "self-signed")) }}
-{{- fail (printf "tls.mode must be cert-manager or self-signed, not %q" .Values.tls.mode) }}
+{{- if not (has .Values.tls.mode (list "cert-manager" "self-signed" "secret")) }}
+{{- fail (printf "tls.mode must be cert-manager, self-signed or secret, not %q" .Values.tls.mode) }}
+{{- end }}
+{{- if and (eq .Values.tls.mode "secret") (not (contains "BEGIN CERTIFICATE" .Values.tls.secret.caBundle)) }}
+{{- fail "tls.secret.caBundle must hold the PEM of the CA that signed tls.secret.name (tls.mode=secret)" }}
 {{- end }}
 {{- if not (has .Values.log.format (list "text" "json")) }}
 {{- fail (printf "log.format must be text or json, not %q" .Values.log.format) }}
