@@ -6,9 +6,12 @@ use super::oci_errors::{Failure, classify_envelope};
 use oci_client::errors::OciEnvelope;
 use reqwest::StatusCode;
 
-/// A `WWW-Authenticate` header: every challenge's scheme and parameters, and the
-/// Bearer realm and service a token would be fetched from.
-pub fn www_authenticate(header: &str) -> (Vec<(String, Vec<(String, String)>)>, Option<String>) {
+/// One challenge: its scheme and parameters.
+pub type Challenge = (String, Vec<(String, String)>);
+
+/// A `WWW-Authenticate` header: every challenge, and the Bearer realm a token would be
+/// fetched from.
+pub fn www_authenticate(header: &str) -> (Vec<Challenge>, Option<String>) {
     let all = super::challenge::parse(header)
         .into_iter()
         .map(|c| (c.scheme, c.params))
