@@ -589,7 +589,8 @@ impl<'a> Pass<'a> {
                         TransitionResult::ok,
                         elapsed.as_secs_f64(),
                     ));
-                    self.complete_wake(vm, true);
+                    // D1: a desire flipped back to Hibernate wants the tag again.
+                    self.complete_wake(vm, self.cr.spec.desire == Desire::Wake);
                     return self.finish(None);
                 }
                 if elapsed >= settings.wake_timeout {
