@@ -1,7 +1,7 @@
 # Two commands matter: `make demo` runs the product locally, `make test` runs every test.
 export CARGO_TARGET_DIR ?= $(HOME)/.cache/cocoon-hibernation/target
 
-.PHONY: build release crd test bench demo demo-down cluster-up cluster-down chart-check fmt lint
+.PHONY: build release crd test bench fuzz fuzz-cmin demo demo-down cluster-up cluster-down chart-check fmt lint
 
 build:
 	cargo build --locked
@@ -18,6 +18,15 @@ test:
 # System benchmark on the local control plane (release build; several minutes). Not in `test`.
 bench:
 	bash hack/bench.sh $(BENCH_ARGS)
+
+# Coverage-guided fuzzing (nightly + cargo-fuzz, installed when missing); FUZZ_SECONDS
+# per target (default 60), FUZZ_TARGETS to pick some. Not in `test`.
+fuzz:
+	bash hack/fuzz.sh
+
+# Fold what `make fuzz` found back into fuzz/corpus/, minimized.
+fuzz-cmin:
+	bash hack/fuzz.sh cmin
 
 demo:
 	bash hack/demo.sh up

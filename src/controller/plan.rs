@@ -748,7 +748,8 @@ impl<'a> Pass<'a> {
                 let elapsed = self.elapsed();
                 if view.woken() {
                     self.finished(Transition::Wake, Ending::Done, elapsed);
-                    self.complete_wake(vm, true);
+                    // D1: a desire flipped back to Hibernate wants the tag again.
+                    self.complete_wake(vm, self.cr.spec.desire == Desire::Wake);
                     return self.finish(None);
                 }
                 if elapsed >= timeouts.wake {

@@ -56,7 +56,7 @@ impl RegistryClient {
 
 /// What a DELETE status means. 404 is "already gone"; 405 (delete disabled) and
 /// Distribution 2.x's 400 DIGEST_INVALID for a tag mean "not this way".
-fn interpret_delete(
+pub(super) fn interpret_delete(
     status: StatusCode,
     body: &str,
     operation: &'static str,

@@ -23,6 +23,8 @@ mod config;
 mod deadline;
 mod delete;
 mod error;
+#[doc(hidden)]
+pub mod fuzzing;
 mod lookup;
 mod names;
 mod oci_errors;

@@ -70,7 +70,7 @@ pub(crate) fn classify(
     }
 }
 
-fn classify_envelope(envelope: &OciEnvelope, operation: &'static str) -> Failure {
+pub(super) fn classify_envelope(envelope: &OciEnvelope, operation: &'static str) -> Failure {
     let has = |code: OciErrorCode| envelope.errors.iter().any(|e| e.code == code);
     if has(OciErrorCode::ManifestUnknown)
         || has(OciErrorCode::NameUnknown)

@@ -251,7 +251,7 @@ pub(super) fn unexpected(answer: &Answer, operation: &'static str) -> RegistryEr
 }
 
 /// Token servers answer `token` (Docker) or `access_token` (OAuth2), sometimes both.
-fn token_from_body(body: &str) -> Result<String, RegistryError> {
+pub(super) fn token_from_body(body: &str) -> Result<String, RegistryError> {
     let value: serde_json::Value =
         serde_json::from_str(body).map_err(|e| RegistryError::Protocol {
             operation: "token",
