@@ -270,7 +270,7 @@ fn next_page(
 }
 
 /// The target of the `rel="next"` link in a `Link` header (RFC 8288), if any.
-fn next_link(header: &str) -> Option<String> {
+pub(super) fn next_link(header: &str) -> Option<String> {
     let mut rest = header;
     loop {
         let open = rest.find('<')?;
