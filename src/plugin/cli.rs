@@ -9,20 +9,20 @@ const ABOUT: &str =
     "Hibernate and wake VM-backed pods, see why one is stuck, and find orphaned snapshots";
 
 const LONG_ABOUT: &str = "\
-Hibernate and wake VM-backed pods through cocoon-hibernation, see why one is stuck, and \
+Hibernate and wake VM-backed pods through cocoon-hibernation, see why one is stuck, and
 find orphaned snapshots.
 
-A CocoonHibernation (short name `ch`) asks cocoon-hibernation to hibernate or wake one \
-pod's VM. This plugin creates it (named after the pod), changes its desire, waits for \
-the result and shows its status. Install it by copying `kubectl-cocoon` into a directory \
+A CocoonHibernation (short name `ch`) asks cocoon-hibernation to hibernate or wake one
+pod's VM. This plugin creates it (named after the pod), changes its desire, waits for
+the result and shows its status. Install it by copying `kubectl-cocoon` into a directory
 on your PATH; kubectl then runs it as `kubectl cocoon`.
 
-It uses your kubeconfig like kubectl: --kubeconfig or $KUBECONFIG, the current context \
+It uses your kubeconfig like kubectl: --kubeconfig or $KUBECONFIG, the current context
 or --context, and the context's namespace unless -n is given.";
 
 const AFTER_HELP: &str = "\
 Examples:
-  kubectl cocoon hibernate web-0 --wait       # hibernate pod web-0 and wait until it is
+  kubectl cocoon hibernate web-0 --wait       # hibernate pod web-0, wait for Hibernated
   kubectl cocoon wake web-0 --wait -n shop    # wake it again, in namespace shop
   kubectl cocoon status -A                    # every CocoonHibernation, with reasons
   kubectl cocoon orphans --registry-base registry.example:5000/snapshots
@@ -65,42 +65,42 @@ pub struct KubeArgs {
 pub enum Command {
     /// Hibernate a pod's VM: create its CocoonHibernation, or set desire Hibernate.
     #[command(long_about = "\
-Hibernate a pod's VM: create the CocoonHibernation named after the pod with desire \
-Hibernate, or set the desire of the existing one to Hibernate. vk-cocoon then snapshots \
+Hibernate a pod's VM: create the CocoonHibernation named after the pod with desire
+Hibernate, or set the desire of the existing one to Hibernate. vk-cocoon then snapshots
 the VM into the registry and stops it; the phase goes Hibernating, then Hibernated.
 
-With --wait, shows the phase and what it waits for as they change, and exits 0 once the \
-CocoonHibernation is Hibernated and Ready, 1 if it goes Failed (with the reason), 3 on \
+With --wait, shows the phase and what it waits for as they change, and exits 0 once the
+CocoonHibernation is Hibernated and Ready, 1 if it goes Failed (with the reason), 3 on
 --timeout.")]
     Hibernate(ChangeArgs),
     /// Wake a pod's VM: create its CocoonHibernation, or set desire Wake.
     #[command(long_about = "\
-Wake a pod's VM: set the desire of the pod's CocoonHibernation to Wake (or create one \
-with desire Wake). vk-cocoon then restores the VM from its snapshot; the phase goes \
+Wake a pod's VM: set the desire of the pod's CocoonHibernation to Wake (or create one
+with desire Wake). vk-cocoon then restores the VM from its snapshot; the phase goes
 Waking, then Active, and the snapshot tag is deleted from the registry.
 
-With --wait, shows the phase and what it waits for as they change, and exits 0 once the \
-CocoonHibernation is Active and Ready, 1 if it goes Failed (with the reason), 3 on \
+With --wait, shows the phase and what it waits for as they change, and exits 0 once the
+CocoonHibernation is Active and Ready, 1 if it goes Failed (with the reason), 3 on
 --timeout.")]
     Wake(ChangeArgs),
     /// Show CocoonHibernations: phase, what they wait for, and since when.
     #[command(long_about = "\
-Show CocoonHibernations in a table: the pod, the desire, the phase, the reason (what a \
-transition waits for, or why it failed), how long it has been in that state, the VM and \
+Show CocoonHibernations in a table: the pod, the desire, the phase, the reason (what a
+transition waits for, or why it failed), how long it has been in that state, the VM and
 the latest message. Give POD to show only that pod's.")]
     Status(StatusArgs),
     /// List `:hibernate` snapshot tags that no CocoonHibernation holds; optionally delete them.
     #[command(long_about = "\
-List the `<vm>:hibernate` snapshot tags in the registry that no CocoonHibernation holds: \
-no CocoonHibernation in any namespace has that VM in status.vmName or targets a pod \
-that names that VM. It reads the registry's catalog, so it needs a registry that offers \
-one (GET /v2/_catalog) and credentials allowed to read it. It takes the same registry \
+List the `<vm>:hibernate` snapshot tags in the registry that no CocoonHibernation holds:
+no CocoonHibernation in any namespace has that VM in status.vmName or targets a pod that
+names that VM. It reads the registry's catalog, so it needs a registry that offers one
+(GET /v2/_catalog) and credentials allowed to read it. It takes the same registry
 settings as the server (flags or COCOON_REGISTRY_* variables).
 
-Nothing is deleted unless --delete is given. Then each tag is checked again just before \
-its delete (no CocoonHibernation appeared, the tag was not pushed again), and a tag \
-whose VM is still named by a pod is kept: it may be that VM's only copy. The delete is \
-the server's own: a registry that cannot delete tags gets the manifest deleted by \
+Nothing is deleted unless --delete is given. Then each tag is checked again just before
+its delete (no CocoonHibernation appeared, the tag was not pushed again), and a tag
+whose VM is still named by a pod is kept: it may be that VM's only copy. The delete is
+the server's own: a registry that cannot delete tags gets the manifest deleted by
 digest, never when another tag shares that digest.")]
     Orphans(OrphansArgs),
 }

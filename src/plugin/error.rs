@@ -37,8 +37,9 @@ pub enum PluginError {
     /// The command will not go on (a CR being deleted, no confirmation, ...).
     #[error("{0}")]
     Refused(String),
-    /// The CocoonHibernation went Failed while we waited.
-    #[error("{cr} failed ({reason}): {message}")]
+    /// The CocoonHibernation went Failed while we waited. A reason that says no more
+    /// than "Failed" is left out.
+    #[error("{cr} failed{}: {message}", if reason.is_empty() || reason == "Failed" { String::new() } else { format!(" ({reason})") })]
     Failed {
         cr: String,
         reason: String,
@@ -179,5 +180,11 @@ mod tests {
             "ns/a failed (HibernateTimedOut): did not complete within 5s"
         );
         assert_eq!(failed.exit_code(), exit::FAILED);
+        let plain = PluginError::Failed {
+            cr: "ns/a".into(),
+            reason: "Failed".into(),
+            message: "m".into(),
+        };
+        assert_eq!(plain.to_string(), "ns/a failed: m");
     }
 }
