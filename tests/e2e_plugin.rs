@@ -12,12 +12,17 @@ mod cluster;
 mod env;
 #[path = "support/product.rs"]
 mod product;
+#[path = "support/registry_server.rs"]
+mod registry_server;
 #[path = "support/vk_sim.rs"]
 mod vk_sim;
 
 use cocoon_hibernation::api::{Desire, Phase};
+use cocoon_hibernation::metrics::Metrics;
+use cocoon_hibernation::registry::{RegistryAuth, RegistryClient, RegistryError};
 use env::{Env, LONG, Setup, setup, tag_exists};
 use product::wait_phase;
+use registry_server::{RegistryOptions, RegistryServer, install_crypto_provider};
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -469,4 +474,52 @@ async fn e2e_plugin_orphans_lists_and_deletes_only_the_orphan() {
     let out = plugin(&env, &orphans(&[])).await;
     assert_eq!(out.code, 0, "{out}");
     assert!(!listed(&out, &orphan) && listed(&out, &lone), "{out}");
+}
+
+/// The catalog the audit reads, through the server's own registry client: only
+/// repositories one component below the prefix count; credentials work as for the
+/// server's other calls, token auth included (a token for `registry:catalog:*`), and
+/// refused ones are an error, never an empty (all clear) answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn registry_catalog_lists_snapshot_repositories_with_basic_and_token_auth() {
+    install_crypto_provider();
+    for options in [
+        RegistryOptions::default().with_basic_auth("audit", "s3cret"),
+        RegistryOptions::default().with_token_auth("audit", "s3cret"),
+    ] {
+        let server = RegistryServer::launch(options.clone());
+        for (repo, tag) in [
+            ("snap/vm-a", "hibernate"),
+            ("snap/vm-b", "latest"),
+            ("snapx/vm-c", "hibernate"),
+            ("snap/deep/vm-d", "hibernate"),
+            ("vm-e", "hibernate"),
+        ] {
+            server.push_artifact(repo, tag).await;
+        }
+        let mut config = server.registry_config();
+        config.base = format!("{}/snap", server.host());
+        let client = RegistryClient::new(config, Metrics::new()).expect("client");
+        let vms = client
+            .catalog_vms()
+            .await
+            .unwrap_or_else(|e| panic!("{options:?}: {e}\nregistry log:\n{}", server.log()));
+        assert_eq!(vms, ["vm-a", "vm-b"], "{options:?}");
+        assert_eq!(
+            client.snapshot_location("vm-a").unwrap(),
+            format!("{}/snap/vm-a:hibernate", server.host())
+        );
+
+        let mut config = server.registry_config();
+        config.auth = RegistryAuth::Basic {
+            username: "audit".into(),
+            password: "wrong".into(),
+        };
+        let client = RegistryClient::new(config, Metrics::new()).expect("client");
+        let err = client.catalog_vms().await.expect_err("refused credentials");
+        assert!(
+            matches!(err, RegistryError::Unauthorized { .. }),
+            "{options:?}: {err}"
+        );
+    }
 }
