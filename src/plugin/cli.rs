@@ -113,7 +113,7 @@ pub struct ChangeArgs {
     #[arg(long)]
     pub wait: bool,
     /// How long --wait waits, e.g. 90s, 10m.
-    #[arg(long, value_parser = parse_duration, default_value = "10m", value_name = "DURATION")]
+    #[arg(long, value_parser = parse_duration, default_value = "10m", value_name = "DURATION", requires = "wait")]
     pub timeout: Duration,
 }
 
@@ -179,7 +179,16 @@ mod tests {
         };
         assert!(args.wait);
         assert_eq!(args.timeout, Duration::from_secs(600));
-        let cli = parse(&["--kubeconfig", "/k", "wake", "w", "--timeout", "90s"]).unwrap();
+        let cli = parse(&[
+            "--kubeconfig",
+            "/k",
+            "wake",
+            "w",
+            "--wait",
+            "--timeout",
+            "90s",
+        ])
+        .unwrap();
         assert_eq!(cli.kube.kubeconfig, Some(PathBuf::from("/k")));
         assert!(
             matches!(cli.command, Command::Wake(ChangeArgs { timeout, .. }) if timeout == Duration::from_secs(90))
@@ -195,6 +204,10 @@ mod tests {
             "--yes only with --delete"
         );
         assert!(parse(&["wake", "w", "--timeout", "soon"]).is_err());
+        assert!(
+            parse(&["wake", "w", "--timeout", "5s"]).is_err(),
+            "--timeout only with --wait"
+        );
         assert!(parse(&["status", "-o", "wide"]).is_ok());
     }
 }
