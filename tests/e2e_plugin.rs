@@ -65,15 +65,25 @@ async fn run(command: Command) -> Run {
 }
 
 /// [`run`] with these environment variables, set after the registry ones are cleared.
-async fn run_with(mut command: Command, vars: &[(&str, &str)]) -> Run {
+async fn run_with(command: Command, vars: &[(&str, &str)]) -> Run {
+    run_full(command, vars, None).await
+}
+
+/// [`run_with`], with `input` written to stdin (instead of a closed stdin).
+async fn run_full(mut command: Command, vars: &[(&str, &str)], input: Option<&str>) -> Run {
     assert!(
         Path::new(PLUGIN).exists(),
         "the plugin binary is missing at {PLUGIN}: run `cargo build`"
     );
     command
-        .stdin(Stdio::null())
+        .stdin(if input.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
+    let input = input.map(str::to_string);
     for var in REGISTRY_ENV {
         command.env_remove(var);
     }
@@ -85,6 +95,12 @@ async fn run_with(mut command: Command, vars: &[(&str, &str)]) -> Run {
                 command.get_program()
             )
         });
+        if let (Some(text), Some(mut stdin)) = (input, child.stdin.take()) {
+            use std::io::Write as _;
+            stdin
+                .write_all(text.as_bytes())
+                .expect("write the plugin's stdin");
+        }
         let started = Instant::now();
         loop {
             if child.try_wait().expect("poll the plugin").is_some() {
@@ -440,6 +456,26 @@ async fn e2e_plugin_orphans_lists_and_deletes_only_the_orphan() {
     assert_eq!(out.code, 1, "{out}");
     assert!(out.stderr.contains("stdin is not a terminal"), "{out}");
     assert!(has(orphan.clone()).await, "deleted without confirmation");
+
+    // On a terminal it asks; anything but `yes` deletes nothing.
+    let kubeconfig = cluster.kubeconfig.display().to_string();
+    let mut line = vec![PLUGIN, "orphans", "--delete", "--kubeconfig", &kubeconfig];
+    line.extend(registry_flags);
+    let line = line
+        .iter()
+        .map(|a| format!("'{a}'"))
+        .collect::<Vec<_>>()
+        .join(" ");
+    let mut script = Command::new("script");
+    script.args(["-qefc", &line, "/dev/null"]);
+    let out = run_full(script, &[], Some("no\n")).await;
+    assert_eq!(out.code, 1, "{out}");
+    assert!(out.stdout.contains("Type yes to delete"), "{out}");
+    assert!(
+        out.stdout.contains("not confirmed; nothing deleted"),
+        "{out}"
+    );
+    assert!(has(orphan.clone()).await, "deleted without a yes");
 
     // The registry settings come from the environment, as for the server.
     let mut command = Command::new(PLUGIN);

@@ -16,6 +16,8 @@ const USER_AGENT: &str = concat!(
 pub struct Connection {
     pub client: kube::Client,
     pub namespace: String,
+    /// The apiserver's URL, for messages.
+    pub server: String,
 }
 
 pub async fn connect(args: &KubeArgs) -> Result<Connection, PluginError> {
@@ -28,9 +30,14 @@ pub async fn connect(args: &KubeArgs) -> Result<Connection, PluginError> {
         .namespace
         .clone()
         .unwrap_or_else(|| config.default_namespace.clone());
+    let server = config.cluster_url.to_string();
     let client = kube::Client::try_from(config)
         .map_err(|e| PluginError::Config(format!("cannot build the Kubernetes client: {e}")))?;
-    Ok(Connection { client, namespace })
+    Ok(Connection {
+        client,
+        namespace,
+        server,
+    })
 }
 
 async fn load_config(args: &KubeArgs) -> Result<Config, PluginError> {

@@ -85,6 +85,18 @@ impl PluginError {
         }
     }
 
+    /// Names the apiserver in an error whose call never got an answer from it
+    /// (connection refused, TLS, DNS), so a wrong kubeconfig or context shows.
+    pub fn at_server(self, server: &str) -> Self {
+        match self {
+            Self::Api { action, source } if !matches!(source, kube::Error::Api(_)) => Self::Api {
+                action: format!("{action} (apiserver {server})"),
+                source,
+            },
+            other => other,
+        }
+    }
+
     pub fn exit_code(&self) -> u8 {
         match self {
             Self::Config(_) => exit::USAGE,
@@ -101,7 +113,7 @@ fn describe_kube(e: &kube::Error) -> String {
         kube::Error::Api(status) => {
             let hint = match status.code {
                 401 => " (the kubeconfig's credentials were refused; log in again)",
-                403 => " (your user may not do this; ask for RBAC on cocoonhibernations)",
+                403 => " (your user may not do this; check its RBAC)",
                 404 if status
                     .message
                     .contains("the server could not find the requested resource") =>

@@ -33,10 +33,11 @@ use progress::Want;
 /// Runs one command line.
 pub async fn run(cli: Cli) -> Result<(), PluginError> {
     let conn = connect::connect(&cli.kube).await?;
-    match &cli.command {
+    let result = match &cli.command {
         Command::Hibernate(args) => change::run(&conn, Want::Hibernate, args).await,
         Command::Wake(args) => change::run(&conn, Want::Wake, args).await,
         Command::Status(args) => status::run(&conn, args).await,
         Command::Orphans(args) => orphans::run(&conn, args).await,
-    }
+    };
+    result.map_err(|e| e.at_server(&conn.server))
 }
