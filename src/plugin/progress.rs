@@ -106,22 +106,16 @@ pub fn judge(target: &Target, cr: Option<&CrView>) -> Step {
     {
         return Step::Done;
     }
-    let failed = |cr: &CrView| {
-        let ready_reason = ready.map(|c| c.reason.as_str()).unwrap_or_default();
-        let failure = cr.last_failure.as_ref();
-        let reason = failure
-            .map(|f| f.reason.as_str())
-            .filter(|r| !r.is_empty() && ready_reason != CONFLICT)
-            .unwrap_or(ready_reason);
-        let message = ready
-            .map(|c| c.message.as_str())
-            .filter(|m| !m.is_empty())
-            .or(failure.map(|f| f.message.as_str()))
-            .unwrap_or_default();
-        Step::Failed {
-            reason: if reason.is_empty() { "Failed" } else { reason }.to_string(),
-            message: message.to_string(),
-        }
+    // In Failed the CR says why itself; a failure that flashed past is in lastFailure.
+    let failed = |cr: &CrView| match (phase, cr.last_failure.as_ref()) {
+        (Some("Failed"), _) | (_, None) => Step::Failed {
+            reason: cr.reason().to_string(),
+            message: cr.message().to_string(),
+        },
+        (_, Some(failure)) => Step::Failed {
+            reason: failure.reason.clone(),
+            message: failure.message.clone(),
+        },
     };
     if current && phase == Some("Failed") {
         let conflict = ready.is_some_and(|c| c.reason == CONFLICT);

@@ -126,24 +126,43 @@ impl CrView {
         self.conditions.iter().find(|c| c.type_ == type_)
     }
 
-    /// The reason worth showing: what a transition waits for (`Progressing`), else the
-    /// `Ready` reason.
-    pub fn reason(&self) -> &str {
-        self.condition(PROGRESSING)
-            .filter(|c| !c.reason.is_empty())
-            .or_else(|| self.condition(READY))
-            .map_or("", |c| c.reason.as_str())
+    fn failed(&self) -> bool {
+        self.phase.as_deref() == Some("Failed")
     }
 
-    /// The message worth showing, from the same condition as [`Self::reason`]; a
-    /// `Progressing` condition without a message (nothing went wrong) defers to `Ready`.
-    pub fn message(&self) -> &str {
-        [PROGRESSING, READY]
-            .iter()
-            .filter_map(|t| self.condition(t))
-            .map(|c| c.message.as_str())
-            .find(|m| !m.is_empty())
+    /// The reason worth showing. In `Failed`, why: the first specific one of `Ready`
+    /// (e.g. `Conflict`), `lastFailure` (e.g. a timeout), `Progressing`. Otherwise what
+    /// a transition waits for (`Progressing`), else the `Ready` reason.
+    pub fn reason(&self) -> &str {
+        let of = |t: &str| self.condition(t).map_or("", |c| c.reason.as_str());
+        if self.failed() {
+            let failure = self.last_failure.as_ref().map_or("", |f| f.reason.as_str());
+            return [of(READY), failure, of(PROGRESSING)]
+                .into_iter()
+                .find(|r| !r.is_empty() && *r != "Failed")
+                .unwrap_or("Failed");
+        }
+        [of(PROGRESSING), of(READY)]
+            .into_iter()
+            .find(|r| !r.is_empty())
             .unwrap_or("")
+    }
+
+    /// The message worth showing: in `Failed` the `Ready` message (it names the cause),
+    /// else `lastFailure`'s; otherwise the last probe or delete error (`Progressing`),
+    /// else the `Ready` message.
+    pub fn message(&self) -> &str {
+        let of = |t: &str| self.condition(t).map_or("", |c| c.message.as_str());
+        let failure = self
+            .last_failure
+            .as_ref()
+            .map_or("", |f| f.message.as_str());
+        let order = if self.failed() {
+            [of(READY), failure, of(PROGRESSING)]
+        } else {
+            [of(PROGRESSING), of(READY), ""]
+        };
+        order.into_iter().find(|m| !m.is_empty()).unwrap_or("")
     }
 
     /// Since when the CR has been in its current state: the phase's own timestamp when it
@@ -226,6 +245,27 @@ mod tests {
         assert_eq!(cr.reason(), "");
         assert_eq!(cr.since(), Some(ts("2026-01-01T00:00:00Z")));
         assert_eq!(CrView::from_json(&json!(null)), CrView::default());
+    }
+
+    /// F1: a Failed CR says why, in the most specific words it has.
+    #[test]
+    fn f1_failed_shows_the_specific_reason_and_the_ready_message() {
+        let failed = |ready_reason: &str, failure: Option<&str>| {
+            CrView::from_json(&json!({"status": {"phase": "Failed",
+            "lastFailure": failure.map(|r| json!({"reason": r, "message": "from lastFailure"})),
+            "conditions": [
+                {"type": "Ready", "status": "False", "reason": ready_reason, "message": "did not complete within 5s"},
+                {"type": "Progressing", "status": "False", "reason": "Failed", "message": ""}
+            ]}}))
+        };
+        let cr = failed("Failed", Some("HibernateTimedOut"));
+        assert_eq!(cr.reason(), "HibernateTimedOut");
+        assert_eq!(cr.message(), "did not complete within 5s");
+        assert_eq!(
+            failed("Conflict", Some("HibernateTimedOut")).reason(),
+            "Conflict"
+        );
+        assert_eq!(failed("Failed", None).reason(), "Failed");
     }
 
     #[test]
