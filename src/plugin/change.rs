@@ -97,10 +97,12 @@ async fn find(
     {
         return Ok(Some(resources::view(&object)));
     }
-    let list = api
-        .list(&ListParams::default())
-        .await
-        .map_err(|e| PluginError::api(action(), e))?;
+    let list = match api.list(&ListParams::default()).await {
+        Ok(list) => list,
+        // May read its CR by name but not list: then the create says what it finds.
+        Err(kube::Error::Api(status)) if status.code == 403 => return Ok(None),
+        Err(e) => return Err(PluginError::api(action(), e)),
+    };
     let mut same_pod: Vec<CrView> = list
         .items
         .iter()

@@ -9,7 +9,7 @@ use super::lookup::next_link;
 use super::names::{RegistryBase, SNAPSHOT_TAG, validate_component};
 use super::request::{Session, unexpected};
 use reqwest::{Method, StatusCode, Url};
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashSet};
 
 /// Repositories asked for per page. Distribution serves up to 1000; newer versions
 /// refuse a larger `n`, so this stays well below.
@@ -37,7 +37,8 @@ impl RegistryClient {
     pub async fn catalog_vms(&self) -> Result<Vec<String>, RegistryError> {
         let base = &self.inner.base;
         let mut vms = BTreeSet::new();
-        let mut seen = 0usize;
+        // Every repository read, so a page that repeats earlier ones is not progress.
+        let mut seen = HashSet::new();
         let mut session = Session::with_scope("registry:catalog:*".to_string());
         let mut url = self.catalog_url()?;
         for _ in 0..MAX_CATALOG_PAGES {
@@ -53,24 +54,16 @@ impl RegistryClient {
             let (repositories, link) = page?;
             let page_len = repositories.len();
             let last = repositories.last().cloned();
-            let before = seen;
-            for repository in &repositories {
-                // Pages overlap on registries that repeat `last`: count only progress.
-                if last_seen_before(repository, &url) {
-                    continue;
-                }
-                seen += 1;
-                if let Some(vm) = vm_of(base, repository) {
+            let mut new = 0;
+            for repository in repositories {
+                if let Some(vm) = vm_of(base, &repository) {
                     vms.insert(vm.to_string());
                 }
+                if seen.insert(repository) {
+                    new += 1;
+                }
             }
-            match next_page(
-                &url,
-                link.as_deref(),
-                page_len,
-                seen - before,
-                last.as_deref(),
-            )? {
+            match next_page(&url, link.as_deref(), page_len, new, last.as_deref())? {
                 Some(next) => url = next,
                 None => return Ok(vms.into_iter().collect()),
             }
@@ -146,14 +139,6 @@ fn vm_of<'a>(base: &RegistryBase, repository: &'a str) -> Option<&'a str> {
         None => repository,
     };
     validate_component(vm).ok().map(|()| vm)
-}
-
-/// True when the page was asked for with `last=<x>` and `repository` sorts at or before
-/// `x`: a registry that repeats the boundary entry adds nothing new with it.
-fn last_seen_before(repository: &str, url: &Url) -> bool {
-    url.query_pairs()
-        .find(|(k, _)| k == "last")
-        .is_some_and(|(_, last)| repository <= last.as_ref())
 }
 
 /// Where the catalog goes on after a page, if anywhere (the same rules as the tag list):
@@ -263,14 +248,5 @@ mod tests {
             )
             .is_err()
         );
-    }
-
-    #[test]
-    fn a_repeated_boundary_entry_is_not_progress() {
-        let page = url("http://r/v2/_catalog?n=100&last=m");
-        assert!(last_seen_before("m", &page));
-        assert!(last_seen_before("a", &page));
-        assert!(!last_seen_before("n", &page));
-        assert!(!last_seen_before("a", &url("http://r/v2/_catalog?n=100")));
     }
 }
