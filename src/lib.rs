@@ -10,6 +10,7 @@ pub mod config;
 pub mod controller;
 pub mod error;
 pub mod metrics;
+pub mod plugin;
 pub mod registry;
 
 pub use error::{Error, Result};

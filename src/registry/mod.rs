@@ -17,6 +17,7 @@
 //! bounds a delete further by the caller's instant (S1). `RegistryError::is_permanent`
 //! tells refusals from outages (S5).
 
+mod catalog;
 mod challenge;
 mod client;
 mod config;

@@ -16,16 +16,19 @@ use reqwest::{Method, StatusCode, Url, header};
 /// the registry asked for, fetched at most once per operation, with the scope of the
 /// whole operation (`pull,delete` on the snapshot repository).
 pub(super) struct Session {
-    repository: String,
+    /// The token scope asked for (Docker token auth).
+    scope: String,
     token: Option<String>,
 }
 
 impl Session {
     pub fn new(repository: &str) -> Self {
-        Self {
-            repository: repository.to_string(),
-            token: None,
-        }
+        Self::with_scope(format!("repository:{repository}:pull,delete"))
+    }
+
+    /// A session whose token carries another scope (the catalog's `registry:catalog:*`).
+    pub fn with_scope(scope: String) -> Self {
+        Self { scope, token: None }
     }
 }
 
@@ -64,7 +67,7 @@ impl RegistryClient {
             && let Some(challenge) = answer.challenge.take()
         {
             let token = self
-                .fetch_token(&challenge, &session.repository, deadline)
+                .fetch_token(&challenge, &session.scope, deadline)
                 .await?;
             answer = self
                 .retry_transport(operation, || {
@@ -141,18 +144,17 @@ impl RegistryClient {
             .map_err(|e| transport(operation, &e, deadline.budget()))
     }
 
-    /// GET <realm>?service=..&scope=repository:<repo>:pull,delete, with the basic
-    /// credentials if any. Counted as a `token` call.
+    /// GET <realm>?service=..&scope=<scope> (a delete's is
+    /// `repository:<repo>:pull,delete`), with the basic credentials if any. Counted as a
+    /// `token` call.
     async fn fetch_token(
         &self,
         challenge: &BearerChallenge,
-        repository: &str,
+        scope: &str,
         deadline: &Deadline,
     ) -> Result<String, RegistryError> {
         const OP: &str = "token";
-        let result = self
-            .fetch_token_inner(challenge, repository, deadline)
-            .await;
+        let result = self.fetch_token_inner(challenge, scope, deadline).await;
         let outcome = match &result {
             Ok(_) => "ok",
             Err(e) => error_outcome(e),
@@ -164,7 +166,7 @@ impl RegistryClient {
     async fn fetch_token_inner(
         &self,
         challenge: &BearerChallenge,
-        repository: &str,
+        scope: &str,
         deadline: &Deadline,
     ) -> Result<String, RegistryError> {
         const OP: &str = "token";
@@ -187,7 +189,7 @@ impl RegistryClient {
             if let Some(service) = &challenge.service {
                 query.append_pair("service", service);
             }
-            query.append_pair("scope", &format!("repository:{repository}:pull,delete"));
+            query.append_pair("scope", scope);
         }
         let (status, body) = self
             .retry_transport(OP, || async {

@@ -1,0 +1,43 @@
+//! `kubectl cocoon`, the kubectl plugin (binary `kubectl-cocoon`): hibernate and wake
+//! pods through their CocoonHibernation, wait with progress, show status with reasons
+//! and ages, and audit the registry for orphaned snapshot tags.
+//!
+//! Each file has one job: `cli` (flags), `connect` (kubeconfig), `resources` and `view`
+//! (reading CRs leniently), `change` (create or flip a desire), `progress` (when a wait
+//! is over, pure), `wait` (the watch), `terminal` (progress output), `status` and
+//! `table` (the status table), `audit` (orphan decisions, pure), `claims` (who holds
+//! which VM), `confirm`, `orphans` (the audit command), `error` (messages, exit codes).
+
+mod audit;
+mod change;
+mod claims;
+mod cli;
+mod confirm;
+mod connect;
+mod error;
+mod orphans;
+mod progress;
+mod resources;
+mod status;
+mod table;
+mod terminal;
+mod view;
+mod wait;
+
+pub use cli::Cli;
+pub use error::{PluginError, exit};
+
+use cli::Command;
+use progress::Want;
+
+/// Runs one command line.
+pub async fn run(cli: Cli) -> Result<(), PluginError> {
+    let conn = connect::connect(&cli.kube).await?;
+    let result = match &cli.command {
+        Command::Hibernate(args) => change::run(&conn, Want::Hibernate, args).await,
+        Command::Wake(args) => change::run(&conn, Want::Wake, args).await,
+        Command::Status(args) => status::run(&conn, args).await,
+        Command::Orphans(args) => orphans::run(&conn, args).await,
+    };
+    result.map_err(|e| e.at_server(&conn.server))
+}

@@ -1,0 +1,199 @@
+//! `orphans`: list the `:hibernate` tags no CocoonHibernation holds; with `--delete`
+//! (and a confirmation), delete them through the server's own registry client.
+
+use super::audit::{self, Orphan, Recheck, Tag};
+use super::claims::gather;
+use super::cli::OrphansArgs;
+use super::confirm::confirm;
+use super::connect::Connection;
+use super::error::PluginError;
+use super::table::render;
+use super::terminal::{say, warn};
+use crate::config::RegistryArgs;
+use crate::metrics::Metrics;
+use crate::registry::{DeleteOutcome, RegistryClient};
+use futures::{StreamExt as _, TryStreamExt as _};
+
+/// Tag lookups in flight at once.
+const PROBES: usize = 8;
+
+pub async fn run(conn: &Connection, args: &OrphansArgs) -> Result<(), PluginError> {
+    let registry = client(&args.registry)?;
+    let base = args.registry.registry_base.clone().unwrap_or_default();
+    let tags = snapshot_tags(&registry).await?;
+    let claims = gather(&conn.client).await?;
+    let found = audit::orphans(tags.clone(), &claims);
+    if found.is_empty() {
+        say(&format!(
+            "No orphaned snapshot tags: every one of the {} `:hibernate` tag(s) under {base} is held by a CocoonHibernation.",
+            tags.len()
+        ));
+        return Ok(());
+    }
+    say(render(&["VM", "SNAPSHOT", "DIGEST", "NOTE"], &rows(&found)).trim_end());
+    say(&format!(
+        "{} orphaned snapshot tag(s) of {} under {base}.",
+        found.len(),
+        tags.len()
+    ));
+    if !args.delete {
+        say("Nothing deleted. To delete them: kubectl cocoon orphans --delete");
+        return Ok(());
+    }
+    let deletable: Vec<&Orphan> = found.iter().filter(|o| o.deletable()).collect();
+    if deletable.is_empty() {
+        say("Nothing to delete: a pod still names the VM of each of them.");
+        return Ok(());
+    }
+    confirm(deletable.len(), args.yes)?;
+    let mut failed = 0usize;
+    for orphan in deletable {
+        if let Err(e) = delete_one(conn, &registry, orphan).await {
+            warn(&format!("error: {e}"));
+            failed += 1;
+        }
+    }
+    if failed > 0 {
+        return Err(PluginError::Refused(format!(
+            "{failed} snapshot tag(s) could not be deleted (see above)"
+        )));
+    }
+    Ok(())
+}
+
+/// The registry client, from the same flags and variables as the server's.
+fn client(args: &RegistryArgs) -> Result<RegistryClient, PluginError> {
+    if args
+        .registry_base
+        .as_deref()
+        .is_none_or(|b| b.trim().is_empty())
+    {
+        return Err(PluginError::Config(
+            "--registry-base (or COCOON_REGISTRY_BASE) is required: the registry and path prefix holding the snapshots, host[:port][/prefix], as given to the server".into(),
+        ));
+    }
+    let sources = [
+        args.registry_username.is_some(),
+        args.registry_docker_config.is_some(),
+        args.registry_token_file.is_some(),
+    ];
+    if sources.iter().filter(|s| **s).count() > 1 {
+        return Err(PluginError::Config(
+            "choose one of --registry-username, --registry-docker-config, --registry-token-file"
+                .into(),
+        ));
+    }
+    let config =
+        crate::server::registry_config(args).map_err(|e| PluginError::Config(e.to_string()))?;
+    RegistryClient::new(config, Metrics::new()).map_err(|e| PluginError::Config(e.to_string()))
+}
+
+/// Every `<vm>:hibernate` under the base: the catalog, then one HEAD per repository.
+async fn snapshot_tags(registry: &RegistryClient) -> Result<Vec<Tag>, PluginError> {
+    let vms = registry
+        .catalog_vms()
+        .await
+        .map_err(|e| PluginError::registry("reading the registry catalog", e))?;
+    let found: Vec<Option<Tag>> = futures::stream::iter(vms)
+        .map(|vm| async move {
+            let digest = registry
+                .snapshot_digest(&vm)
+                .await
+                .map_err(|e| PluginError::registry(format!("looking up {vm}:hibernate"), e))?;
+            let Some(digest) = digest else {
+                return Ok(None);
+            };
+            let location = registry
+                .snapshot_location(&vm)
+                .map_err(|e| PluginError::registry(format!("naming {vm}:hibernate"), e))?;
+            Ok::<_, PluginError>(Some(Tag {
+                vm,
+                location,
+                digest,
+            }))
+        })
+        .buffered(PROBES)
+        .try_collect()
+        .await?;
+    Ok(found.into_iter().flatten().collect())
+}
+
+fn rows(found: &[Orphan]) -> Vec<Vec<String>> {
+    found
+        .iter()
+        .map(|o| {
+            let note = if o.pods.is_empty() {
+                String::new()
+            } else {
+                format!(
+                    "kept: pod {} names this VM (no CocoonHibernation)",
+                    o.pods.join(", ")
+                )
+            };
+            vec![
+                o.tag.vm.clone(),
+                o.tag.location.clone(),
+                o.tag.digest.clone(),
+                note,
+            ]
+        })
+        .collect()
+}
+
+/// A fresh look at the cluster and the tag, then the delete if it is still an orphan.
+async fn delete_one(
+    conn: &Connection,
+    registry: &RegistryClient,
+    orphan: &Orphan,
+) -> Result<(), PluginError> {
+    let vm = &orphan.tag.vm;
+    let location = &orphan.tag.location;
+    let claims = gather(&conn.client).await?;
+    let digest_now = registry
+        .snapshot_digest(vm)
+        .await
+        .map_err(|e| PluginError::registry(format!("re-checking {location}"), e))?;
+    match audit::recheck(orphan, &claims, digest_now.as_deref()) {
+        Recheck::Delete => {}
+        Recheck::Held(crs) => {
+            say(&format!(
+                "kept {location}: CocoonHibernation {} holds it now",
+                crs.join(", ")
+            ));
+            return Ok(());
+        }
+        Recheck::Named(pods) => {
+            say(&format!(
+                "kept {location}: pod {} names its VM now",
+                pods.join(", ")
+            ));
+            return Ok(());
+        }
+        Recheck::Gone => {
+            say(&format!("{location} is gone already"));
+            return Ok(());
+        }
+        Recheck::Moved { now } => {
+            say(&format!(
+                "kept {location}: it was pushed again meanwhile (now {now})"
+            ));
+            return Ok(());
+        }
+    }
+    let outcome = registry
+        .delete_snapshot(vm)
+        .await
+        .map_err(|e| PluginError::registry(format!("deleting {location}"), e))?;
+    say(&match outcome {
+        DeleteOutcome::Deleted => format!("deleted {location}"),
+        DeleteOutcome::DeletedByDigest => {
+            format!("deleted {location} (by its manifest digest: this registry cannot delete tags)")
+        }
+        DeleteOutcome::Absent => format!("{location} is gone already"),
+        DeleteOutcome::KeptSharedDigest { other_tags } => format!(
+            "kept {location}: tag(s) {} share its manifest, and this registry can only delete by digest, which would remove them too",
+            other_tags.join(", ")
+        ),
+    });
+    Ok(())
+}

@@ -1,0 +1,189 @@
+//! `status`: CocoonHibernations as a table, with what each waits for and since when.
+
+use super::cli::{Output, StatusArgs};
+use super::connect::Connection;
+use super::error::PluginError;
+use super::resources;
+use super::table::{age, render};
+use super::terminal::say;
+use super::view::CrView;
+use jiff::Timestamp;
+use kube::api::ListParams;
+
+pub async fn run(conn: &Connection, args: &StatusArgs) -> Result<(), PluginError> {
+    let (api, scope) = if args.all_namespaces {
+        (
+            resources::all_crs(&conn.client),
+            "any namespace".to_string(),
+        )
+    } else {
+        (
+            resources::crs(&conn.client, &conn.namespace),
+            format!("namespace {}", conn.namespace),
+        )
+    };
+    let list = api
+        .list(&ListParams::default())
+        .await
+        .map_err(|e| PluginError::api(format!("listing CocoonHibernations in {scope}"), e))?;
+    let mut crs: Vec<CrView> = list.items.iter().map(resources::view).collect();
+    if let Some(pod) = &args.pod {
+        crs.retain(|cr| &cr.name == pod || &cr.pod == pod);
+        if crs.is_empty() {
+            return Err(PluginError::Refused(format!(
+                "no CocoonHibernation for pod {pod} in {scope}; create one with `kubectl cocoon hibernate {pod}`"
+            )));
+        }
+    }
+    if crs.is_empty() {
+        say(&format!("No CocoonHibernations found in {scope}."));
+        return Ok(());
+    }
+    crs.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
+    let wide = args.output == Some(Output::Wide);
+    let (header, rows) = table(&crs, Timestamp::now(), args.all_namespaces, wide);
+    say(render(&header, &rows).trim_end());
+    Ok(())
+}
+
+/// The table's header and rows (pure).
+pub fn table(
+    crs: &[CrView],
+    now: Timestamp,
+    all_namespaces: bool,
+    wide: bool,
+) -> (Vec<&'static str>, Vec<Vec<String>>) {
+    let mut header = Vec::new();
+    if all_namespaces {
+        header.push("NAMESPACE");
+    }
+    header.extend(["NAME", "POD", "DESIRE", "PHASE", "REASON", "AGE", "VM"]);
+    if wide {
+        header.extend(["DIGEST", "ATTEMPTS", "LAST FAILURE"]);
+    }
+    header.push("MESSAGE");
+    let rows = crs
+        .iter()
+        .map(|cr| {
+            let mut row = Vec::new();
+            if all_namespaces {
+                row.push(cr.namespace.clone());
+            }
+            row.extend([
+                cr.name.clone(),
+                cr.pod.clone(),
+                cr.desire.clone(),
+                cr.phase.clone().unwrap_or_default(),
+                cr.reason().to_string(),
+                age(cr.since(), now),
+                cr.vm_name.clone().unwrap_or_default(),
+            ]);
+            if wide {
+                row.push(cr.digest.as_deref().map(short_digest).unwrap_or_default());
+                row.push(cr.attempts.map(|a| a.to_string()).unwrap_or_default());
+                row.push(
+                    cr.last_failure
+                        .as_ref()
+                        .map(|f| format!("{} {} ago", f.reason, age(f.time, now)))
+                        .unwrap_or_default(),
+                );
+            }
+            let message = if cr.deleting {
+                format!("being deleted; {}", cr.message())
+            } else {
+                cr.message().to_string()
+            };
+            row.push(message);
+            row
+        })
+        .collect();
+    (header, rows)
+}
+
+/// `sha256:` and the first 12 hex digits, as docker shows image IDs.
+fn short_digest(digest: &str) -> String {
+    match digest.split_once(':') {
+        Some((algorithm, hex)) => {
+            format!("{algorithm}:{}", hex.chars().take(12).collect::<String>())
+        }
+        None => digest.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn cr(name: &str, phase: &str, progressing: Option<(&str, &str)>) -> CrView {
+        let mut conditions = vec![
+            json!({"type": "Ready", "status": "False", "reason": "Pending",
+            "message": "waiting for vk-cocoon to hibernate vm vm-a",
+            "lastTransitionTime": "2026-01-01T00:00:00Z"}),
+        ];
+        if let Some((reason, message)) = progressing {
+            conditions.push(
+                json!({"type": "Progressing", "status": "True", "reason": reason,
+                "message": message, "lastTransitionTime": "2026-01-01T00:01:00Z"}),
+            );
+        }
+        CrView::from_json(&json!({
+            "metadata": {"namespace": "shop", "name": name, "creationTimestamp": "2025-12-31T00:00:00Z"},
+            "spec": {"podRef": {"name": name}, "desire": "Hibernate"},
+            "status": {"phase": phase, "vmName": "vm-a", "attempts": 2,
+                       "snapshot": {"digest": "sha256:0123456789abcdef0123"},
+                       "conditions": conditions}
+        }))
+    }
+
+    #[test]
+    fn rows_show_reason_age_and_message() {
+        let now: Timestamp = "2026-01-01T00:03:00Z".parse().unwrap();
+        let crs = [
+            cr(
+                "web-0",
+                "Hibernating",
+                Some(("RegistryUnavailable", "probe failed: HTTP 503")),
+            ),
+            cr("web-1", "Hibernating", None),
+        ];
+        let (header, rows) = table(&crs, now, false, false);
+        assert_eq!(
+            header,
+            [
+                "NAME", "POD", "DESIRE", "PHASE", "REASON", "AGE", "VM", "MESSAGE"
+            ]
+        );
+        assert_eq!(
+            rows[0],
+            [
+                "web-0",
+                "web-0",
+                "Hibernate",
+                "Hibernating",
+                "RegistryUnavailable",
+                "2m",
+                "vm-a",
+                "probe failed: HTTP 503"
+            ]
+        );
+        assert_eq!(
+            rows[1][4], "Pending",
+            "the Ready reason without a Progressing one"
+        );
+        assert_eq!(rows[1][5], "3m");
+        assert_eq!(rows[1][7], "waiting for vk-cocoon to hibernate vm vm-a");
+    }
+
+    #[test]
+    fn all_namespaces_and_wide_add_columns() {
+        let now: Timestamp = "2026-01-01T00:03:00Z".parse().unwrap();
+        let (header, rows) = table(&[cr("a", "Hibernated", None)], now, true, true);
+        assert_eq!(header[0], "NAMESPACE");
+        assert_eq!(rows[0][0], "shop");
+        let at = |name| header.iter().position(|h| *h == name).unwrap();
+        assert_eq!(rows[0][at("DIGEST")], "sha256:0123456789ab");
+        assert_eq!(rows[0][at("ATTEMPTS")], "2");
+        assert_eq!(*header.last().unwrap(), "MESSAGE");
+    }
+}

@@ -1,0 +1,201 @@
+//! Progress of a `--wait`: on a terminal one line, redrawn in place as the phase, the
+//! reason or the time in it changes; elsewhere (a pipe, a CI log) one plain line per change.
+
+use super::table::age;
+use super::view::CrView;
+use jiff::Timestamp;
+use std::io::{IsTerminal, Write};
+
+/// What a progress line shows; a new line is printed only when this changes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct State {
+    phase: String,
+    reason: String,
+    message: String,
+}
+
+impl State {
+    fn of(cr: &CrView) -> Self {
+        Self {
+            phase: cr
+                .phase
+                .clone()
+                .unwrap_or_else(|| "(no status yet)".to_string()),
+            reason: cr.reason().to_string(),
+            message: cr.message().to_string(),
+        }
+    }
+}
+
+/// `web-0: Hibernating (WaitingForLifecycle) 12s: waiting for vk-cocoon …`
+fn live_line(cr: &CrView, now: Timestamp) -> String {
+    let state = State::of(cr);
+    let mut line = format!("{}: {}", cr.name, state.phase);
+    if !state.reason.is_empty() {
+        line.push_str(&format!(" ({})", state.reason));
+    }
+    line.push_str(&format!(" {}", age(cr.since(), now)));
+    if !state.message.is_empty() {
+        line.push_str(": ");
+        line.push_str(&state.message);
+    }
+    line
+}
+
+/// `12:00:03Z  web-0  Hibernating  WaitingForLifecycle  waiting for vk-cocoon …`
+fn plain_line(cr: &CrView, now: Timestamp) -> String {
+    let state = State::of(cr);
+    let clock = now.strftime("%H:%M:%SZ");
+    let mut line = format!("{clock}  {}  {}", cr.name, state.phase);
+    if !state.reason.is_empty() {
+        line.push_str(&format!("  {}", state.reason));
+    }
+    if !state.message.is_empty() {
+        line.push_str(&format!("  {}", state.message));
+    }
+    line
+}
+
+/// Cuts `line` to `width` characters, marking the cut, so a redraw never wraps.
+fn fit(line: &str, width: usize) -> String {
+    let flat: String = line.split_whitespace().collect::<Vec<_>>().join(" ");
+    if flat.chars().count() <= width {
+        return flat;
+    }
+    let mut cut: String = flat.chars().take(width.saturating_sub(1)).collect();
+    cut.push('…');
+    cut
+}
+
+/// A line on stdout. A closed pipe (`| head`) is not an error worth a panic.
+pub fn say(line: &str) {
+    let _ = writeln!(std::io::stdout().lock(), "{line}");
+}
+
+/// A line on stderr.
+pub fn warn(line: &str) {
+    let _ = writeln!(std::io::stderr().lock(), "{line}");
+}
+
+pub struct Progress {
+    tty: bool,
+    width: usize,
+    shown: Option<State>,
+    latest: Option<CrView>,
+    /// A redrawable line is on screen (tty only).
+    open: bool,
+}
+
+impl Progress {
+    pub fn new() -> Self {
+        let width = std::env::var("COLUMNS")
+            .ok()
+            .and_then(|c| c.parse::<usize>().ok())
+            .filter(|w| *w >= 20)
+            .unwrap_or(80);
+        Self {
+            tty: std::io::stdout().is_terminal(),
+            width: width - 1,
+            shown: None,
+            latest: None,
+            open: false,
+        }
+    }
+
+    pub fn is_tty(&self) -> bool {
+        self.tty
+    }
+
+    /// The CR as it is now: redrawn on a terminal, a new line elsewhere if it changed.
+    pub fn show(&mut self, cr: &CrView, now: Timestamp) {
+        let state = State::of(cr);
+        let changed = self.shown.as_ref() != Some(&state);
+        self.latest = Some(cr.clone());
+        if self.tty {
+            self.draw(now);
+        } else if changed {
+            say(&plain_line(cr, now));
+        }
+        self.shown = Some(state);
+    }
+
+    /// Redraws the time in the current state (tty only).
+    pub fn tick(&mut self, now: Timestamp) {
+        if self.tty && self.latest.is_some() {
+            self.draw(now);
+        }
+    }
+
+    fn draw(&mut self, now: Timestamp) {
+        if let Some(cr) = &self.latest {
+            let mut out = std::io::stdout().lock();
+            // Carriage return and erase-line: the line is rewritten in place.
+            let _ = write!(out, "\r\x1b[2K{}", fit(&live_line(cr, now), self.width));
+            let _ = out.flush();
+            self.open = true;
+        }
+    }
+
+    /// A line of its own (a warning), above the progress line.
+    pub fn note(&mut self, text: &str) {
+        self.close();
+        warn(text);
+        if self.tty {
+            let now = Timestamp::now();
+            self.draw(now);
+        }
+    }
+
+    /// Ends the progress line, leaving the last state on screen.
+    pub fn close(&mut self) {
+        if self.open {
+            say("");
+            self.open = false;
+        }
+    }
+}
+
+impl Default for Progress {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn cr() -> CrView {
+        CrView::from_json(&json!({
+            "metadata": {"name": "web-0", "creationTimestamp": "2026-01-01T00:00:00Z"},
+            "status": {"phase": "Hibernating", "conditions": [
+                {"type": "Progressing", "status": "True", "reason": "WaitingForLifecycle",
+                 "message": "waiting for vk-cocoon", "lastTransitionTime": "2026-01-01T00:00:03Z"}
+            ]}
+        }))
+    }
+
+    #[test]
+    fn lines_name_the_phase_the_reason_and_the_time_in_it() {
+        let now: Timestamp = "2026-01-01T00:00:15Z".parse().unwrap();
+        assert_eq!(
+            live_line(&cr(), now),
+            "web-0: Hibernating (WaitingForLifecycle) 12s: waiting for vk-cocoon"
+        );
+        assert_eq!(
+            plain_line(&cr(), now),
+            "00:00:15Z  web-0  Hibernating  WaitingForLifecycle  waiting for vk-cocoon"
+        );
+        let bare = CrView::from_json(&json!({"metadata": {"name": "w"}}));
+        assert_eq!(live_line(&bare, now), "w: (no status yet) <unknown>");
+    }
+
+    #[test]
+    fn a_redrawn_line_never_wraps() {
+        assert_eq!(fit("short", 10), "short");
+        assert_eq!(fit("a\nb", 10), "a b");
+        assert_eq!(fit("0123456789abc", 10), "012345678…");
+        assert_eq!(fit("0123456789abc", 10).chars().count(), 10);
+    }
+}
