@@ -140,6 +140,11 @@ apiVersion: audit.k8s.io/v1
 kind: Policy
 omitStages: ["RequestReceived"]
 rules:
+# CR status writes keep their body (the status sent), so the benchmark can tell a write
+# that moves the phase from one that only changes a condition.
+- level: Request
+  verbs: ["update", "patch"]
+  resources: [{group: "cocoonset.cocoonstack.io", resources: ["cocoonhibernations/status"]}]
 - level: Metadata
   verbs: ["create", "update", "patch", "delete", "deletecollection"]
 - level: None

@@ -104,6 +104,50 @@ pub struct Tally {
     pub conflicts: usize,
 }
 
+/// CR status writes that did not move the phase: a successful status write of `who` whose
+/// `status.phase` equals the phase of that CR's previous successful status write (a write
+/// that only changes a condition, such as a `Progressing` reason). Counted over
+/// `events[from..to]`, with the phases before `from` taken from the earlier events.
+/// `None` when the audit log holds no status bodies (a control plane started before its
+/// audit policy logged them: restart it with `hack/cluster-down.sh`).
+pub fn same_phase_status_writes(
+    events: &[Value],
+    from: usize,
+    to: usize,
+    who: impl Fn(&str) -> bool,
+) -> Option<usize> {
+    let mut last: std::collections::HashMap<&str, Value> = std::collections::HashMap::new();
+    let (mut count, mut bodies, mut writes) = (0, 0, 0);
+    for (i, e) in events.iter().enumerate().take(to) {
+        let status_write = is_write(e)
+            && who(user(e))
+            && e["objectRef"]["resource"] == "cocoonhibernations"
+            && e["objectRef"]["subresource"] == "status"
+            && (200..300).contains(&code(e));
+        if !status_write {
+            continue;
+        }
+        if i >= from {
+            writes += 1;
+        }
+        let Some(status) = e["requestObject"].get("status") else {
+            continue;
+        };
+        if i >= from {
+            bodies += 1;
+        }
+        let name = e["objectRef"]["name"].as_str().unwrap_or_default();
+        let phase = status["phase"].clone();
+        if let Some(before) = last.insert(name, phase.clone())
+            && i >= from
+            && before == phase
+        {
+            count += 1;
+        }
+    }
+    (writes == 0 || bodies == writes).then_some(count)
+}
+
 pub fn tally(events: &[Value], who: impl Fn(&str) -> bool) -> Tally {
     let mut t = Tally::default();
     for e in events.iter().filter(|e| is_write(e) && who(user(e))) {

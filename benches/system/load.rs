@@ -216,7 +216,7 @@ impl Drop for Ceiling {
 
 impl Ceiling {
     pub async fn start(cert: &std::path::Path, key: &std::path::Path) -> Self {
-        let port = crate::product::free_port();
+        let port = super::product::free_port();
         let exe = std::env::current_exe().expect("current exe");
         let child = std::process::Command::new(exe)
             .arg(CEILING_FLAG)

@@ -359,7 +359,7 @@ pub fn realistic_pod(name: &str, vm: &str) -> Pod {
                                 "capabilities": {"drop": ["ALL"]}}
         })
     };
-    let vm_id = format!("vmid-{:016x}", crate::cluster::random_u64());
+    let vm_id = format!("vmid-{:016x}", super::cluster::random_u64());
     serde_json::from_value(serde_json::json!({
         "apiVersion": "v1",
         "kind": "Pod",
@@ -464,7 +464,7 @@ pub async fn delete_pods(client: &kube::Client, ns: &str) {
 // Product observation.
 
 /// Every sample of the product's /metrics, keyed by `name{labels}`.
-pub fn scrape(product: &crate::product::Product) -> HashMap<String, f64> {
+pub fn scrape(product: &super::product::Product) -> HashMap<String, f64> {
     let Ok((200, body)) = product.get("/metrics") else {
         return HashMap::new();
     };

@@ -166,6 +166,7 @@ pub fn context(
         owed: Default::default(),
         refusals: Default::default(),
         superseded: Default::default(),
+        superseded_pods: Default::default(),
         fence,
     })
 }

@@ -46,6 +46,9 @@ pub struct Context {
     /// The resourceVersion each CR had when this process last wrote it. A pass that finds
     /// the cache still at that version would act on a view older than its own write.
     pub superseded: Mutex<HashMap<ObjectRef<CocoonHibernation>, String>>,
+    /// The same for pods (namespace, name): a pass that finds the pod cache still at the
+    /// version our annotation patch replaced would send that patch again.
+    pub superseded_pods: Mutex<HashMap<(String, String), String>>,
 }
 
 /// How soon a pass deferred because the cache has not seen our own write looks again;
@@ -135,6 +138,9 @@ async fn reconcile_inner(cr: Arc<CocoonHibernation>, ctx: &Context) -> Result<Ac
         return Ok(Action::requeue(OWN_WRITE_RETRY));
     }
     let pod = ctx.cache.pod(&ns, &pod_name);
+    if pod.as_deref().is_some_and(|p| ctx.pod_behind_own_write(p)) {
+        return Ok(Action::requeue(OWN_WRITE_RETRY));
+    }
     let view = pod.as_deref().map(PodView::from_pod);
     let now = Time(jiff::Timestamp::now());
     let pod_vm = view.as_ref().and_then(|v| v.vm_name.as_deref());
@@ -206,8 +212,10 @@ async fn execute(
             PodPatch::SetHibernate => annotations::set_hibernate_patch(pod),
             PodPatch::ClearHibernate => annotations::clear_hibernate_patch(pod),
         };
-        pods.patch(&pod.name_any(), &patch_params(), &Patch::Json::<()>(json))
+        let patched = pods
+            .patch(&pod.name_any(), &patch_params(), &Patch::Json::<()>(json))
             .await?;
+        ctx.wrote_pod(pod, &patched);
         tracing::info!(
             cr = %key(cr),
             pod = pod.name_any(),
@@ -469,6 +477,36 @@ impl Context {
     fn wrote(&self, cr: &CocoonHibernation) {
         if let (Some(rv), Ok(mut map)) = (&cr.metadata.resource_version, self.superseded.lock()) {
             map.insert(ObjectRef::from_obj(cr), rv.clone());
+        }
+    }
+
+    /// Notes that `pod`, as the cache held it, was superseded by our patch. A patch that
+    /// changed nothing keeps the resourceVersion, and no event would ever move past it.
+    fn wrote_pod(&self, pod: &Pod, patched: &Pod) {
+        let (Some(old), Ok(mut map)) =
+            (&pod.metadata.resource_version, self.superseded_pods.lock())
+        else {
+            return;
+        };
+        if patched.metadata.resource_version.as_ref() != Some(old) {
+            let key = (pod.namespace().unwrap_or_default(), pod.name_any());
+            map.insert(key, old.clone());
+        }
+    }
+
+    /// True while the pod cache still holds the version our last patch replaced.
+    fn pod_behind_own_write(&self, pod: &Pod) -> bool {
+        let Ok(mut map) = self.superseded_pods.lock() else {
+            return false;
+        };
+        let key = (pod.namespace().unwrap_or_default(), pod.name_any());
+        match map.get(&key) {
+            Some(rv) if pod.metadata.resource_version.as_ref() == Some(rv) => true,
+            Some(_) => {
+                map.remove(&key);
+                false
+            }
+            None => false,
         }
     }
 
