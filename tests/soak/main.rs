@@ -403,6 +403,16 @@ impl World {
         p.restart().await;
     }
 
+    /// Keeps a fault switched on past `min` until `injected` says it bit at least once
+    /// (at most one more minute), so a short run still injects every kind.
+    async fn hold(&self, min: Duration, injected: impl Fn() -> bool) {
+        tokio::time::sleep(min).await;
+        let until = Instant::now() + Duration::from_secs(60);
+        while !injected() && Instant::now() < until {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+
     async fn episode(&self, ep: Episode, rng: &mut StdRng) {
         let secs = |rng: &mut StdRng, a: u64, b: u64| Duration::from_millis(rng.random_range(a * 1000..b * 1000));
         match ep {
@@ -410,7 +420,8 @@ impl World {
                 let d = secs(rng, 8, 20);
                 self.mark("registry 503s on");
                 self.reg_proxy.faults.p503.store(200, std::sync::atomic::Ordering::Relaxed);
-                tokio::time::sleep(d).await;
+                let before = self.reg_proxy.counts().s503;
+                self.hold(d, || self.reg_proxy.counts().s503 > before).await;
                 self.reg_proxy.faults.p503.store(0, std::sync::atomic::Ordering::Relaxed);
                 self.mark("registry 503s off");
             }
@@ -421,7 +432,8 @@ impl World {
                 let f = &self.reg_proxy.faults;
                 f.slow_ms.store(slow.as_millis() as u64, std::sync::atomic::Ordering::Relaxed);
                 f.pslow.store(300, std::sync::atomic::Ordering::Relaxed);
-                tokio::time::sleep(d).await;
+                let before = self.reg_proxy.counts().slow;
+                self.hold(d, || self.reg_proxy.counts().slow > before).await;
                 f.pslow.store(0, std::sync::atomic::Ordering::Relaxed);
                 self.mark("registry slow off");
             }
@@ -429,7 +441,8 @@ impl World {
                 let d = secs(rng, 8, 20);
                 self.mark("registry refuses deletes");
                 self.reg_proxy.faults.refuse_deletes.store(true, std::sync::atomic::Ordering::Relaxed);
-                tokio::time::sleep(d).await;
+                let before = self.reg_proxy.counts().refused_deletes;
+                self.hold(d, || self.reg_proxy.counts().refused_deletes > before).await;
                 self.reg_proxy.faults.refuse_deletes.store(false, std::sync::atomic::Ordering::Relaxed);
                 self.mark("registry accepts deletes");
             }
@@ -445,7 +458,12 @@ impl World {
                 let d = secs(rng, 8, 20);
                 self.mark("apiserver faults on");
                 self.api_proxy.set(40, 40, 60, 25);
-                tokio::time::sleep(d).await;
+                let b = self.api_proxy.counts();
+                self.hold(d, || {
+                    let n = self.api_proxy.counts();
+                    n.s429 > b.s429 && n.s500 > b.s500 && n.s409 > b.s409 && n.drops > b.drops
+                })
+                .await;
                 self.api_proxy.set(0, 0, 0, 0);
                 self.mark("apiserver faults off");
             }
@@ -722,7 +740,7 @@ async fn run(cfg: Cfg) -> bool {
     let mut acts: Vec<(Duration, Act)> = Vec::new();
     for i in 0..cfg.crs {
         for _ in 0..rng.random_range(1..=3u32) {
-            acts.push((at(&mut rng, 0.0, 0.95), Act::Flip(i)));
+            acts.push((at(&mut rng, 0.0, 1.0), Act::Flip(i)));
         }
         if rng.random_bool(0.1) {
             let pause = Duration::from_millis(rng.random_range(500..4000));
@@ -743,7 +761,7 @@ async fn run(cfg: Cfg) -> bool {
     kinds.shuffle(&mut rng);
     for ep in kinds {
         let seed = rng.random();
-        acts.push((at(&mut rng, 0.02, 0.85), Act::Episode(ep, seed)));
+        acts.push((at(&mut rng, 0.02, 0.9), Act::Episode(ep, seed)));
     }
     acts.sort_by_key(|(t, _)| *t);
     log(

@@ -434,7 +434,7 @@ pub fn judge(
         .collect();
     for t in world.crs.values() {
         let mut prev: Option<Phase> = None;
-        for v in &t.versions {
+        for (k, v) in t.versions.iter().enumerate() {
             let Some(phase) = v.phase else { continue };
             if prev == Some(phase) {
                 continue;
@@ -446,10 +446,11 @@ pub fn judge(
                 graph.checked += 1;
                 if !allowed(prev, phase, v.desire) {
                     graph.violations.push(format!(
-                        "CR {} (uid {}): {} -> {phase} with desire {:?} at revision {}",
+                        "CR {} (uid {}): {} -> {phase} ({}) with desire {:?} at revision {}",
                         t.name,
                         t.uid,
                         prev.map_or("(none)".to_owned(), |p| p.to_string()),
+                        v.reason,
                         v.desire,
                         v.rv
                     ));
@@ -464,7 +465,27 @@ pub fn judge(
                     h3.checked += 1;
                     let ops = vm.and_then(|vm| by_vm.get(vm)).map_or(&[][..], |o| &o[..]);
                     match tag_at(ops, v.rv) {
-                        At::Known(true) => {}
+                        At::Known(true) => {
+                            // H3: a tag pushed before this hibernate began (a stale tag)
+                            // never completes it. The cycle began at the last version
+                            // before this one that was neither Hibernating nor Failed.
+                            let start = t.versions[..k]
+                                .iter()
+                                .rev()
+                                .find(|p| !matches!(p.phase, Some(Phase::Hibernating | Phase::Failed)))
+                                .or(t.versions.first())
+                                .map_or(0, |p| p.rv);
+                            let put = ops
+                                .iter()
+                                .rev()
+                                .find(|o| o.rev_after <= v.rv && !o.delete && o.after.is_some());
+                            if let Some(put) = put.filter(|o| o.rev_after <= start) {
+                                h3.violations.push(format!(
+                                    "CR {} (uid {}) entered Hibernated at revision {} on a tag pushed at revisions {}..{}, before its hibernate began (revision {start})",
+                                    t.name, t.uid, v.rv, put.rev_before, put.rev_after
+                                ));
+                            }
+                        }
                         At::Known(false) => h3.violations.push(format!(
                             "CR {} (uid {}) entered Hibernated at revision {} while {:?}:hibernate was absent",
                             t.name, t.uid, v.rv, vm
