@@ -114,11 +114,17 @@ impl Cfg {
 }
 
 fn log(started: Instant, msg: impl AsRef<str>) {
-    eprintln!("[soak {:>7.1}s] {}", started.elapsed().as_secs_f64(), msg.as_ref());
+    eprintln!(
+        "[soak {:>7.1}s] {}",
+        started.elapsed().as_secs_f64(),
+        msg.as_ref()
+    );
 }
 
 fn hack(script: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("hack").join(script)
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("hack")
+        .join(script)
 }
 
 /// Runs `hack/cluster-up.sh [args] <state dir>`; returns the env file it printed.
@@ -226,6 +232,8 @@ struct World {
     /// Exits the harness did not cause, and SIGTERMs that did not exit 0.
     exits: Mutex<Vec<String>>,
     marks: Mutex<Vec<(f64, String)>>,
+    /// One kube-apiserver restart at a time.
+    restarting: AsyncMutex<()>,
 }
 
 fn pod_name(i: usize) -> String {
@@ -250,7 +258,7 @@ impl World {
 
     async fn set_desire(&self, name: &str, desire: Desire) -> Result<(), String> {
         let patch = serde_json::json!({ "spec": { "desire": desire } });
-        retry(Duration::from_secs(30), || async {
+        retry(Duration::from_secs(120), || async {
             self.crs
                 .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
                 .await
@@ -265,9 +273,7 @@ impl World {
             match self.crs.create(&PostParams::default(), &cr).await {
                 Ok(_) => Ok(()),
                 // A create whose answer was lost may have landed.
-                Err(kube::Error::Api(s)) if s.code == 409 && s.reason == "AlreadyExists" => {
-                    Ok(())
-                }
+                Err(kube::Error::Api(s)) if s.code == 409 && s.reason == "AlreadyExists" => Ok(()),
                 Err(e) => Err(e),
             }
         })
@@ -383,7 +389,10 @@ impl World {
         }
         let until = Instant::now() + HIBERNATE_TIMEOUT * 3;
         while Instant::now() < until {
-            if self.seen(&name).is_some_and(|s| s.0 == Some(Phase::Hibernated)) {
+            if self
+                .seen(&name)
+                .is_some_and(|s| s.0 == Some(Phase::Hibernated))
+            {
                 break;
             }
             tokio::time::sleep(Duration::from_millis(300)).await;
@@ -414,15 +423,23 @@ impl World {
     }
 
     async fn episode(&self, ep: Episode, rng: &mut StdRng) {
-        let secs = |rng: &mut StdRng, a: u64, b: u64| Duration::from_millis(rng.random_range(a * 1000..b * 1000));
+        let secs = |rng: &mut StdRng, a: u64, b: u64| {
+            Duration::from_millis(rng.random_range(a * 1000..b * 1000))
+        };
         match ep {
             Episode::Registry503 => {
                 let d = secs(rng, 8, 20);
                 self.mark("registry 503s on");
-                self.reg_proxy.faults.p503.store(200, std::sync::atomic::Ordering::Relaxed);
+                self.reg_proxy
+                    .faults
+                    .p503
+                    .store(200, std::sync::atomic::Ordering::Relaxed);
                 let before = self.reg_proxy.counts().s503;
                 self.hold(d, || self.reg_proxy.counts().s503 > before).await;
-                self.reg_proxy.faults.p503.store(0, std::sync::atomic::Ordering::Relaxed);
+                self.reg_proxy
+                    .faults
+                    .p503
+                    .store(0, std::sync::atomic::Ordering::Relaxed);
                 self.mark("registry 503s off");
             }
             Episode::RegistrySlow => {
@@ -430,7 +447,10 @@ impl World {
                 let slow = Duration::from_millis(rng.random_range(800..4000));
                 self.mark(&format!("registry slow ({slow:?}) on"));
                 let f = &self.reg_proxy.faults;
-                f.slow_ms.store(slow.as_millis() as u64, std::sync::atomic::Ordering::Relaxed);
+                f.slow_ms.store(
+                    slow.as_millis() as u64,
+                    std::sync::atomic::Ordering::Relaxed,
+                );
                 f.pslow.store(300, std::sync::atomic::Ordering::Relaxed);
                 let before = self.reg_proxy.counts().slow;
                 self.hold(d, || self.reg_proxy.counts().slow > before).await;
@@ -440,10 +460,17 @@ impl World {
             Episode::RegistryRefuseDeletes => {
                 let d = secs(rng, 8, 20);
                 self.mark("registry refuses deletes");
-                self.reg_proxy.faults.refuse_deletes.store(true, std::sync::atomic::Ordering::Relaxed);
+                self.reg_proxy
+                    .faults
+                    .refuse_deletes
+                    .store(true, std::sync::atomic::Ordering::Relaxed);
                 let before = self.reg_proxy.counts().refused_deletes;
-                self.hold(d, || self.reg_proxy.counts().refused_deletes > before).await;
-                self.reg_proxy.faults.refuse_deletes.store(false, std::sync::atomic::Ordering::Relaxed);
+                self.hold(d, || self.reg_proxy.counts().refused_deletes > before)
+                    .await;
+                self.reg_proxy
+                    .faults
+                    .refuse_deletes
+                    .store(false, std::sync::atomic::Ordering::Relaxed);
                 self.mark("registry accepts deletes");
             }
             Episode::RegistryRefuseConnections => {
@@ -468,6 +495,7 @@ impl World {
                 self.mark("apiserver faults off");
             }
             Episode::ApiRestart => {
+                let _one = self.restarting.lock().await;
                 self.mark("kube-apiserver restart");
                 self.faults.add("apiserver.restart", 1);
                 let state_dir = self.cluster.state_dir.clone();
@@ -524,7 +552,9 @@ impl World {
                 self.sim.knobs.set_hibernate_delay(delay);
                 self.sim.knobs.set_wake_delay(delay);
                 tokio::time::sleep(d).await;
-                self.sim.knobs.set_hibernate_delay(Duration::from_millis(200));
+                self.sim
+                    .knobs
+                    .set_hibernate_delay(Duration::from_millis(200));
                 self.sim.knobs.set_wake_delay(Duration::from_millis(200));
                 self.mark("vk slow off");
             }
@@ -582,7 +612,10 @@ async fn run(cfg: Cfg) -> bool {
     let started = Instant::now();
     let mut rng = StdRng::seed_from_u64(cfg.seed);
     std::fs::create_dir_all(&cfg.out).expect("create the output directory");
-    log(started, format!("control plane in {}", cfg.state_dir.display()));
+    log(
+        started,
+        format!("control plane in {}", cfg.state_dir.display()),
+    );
     let state_dir = cfg.state_dir.clone();
     let env_file = tokio::task::spawn_blocking(move || cluster_up(&[], &state_dir))
         .await
@@ -592,7 +625,10 @@ async fn run(cfg: Cfg) -> bool {
     product::ensure_crd(&client).await;
     let ns = cluster.fresh_namespace(&client, "soak").await;
     let audit_start = cluster.audit_mark();
-    log(started, format!("namespace {ns}, kube-apiserver {}", cluster.k8s_version));
+    log(
+        started,
+        format!("namespace {ns}, kube-apiserver {}", cluster.k8s_version),
+    );
 
     // The registry side: one tap, two proxies (the product's can fail; the simulator's
     // only records).
@@ -617,7 +653,10 @@ async fn run(cfg: Cfg) -> bool {
         .expect("PEM")
     };
     let user = &kc["users"][0]["user"];
-    let client_pair = (b64(&user["client-certificate-data"]), b64(&user["client-key-data"]));
+    let client_pair = (
+        b64(&user["client-certificate-data"]),
+        b64(&user["client-key-data"]),
+    );
     let upstream = cluster
         .apiserver_url
         .trim_start_matches("https://")
@@ -659,13 +698,30 @@ async fn run(cfg: Cfg) -> bool {
             ("KUBECONFIG".into(), kubeconfig.display().to_string()),
             ("COCOON_APISERVER_TIMEOUT".into(), "5s".into()),
         ];
-        replicas.push(Arc::new(AsyncMutex::new(Product::start(&cluster, &o).await)));
+        replicas.push(Arc::new(AsyncMutex::new(
+            Product::start(&cluster, &o).await,
+        )));
     }
     let webhook_port = replicas[0].lock().await.webhook_port;
-    product::install_webhook(&client, &cluster, &ns, webhook_port, "cocoonset.cocoonstack.io").await;
+    product::install_webhook(
+        &client,
+        &cluster,
+        &ns,
+        webhook_port,
+        "cocoonset.cocoonstack.io",
+    )
+    .await;
     let observer = Observer::start(&client, &ns, started);
-    let knobs = Arc::new(SimKnobs::new(Duration::from_millis(200), Duration::from_millis(200)));
-    let sim = vk_sim::spawn(client.clone(), Some(ns.clone()), sim_proxy.addr.clone(), knobs);
+    let knobs = Arc::new(SimKnobs::new(
+        Duration::from_millis(200),
+        Duration::from_millis(200),
+    ));
+    let sim = vk_sim::spawn(
+        client.clone(),
+        Some(ns.clone()),
+        sim_proxy.addr.clone(),
+        knobs,
+    );
 
     let world = Arc::new(World {
         started,
@@ -684,6 +740,7 @@ async fn run(cfg: Cfg) -> bool {
         harness_errors: Mutex::new(Vec::new()),
         exits: Mutex::new(Vec::new()),
         marks: Mutex::new(Vec::new()),
+        restarting: AsyncMutex::new(()),
     });
 
     // ---- the load: pods and CRs
@@ -769,7 +826,9 @@ async fn run(cfg: Cfg) -> bool {
         format!(
             "schedule: {} actions over {chaos:?} ({} episodes)",
             acts.len(),
-            acts.iter().filter(|a| matches!(a.1, Act::Episode(..))).count()
+            acts.iter()
+                .filter(|a| matches!(a.1, Act::Episode(..)))
+                .count()
         ),
     );
 
@@ -818,7 +877,10 @@ async fn run(cfg: Cfg) -> bool {
     for (r, p) in world.replicas.iter().enumerate() {
         let mut p = p.lock().await;
         if p.pid().is_none() {
-            log(started, format!("replica-{r} was down at the stop; starting it"));
+            log(
+                started,
+                format!("replica-{r} was down at the stop; starting it"),
+            );
             p.restart().await;
         }
     }
@@ -859,10 +921,14 @@ async fn run(cfg: Cfg) -> bool {
         for i in 0..cfg.crs {
             converge.checked += 1;
             let Some(t) = w.current(&pod_name(i)) else {
-                converge.violations.push(format!("CR {} is missing", pod_name(i)));
+                converge
+                    .violations
+                    .push(format!("CR {} is missing", pod_name(i)));
                 continue;
             };
-            let Some(last) = t.versions.last() else { continue };
+            let Some(last) = t.versions.last() else {
+                continue;
+            };
             let want = terminal(last.desire);
             if last.phase != Some(want) {
                 converge.violations.push(format!(
@@ -888,7 +954,8 @@ async fn run(cfg: Cfg) -> bool {
             let reversed = at_stop.is_some_and(|v| {
                 matches!(
                     (v.phase, want),
-                    (Some(Phase::Hibernating), Phase::Active) | (Some(Phase::Waking), Phase::Hibernated)
+                    (Some(Phase::Hibernating), Phase::Active)
+                        | (Some(Phase::Waking), Phase::Hibernated)
                 )
             });
             let budget = if reversed {
@@ -914,8 +981,7 @@ async fn run(cfg: Cfg) -> bool {
     for &i in &removed {
         let name = pod_name(i);
         let dp = DeleteParams::default();
-        if let Err(e) = retry(Duration::from_secs(30), || world.crs.delete(&name, &dp)).await
-        {
+        if let Err(e) = retry(Duration::from_secs(30), || world.crs.delete(&name, &dp)).await {
             world.harness_error(format!("final delete of {}: {e}", pod_name(i)));
         }
     }
@@ -930,7 +996,10 @@ async fn run(cfg: Cfg) -> bool {
         "G1",
         "after the faults stop no :hibernate tag is left for a VM whose CRs are all deleted or Active (W3, G1)",
     );
-    let mut kept = Verdict::new("S1", "after the faults stop every Hibernated CR still has its tag");
+    let mut kept = Verdict::new(
+        "S1",
+        "after the faults stop every Hibernated CR still has its tag",
+    );
     let tag_deadline = Instant::now() + Duration::from_secs(90);
     loop {
         leftover.violations.clear();
@@ -959,8 +1028,9 @@ async fn run(cfg: Cfg) -> bool {
                             .flatten()
                             .and_then(|cr| {
                                 cr.status.and_then(|s| {
-                                    conditions::find(&s.conditions, SNAPSHOT_DELETED)
-                                        .map(|c| format!("{} {}: {}", c.status, c.reason, c.message))
+                                    conditions::find(&s.conditions, SNAPSHOT_DELETED).map(|c| {
+                                        format!("{} {}: {}", c.status, c.reason, c.message)
+                                    })
                                 })
                             });
                         leftover.violations.push(format!(
@@ -989,7 +1059,10 @@ async fn run(cfg: Cfg) -> bool {
     world.mark("tags checked");
 
     // ---- a quiet minute: no API writes in the namespace but lease renewals (C3)
-    let mut quiet = Verdict::new("C3", "0 API writes in a settled, quiet minute (lease renewals aside)");
+    let mut quiet = Verdict::new(
+        "C3",
+        "0 API writes in a settled, quiet minute (lease renewals aside)",
+    );
     let mark = cluster.audit_mark();
     tokio::time::sleep(cfg.quiet).await;
     let writes: Vec<String> = cluster
@@ -1015,9 +1088,11 @@ async fn run(cfg: Cfg) -> bool {
         .collect();
     quiet.checked = 1;
     if !writes.is_empty() {
-        quiet
-            .violations
-            .push(format!("{} writes in the quiet {:?}: {writes:?}", writes.len(), cfg.quiet));
+        quiet.violations.push(format!(
+            "{} writes in the quiet {:?}: {writes:?}",
+            writes.len(),
+            cfg.quiet
+        ));
     }
     world.mark("quiet window over");
     exit_watch.abort();
@@ -1069,8 +1144,12 @@ async fn run(cfg: Cfg) -> bool {
     world.faults.add("apiserver.dropped_connection", api.drops);
     world.faults.add("registry.503", reg.s503);
     world.faults.add("registry.slow_answer", reg.slow);
-    world.faults.add("registry.refused_delete", reg.refused_deletes);
-    world.faults.add("registry.refused_connections", reg.refused_connections);
+    world
+        .faults
+        .add("registry.refused_delete", reg.refused_deletes);
+    world
+        .faults
+        .add("registry.refused_connections", reg.refused_connections);
     let faults = world.faults.snapshot();
     let required = [
         "apiserver.429",
@@ -1121,9 +1200,21 @@ async fn run(cfg: Cfg) -> bool {
     let _ = writeln!(text, "CRs               {}", cfg.crs);
     let _ = writeln!(text, "namespace         {ns}");
     let _ = writeln!(text, "chaos window      {:?}", cfg.chaos);
-    let _ = writeln!(text, "run time          {:.0}s", started.elapsed().as_secs_f64());
-    let _ = writeln!(text, "transitions       {transitions} (observer relists: {relists})");
-    let _ = writeln!(text, "tag PUT/DELETEs   {} ({} DELETEs removed a tag)", ops.len(), ops.iter().filter(|o| o.removed_tag()).count());
+    let _ = writeln!(
+        text,
+        "run time          {:.0}s",
+        started.elapsed().as_secs_f64()
+    );
+    let _ = writeln!(
+        text,
+        "transitions       {transitions} (observer relists: {relists})"
+    );
+    let _ = writeln!(
+        text,
+        "tag PUT/DELETEs   {} ({} DELETEs removed a tag)",
+        ops.len(),
+        ops.iter().filter(|o| o.removed_tag()).count()
+    );
     let _ = writeln!(text, "faults injected   {total_faults}");
     for (k, n) in &faults {
         let _ = writeln!(text, "  {k:<32} {n}");
@@ -1139,7 +1230,11 @@ async fn run(cfg: Cfg) -> bool {
             text,
             "  {:<3} {:<4} checked {:>6}  undecidable {:>4}  violations {:>3}  {}",
             v.id,
-            if v.violations.is_empty() { "ok" } else { "FAIL" },
+            if v.violations.is_empty() {
+                "ok"
+            } else {
+                "FAIL"
+            },
             v.checked,
             v.unknown,
             v.violations.len(),
@@ -1149,7 +1244,8 @@ async fn run(cfg: Cfg) -> bool {
             let _ = writeln!(text, "      - {m}");
         }
     }
-    let p = |q: f64| bench_report::pct(&converge_s, q).map_or("-".to_owned(), |s| format!("{s:.1}s"));
+    let p =
+        |q: f64| bench_report::pct(&converge_s, q).map_or("-".to_owned(), |s| format!("{s:.1}s"));
     let _ = writeln!(
         text,
         "convergence       after the faults stopped: p50 {} p99 {} max {} (over {} CRs)",
@@ -1164,7 +1260,11 @@ async fn run(cfg: Cfg) -> bool {
         product_writes as f64 / transitions.max(1) as f64
     );
     if !harness_errors.is_empty() {
-        let _ = writeln!(text, "harness errors    {} (the run is not valid)", harness_errors.len());
+        let _ = writeln!(
+            text,
+            "harness errors    {} (the run is not valid)",
+            harness_errors.len()
+        );
         for e in harness_errors.iter().take(20) {
             let _ = writeln!(text, "  - {e}");
         }
@@ -1177,17 +1277,28 @@ async fn run(cfg: Cfg) -> bool {
     let mark_refs: Vec<(f64, &str)> = marks
         .iter()
         .filter(|(_, l)| {
-            l.starts_with("faults stop") || l.starts_with("load created") || l.starts_with("kube-apiserver restart") || l.starts_with("kill") || l.starts_with("SIGTERM")
+            l.starts_with("faults stop")
+                || l.starts_with("load created")
+                || l.starts_with("kube-apiserver restart")
+                || l.starts_with("kill")
+                || l.starts_with("SIGTERM")
         })
         .map(|(ms, l)| (*ms, l.as_str()))
         .collect();
     let svg = bench_report::phases_svg(
-        &format!("soak seed {}: {} CRs, phase counts over time", cfg.seed, cfg.crs),
+        &format!(
+            "soak seed {}: {} CRs, phase counts over time",
+            cfg.seed, cfg.crs
+        ),
         &timeline,
         &mark_refs,
     );
     let _ = std::fs::write(cfg.out.join("phases.svg"), svg);
-    let _ = writeln!(text, "output            {}/{{report.txt,phases.svg,replica-*.log}}", cfg.out.display());
+    let _ = writeln!(
+        text,
+        "output            {}/{{report.txt,phases.svg,replica-*.log}}",
+        cfg.out.display()
+    );
     let summary = format!(
         "soak: seed={} crs={} transitions={transitions} faults={total_faults} invariants={} violations={violations}",
         cfg.seed,

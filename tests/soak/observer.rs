@@ -239,7 +239,8 @@ impl Observer {
                         watcher::Event::Apply(cr) => w.record_cr(&cr, false),
                         watcher::Event::Delete(cr) => {
                             w.record_cr(&cr, false);
-                            if let Some(t) = cr.metadata.uid.as_ref().and_then(|u| w.crs.get_mut(u)) {
+                            if let Some(t) = cr.metadata.uid.as_ref().and_then(|u| w.crs.get_mut(u))
+                            {
                                 t.gone = Some((Instant::now(), Some(rv_of(&cr.metadata))));
                             }
                         }
@@ -365,7 +366,10 @@ pub fn judge(
         "no tag deleted while a live CR of its VM is Hibernated, or Hibernating with vk done",
     );
     let mut h3 = Verdict::new("H3", "no CR enters Hibernated without its tag present");
-    let mut w2 = Verdict::new("W2", "no CR enters Active while vk reports hibernating/hibernated");
+    let mut w2 = Verdict::new(
+        "W2",
+        "no CR enters Active while vk reports hibernating/hibernated",
+    );
     let mut graph = Verdict::new(
         "D1",
         "phases follow the transition graph (no skipped state; Waking/Hibernating only with that desire)",
@@ -456,10 +460,9 @@ pub fn judge(
                     ));
                 }
             }
-            let vm = v
-                .vm
-                .as_deref()
-                .or_else(|| vm_of_pod.get(t.name.as_str()).copied());
+            let vm =
+                v.vm.as_deref()
+                    .or_else(|| vm_of_pod.get(t.name.as_str()).copied());
             match phase {
                 Phase::Hibernated => {
                     h3.checked += 1;

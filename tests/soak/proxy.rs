@@ -12,10 +12,10 @@
 //!   [`Tap`]: serialized per VM, bracketed by the etcd revision and by the observer's own
 //!   HEAD of the tag, so each one is placed in the apiserver's history.
 
-use hyper::body::Bytes;
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full};
+use hyper::body::Bytes;
 use hyper::body::Incoming;
 use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
@@ -58,8 +58,9 @@ impl From<BoxError> for Dropped {
 pub trait Io: AsyncRead + AsyncWrite + Unpin + Send + 'static {}
 impl<T: AsyncRead + AsyncWrite + Unpin + Send + 'static> Io for T {}
 
-type Connect =
-    Arc<dyn Fn() -> Pin<Box<dyn Future<Output = std::io::Result<Box<dyn Io>>> + Send>> + Send + Sync>;
+type Connect = Arc<
+    dyn Fn() -> Pin<Box<dyn Future<Output = std::io::Result<Box<dyn Io>>> + Send>> + Send + Sync,
+>;
 
 fn full(bytes: impl Into<Bytes>) -> Body {
     Full::new(bytes.into())
@@ -118,8 +119,8 @@ async fn serve_connection(
         sender: None,
     }));
     let service = hyper::service::service_fn(move |req| handler(req, upstream.clone()));
-    let conn = hyper::server::conn::http1::Builder::new()
-        .serve_connection(TokioIo::new(down), service);
+    let conn =
+        hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(down), service);
     tokio::select! {
         _ = conn => {}
         _ = kill.wait_for(|k| *k) => {}
@@ -197,7 +198,8 @@ impl Drop for ApiProxy {
 
 fn is_watch(req: &Request<Incoming>) -> bool {
     let q = req.uri().query().unwrap_or_default();
-    q.split('&').any(|kv| kv == "watch=true" || kv == "watch=1") || req.uri().path().contains("/watch/")
+    q.split('&').any(|kv| kv == "watch=true" || kv == "watch=1")
+        || req.uri().path().contains("/watch/")
 }
 
 fn status_json(code: u16, reason: &str, message: &str) -> Response<Body> {
@@ -207,8 +209,10 @@ fn status_json(code: u16, reason: &str, message: &str) -> Response<Body> {
     });
     let mut res = Response::new(full(body.to_string()));
     *res.status_mut() = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    res.headers_mut()
-        .insert("content-type", http::HeaderValue::from_static("application/json"));
+    res.headers_mut().insert(
+        "content-type",
+        http::HeaderValue::from_static("application/json"),
+    );
     if code == 429 {
         res.headers_mut()
             .insert("retry-after", http::HeaderValue::from_static("1"));
@@ -276,15 +280,27 @@ impl ApiProxy {
                     let f = |p: &AtomicU32| per_mille(&rng, p.load(Ordering::Relaxed));
                     if f(&faults.p429) {
                         counters.s429.fetch_add(1, Ordering::Relaxed);
-                        return Ok(status_json(429, "TooManyRequests", "soak: too many requests, please try again later"));
+                        return Ok(status_json(
+                            429,
+                            "TooManyRequests",
+                            "soak: too many requests, please try again later",
+                        ));
                     }
                     if f(&faults.p500) {
                         counters.s500.fetch_add(1, Ordering::Relaxed);
-                        return Ok(status_json(500, "InternalError", "soak: injected internal error"));
+                        return Ok(status_json(
+                            500,
+                            "InternalError",
+                            "soak: injected internal error",
+                        ));
                     }
                     if write && f(&faults.p409) {
                         counters.s409.fetch_add(1, Ordering::Relaxed);
-                        return Ok(status_json(409, "Conflict", "Operation cannot be fulfilled: the object has been modified; please apply your changes to the latest version and try again (soak)"));
+                        return Ok(status_json(
+                            409,
+                            "Conflict",
+                            "Operation cannot be fulfilled: the object has been modified; please apply your changes to the latest version and try again (soak)",
+                        ));
                     }
                     if f(&faults.pdrop) {
                         counters.drops.fetch_add(1, Ordering::Relaxed);
@@ -309,8 +325,12 @@ impl ApiProxy {
                 let Ok((tcp, _)) = listener.accept().await else {
                     continue;
                 };
-                let (acceptor, connect, handler, kill) =
-                    (acceptor.clone(), connect.clone(), handler.clone(), kill_rx.clone());
+                let (acceptor, connect, handler, kill) = (
+                    acceptor.clone(),
+                    connect.clone(),
+                    handler.clone(),
+                    kill_rx.clone(),
+                );
                 tokio::spawn(async move {
                     if let Ok(tls) = acceptor.accept(tcp).await {
                         serve_connection(tls, connect, handler, kill).await;
@@ -426,7 +446,10 @@ impl Tap {
     pub async fn head(&self, vm: &str) -> Result<Option<String>, BoxError> {
         let res = self
             .http
-            .head(format!("http://{}/v2/{vm}/manifests/hibernate", self.registry))
+            .head(format!(
+                "http://{}/v2/{vm}/manifests/hibernate",
+                self.registry
+            ))
             .header("accept", MANIFEST_ACCEPT)
             .send()
             .await?;
@@ -467,7 +490,6 @@ impl Tap {
                 status: parts.status.as_u16(),
                 before,
                 after,
-
             }),
             (a, r) => self.errors.lock().unwrap().push(format!(
                 "could not observe after {} of {vm}: {:?} {:?}",

@@ -241,7 +241,9 @@ impl Product {
     /// The exit status when the process ended by itself: `None` while it runs, and after
     /// [`Self::kill9`] or [`Self::sigterm`] (they take the process).
     pub fn exited(&mut self) -> Option<ExitStatus> {
-        self.child.as_mut().and_then(|c| c.try_wait().ok().flatten())
+        self.child
+            .as_mut()
+            .and_then(|c| c.try_wait().ok().flatten())
     }
 
     pub fn pid(&self) -> Option<u32> {
