@@ -363,7 +363,7 @@ pub fn judge(
 ) -> (Vec<Verdict>, usize) {
     let mut s1 = Verdict::new(
         "S1",
-        "no tag deleted while a live CR of its VM is Hibernated, or Hibernating with vk done",
+        "no tag deleted while a live CR of its VM is Hibernated, or vk reports the VM hibernated (Hibernating with vk done, Waking before vk woke it)",
     );
     let mut h3 = Verdict::new("H3", "no CR enters Hibernated without its tag present");
     let mut w2 = Verdict::new(
@@ -407,18 +407,19 @@ pub fn judge(
                 if v.deleting {
                     continue;
                 }
-                let bad = match v.phase {
-                    Some(Phase::Hibernated) => Some("Hibernated".to_owned()),
-                    Some(Phase::Hibernating) => match world.pod_at(pod, rv) {
-                        At::Known(Some(p)) if p.vk_done => {
-                            Some("Hibernating with vk done".to_owned())
-                        }
-                        At::Unknown => {
-                            s1.unknown += 1;
-                            None
-                        }
-                        _ => None,
-                    },
+                // Hibernated, or any other phase while vk reports the VM hibernated and
+                // gone (Hibernating with vk done, or a wake vk has not done yet): the tag
+                // is then the VM's only copy.
+                let bad = match (v.phase, world.pod_at(pod, rv)) {
+                    (Some(Phase::Hibernated), _) => Some("Hibernated".to_owned()),
+                    (phase, At::Known(Some(p))) if p.vk_done => Some(format!(
+                        "{} while vk reported the VM hibernated and gone",
+                        phase.map_or("(no phase)".to_owned(), |p| p.to_string())
+                    )),
+                    (_, At::Unknown) => {
+                        s1.unknown += 1;
+                        None
+                    }
                     _ => None,
                 };
                 if let Some(state) = bad {
