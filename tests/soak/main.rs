@@ -1277,11 +1277,10 @@ async fn run(cfg: Cfg) -> bool {
     let mark_refs: Vec<(f64, &str)> = marks
         .iter()
         .filter(|(_, l)| {
+            // Labels overlap when marks are dense: the phases and the apiserver restarts.
             l.starts_with("faults stop")
                 || l.starts_with("load created")
                 || l.starts_with("kube-apiserver restart")
-                || l.starts_with("kill")
-                || l.starts_with("SIGTERM")
         })
         .map(|(ms, l)| (*ms, l.as_str()))
         .collect();

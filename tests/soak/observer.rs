@@ -184,6 +184,21 @@ impl World {
     }
 }
 
+/// Retry a broken watch every 250 ms: after an apiserver restart the observer must be
+/// back before the product is, or its relist hides transitions (they count as undecidable).
+struct Quick;
+
+impl Iterator for Quick {
+    type Item = Duration;
+    fn next(&mut self) -> Option<Duration> {
+        Some(Duration::from_millis(250))
+    }
+}
+
+impl kube::runtime::utils::Backoff for Quick {
+    fn reset(&mut self) {}
+}
+
 pub struct Observer {
     pub world: Arc<Mutex<World>>,
     tasks: Vec<JoinHandle<()>>,
@@ -205,7 +220,7 @@ impl Observer {
         let cr_task = {
             let world = world.clone();
             tokio::spawn(async move {
-                let stream = watcher(crs, watcher::Config::default()).default_backoff();
+                let stream = watcher(crs, watcher::Config::default()).backoff(Quick);
                 futures::pin_mut!(stream);
                 let mut synced = false;
                 let mut seen: HashSet<String> = HashSet::new();
@@ -251,7 +266,7 @@ impl Observer {
         let pod_task = {
             let world = world.clone();
             tokio::spawn(async move {
-                let stream = watcher(pods, watcher::Config::default()).default_backoff();
+                let stream = watcher(pods, watcher::Config::default()).backoff(Quick);
                 futures::pin_mut!(stream);
                 let mut synced = false;
                 while let Some(ev) = stream.next().await {
