@@ -280,11 +280,18 @@ impl World {
 
     async fn create_cr(&self, i: usize, desire: Desire) -> Result<(), String> {
         let cr = product::new_cr(&pod_name(i), &pod_name(i), desire);
-        retry(Duration::from_secs(120), || async {
+        retry(Duration::from_secs(600), || async {
             match self.crs.create(&PostParams::default(), &cr).await {
                 Ok(_) => Ok(()),
-                // A create whose answer was lost may have landed.
-                Err(kube::Error::Api(s)) if s.code == 409 && s.reason == "AlreadyExists" => Ok(()),
+                // A create whose answer was lost may have landed; an old CR still being
+                // deleted has to go first.
+                Err(kube::Error::Api(s)) if s.code == 409 && s.reason == "AlreadyExists" => {
+                    match self.crs.get_opt(&pod_name(i)).await {
+                        Ok(Some(cr)) if !cr.is_deleting() => Ok(()),
+                        Ok(_) => Err(kube::Error::Api(s)),
+                        Err(e) => Err(e),
+                    }
+                }
                 Err(e) => Err(e),
             }
         })
@@ -335,10 +342,11 @@ impl World {
         if let Err(e) = deleted {
             self.harness_error(format!("delete of {name}: {e}"));
         }
-        let gone_by = Instant::now() + Duration::from_secs(240);
+        // A backlog of 1,000 CRs under faults can take minutes to reach a deletion.
+        let gone_by = Instant::now() + Duration::from_secs(600);
         while self.seen(&name).is_some() {
             if Instant::now() > gone_by {
-                self.harness_error(format!("{name} not gone 240 s after its delete"));
+                self.harness_error(format!("{name} not gone 600 s after its delete"));
                 break;
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
@@ -520,8 +528,17 @@ impl World {
                 self.mark("kube-apiserver back");
             }
             Episode::KillLeader => {
-                let Some(r) = self.leader().await else {
-                    self.harness_error("kill -9: no leader to kill".into());
+                // Both replicas may be down for a moment (another episode): wait for one.
+                let mut leader = None;
+                for _ in 0..120 {
+                    leader = self.leader().await;
+                    if leader.is_some() {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                }
+                let Some(r) = leader else {
+                    self.harness_error("kill -9: no leader to kill within 60 s".into());
                     return;
                 };
                 let down = secs(rng, 1, 5);
@@ -1021,7 +1038,16 @@ async fn run(cfg: Cfg) -> bool {
     for &i in &removed {
         let name = pod_name(i);
         let dp = DeleteParams::default();
-        if let Err(e) = retry(Duration::from_secs(30), || world.crs.delete(&name, &dp)).await {
+        let deleted = retry(Duration::from_secs(30), || async {
+            match world.crs.delete(&name, &dp).await {
+                Ok(_) => Ok(()),
+                // Gone already: an earlier attempt whose answer was lost.
+                Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+                Err(e) => Err(e),
+            }
+        })
+        .await;
+        if let Err(e) = deleted {
             world.harness_error(format!("final delete of {}: {e}", pod_name(i)));
         }
     }
