@@ -1184,6 +1184,24 @@ async fn run(cfg: Cfg) -> bool {
 
     // ---- judging the histories
     let ops = tap.ops.lock().unwrap().clone();
+    // Every snapshot PUT and DELETE as the tap saw it, for replays and post-mortems.
+    let _ = std::fs::write(
+        cfg.out.join("tag-ops.txt"),
+        ops.iter()
+            .map(|o| {
+                format!(
+                    "{} {} {}..{} {} {:?} -> {:?}\n",
+                    o.vm,
+                    if o.delete { "DELETE" } else { "PUT" },
+                    o.rev_before,
+                    o.rev_after,
+                    o.status,
+                    o.before,
+                    o.after
+                )
+            })
+            .collect::<String>(),
+    );
     for e in tap.errors.lock().unwrap().iter() {
         world.harness_error(e.clone());
     }
@@ -1361,7 +1379,7 @@ async fn run(cfg: Cfg) -> bool {
     let _ = std::fs::write(cfg.out.join("phases.svg"), svg);
     let _ = writeln!(
         text,
-        "output            {}/{{report.txt,phases.svg,replica-*.log}}",
+        "output            {}/{{report.txt,phases.svg,tag-ops.txt,replica-*.log}}",
         cfg.out.display()
     );
     let summary = format!(

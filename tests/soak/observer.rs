@@ -506,8 +506,22 @@ pub fn judge(
                             }
                         }
                         At::Known(false) => h3.violations.push(format!(
-                            "CR {} (uid {}) entered Hibernated at revision {} while {:?}:hibernate was absent",
-                            t.name, t.uid, v.rv, vm
+                            "CR {} (uid {}) entered Hibernated at revision {} while {:?}:hibernate was absent; the VM's tag operations (delete, revisions, status, digest before -> after): {:?}",
+                            t.name,
+                            t.uid,
+                            v.rv,
+                            vm,
+                            ops.iter()
+                                .map(|o| format!(
+                                    "{} {}..{} {} {:?} -> {:?}",
+                                    if o.delete { "DELETE" } else { "PUT" },
+                                    o.rev_before,
+                                    o.rev_after,
+                                    o.status,
+                                    o.before.as_deref().map(|d| d.get(7..19).unwrap_or(d)),
+                                    o.after.as_deref().map(|d| d.get(7..19).unwrap_or(d))
+                                ))
+                                .collect::<Vec<_>>()
                         )),
                         At::Unknown => {
                             h3.checked -= 1;
