@@ -386,11 +386,16 @@ impl World {
         };
         self.drive.lock().unwrap()[i].busy = true;
         let name = pod_name(i);
-        let staged = if lifecycle {
-            self.sim.stage_stale_lifecycle(&self.ns, &name).await
-        } else {
-            self.sim.stage_stale_tag(&self.vm(i)).await.map(|_| ())
-        };
+        let vm = self.vm(i);
+        // Retried: the apiserver may be restarting.
+        let staged = retry(Duration::from_secs(120), || async {
+            if lifecycle {
+                self.sim.stage_stale_lifecycle(&self.ns, &name).await
+            } else {
+                self.sim.stage_stale_tag(&vm).await.map(|_| ())
+            }
+        })
+        .await;
         if let Err(e) = staged {
             self.harness_error(format!("staging stale state on {name}: {e}"));
         }
