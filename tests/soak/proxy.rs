@@ -478,16 +478,20 @@ impl Tap {
         let _held = lock.lock().await;
         let rev_before = self.revision().await?;
         let before = self.head(vm).await?;
-        let (parts, bytes) = forward_buffered(req, up).await?;
+        // Recorded even when the answer is lost: the registry may have acted anyway.
+        let forwarded = forward_buffered(req, up).await;
         let after = self.head(vm).await;
         let rev_after = self.revision().await;
+        let status = forwarded
+            .as_ref()
+            .map_or(0, |(parts, _)| parts.status.as_u16());
         match (after, rev_after) {
             (Ok(after), Ok(rev_after)) => self.ops.lock().unwrap().push(TagOp {
                 vm: vm.to_owned(),
                 delete,
                 rev_before,
                 rev_after,
-                status: parts.status.as_u16(),
+                status,
                 before,
                 after,
             }),
@@ -498,6 +502,7 @@ impl Tap {
                 r.err()
             )),
         }
+        let (parts, bytes) = forwarded?;
         Ok(Response::from_parts(parts, full(bytes)))
     }
 }
