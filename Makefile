@@ -1,7 +1,7 @@
 # Two commands matter: `make demo` runs the product locally, `make test` runs every test.
 export CARGO_TARGET_DIR ?= $(HOME)/.cache/cocoon-hibernation/target
 
-.PHONY: build release crd test bench fuzz fuzz-cmin demo demo-down cluster-up cluster-down chart-check fmt lint
+.PHONY: build release crd test soak bench fuzz fuzz-cmin demo demo-down cluster-up cluster-down chart-check fmt lint
 
 build:
 	cargo build --locked
@@ -14,6 +14,11 @@ crd:
 
 test:
 	bash hack/test.sh
+
+# The randomized soak with its own control plane (1,000 CRs by default; SOAK_CRS, SOAK_SEED,
+# SOAK_OUT, SOAK_CHAOS_S). A short run (60 CRs) is part of `test`.
+soak:
+	bash hack/soak.sh
 
 # System benchmark on the local control plane (release build; several minutes). Not in `test`.
 bench:

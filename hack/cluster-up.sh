@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Starts a local control plane for tests and demos, all on loopback:
 #   etcd + kube-apiserver (RBAC, audit log of API writes) + an OCI registry (plain http).
-# Usage: hack/cluster-up.sh [STATE_DIR]
+# Usage: hack/cluster-up.sh [--restart-apiserver] [STATE_DIR]
+#   --restart-apiserver: stop and start only kube-apiserver of the running cluster (same
+#   port, etcd, PKI and audit log); the soak uses it (tests/soak).
 #   STATE_DIR defaults to ${COCOON_STATE_DIR:-$HOME/.cache/cocoon-hibernation/cluster}.
 # Idempotent: a healthy running cluster is reused; stale state is cleaned and restarted.
 # Writes $STATE_DIR/env (sourceable KEY=value lines) and prints where everything is.
@@ -10,6 +12,11 @@ LOG_TAG=cluster-up
 # shellcheck source=hack/lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
+RESTART_APISERVER=0
+if [[ "${1:-}" == --restart-apiserver ]]; then
+  RESTART_APISERVER=1
+  shift
+fi
 resolve_state_dir "${1:-}"
 START=$SECONDS
 
@@ -112,6 +119,24 @@ EOF
   mv "$tmp" "$KUBECONFIG_FILE"
 }
 
+# kube-apiserver on $API_PORT over the etcd on $ETCD_PORT (both set by the caller).
+start_apiserver() {
+  start_daemon kube-apiserver "$BIN_DIR/kube-apiserver" \
+    --etcd-servers="http://127.0.0.1:$ETCD_PORT" \
+    --bind-address=127.0.0.1 --secure-port="$API_PORT" --advertise-address=127.0.0.1 \
+    --tls-cert-file="$PKI/apiserver.crt" --tls-private-key-file="$PKI/apiserver.key" \
+    --client-ca-file="$PKI/ca.crt" \
+    --authorization-mode=RBAC \
+    --disable-admission-plugins=ServiceAccount \
+    --service-cluster-ip-range=10.0.0.0/24 --allow-privileged=true \
+    --service-account-issuer="https://127.0.0.1:$API_PORT/" \
+    --service-account-key-file="$PKI/sa.pub" \
+    --service-account-signing-key-file="$PKI/sa.key" \
+    --audit-policy-file="$STATE_DIR/audit-policy.yaml" \
+    --audit-log-path="$AUDIT_LOG" --audit-log-format=json --audit-log-mode=blocking \
+    --audit-log-maxsize=0 --audit-log-maxbackup=0
+}
+
 start_all() {
   stop_all
   # Runtime state goes; the PKI stays unless it is incomplete.
@@ -170,20 +195,7 @@ EOF
 
   wait_until 30 etcd etcd_healthy || die "etcd not healthy after 30s (see $STATE_DIR/etcd.log)"
 
-  start_daemon kube-apiserver "$BIN_DIR/kube-apiserver" \
-    --etcd-servers="http://127.0.0.1:$ETCD_PORT" \
-    --bind-address=127.0.0.1 --secure-port="$API_PORT" --advertise-address=127.0.0.1 \
-    --tls-cert-file="$PKI/apiserver.crt" --tls-private-key-file="$PKI/apiserver.key" \
-    --client-ca-file="$PKI/ca.crt" \
-    --authorization-mode=RBAC \
-    --disable-admission-plugins=ServiceAccount \
-    --service-cluster-ip-range=10.0.0.0/24 --allow-privileged=true \
-    --service-account-issuer="https://127.0.0.1:$API_PORT/" \
-    --service-account-key-file="$PKI/sa.pub" \
-    --service-account-signing-key-file="$PKI/sa.key" \
-    --audit-policy-file="$STATE_DIR/audit-policy.yaml" \
-    --audit-log-path="$AUDIT_LOG" --audit-log-format=json --audit-log-mode=blocking \
-    --audit-log-maxsize=0 --audit-log-maxbackup=0
+  start_apiserver
 
   wait_until 10 registry registry_healthy || die "registry not healthy after 10s (see $STATE_DIR/registry.log)"
   wait_until 90 kube-apiserver apiserver_healthy ||
@@ -201,6 +213,17 @@ REGISTRY=$REGISTRY
 RUN_BIN_DIR=$BIN_DIR
 EOF
 }
+
+if ((RESTART_APISERVER)); then
+  running_and_healthy || die "no healthy cluster in $STATE_DIR whose kube-apiserver could be restarted"
+  stop_daemon kube-apiserver
+  start_apiserver
+  wait_until 90 kube-apiserver apiserver_healthy ||
+    die "kube-apiserver /healthz not ok 90s after its restart (see $STATE_DIR/kube-apiserver.log)"
+  log "kube-apiserver restarted in $((SECONDS - START))s"
+  echo "$STATE_DIR/env"
+  exit 0
+fi
 
 if running_and_healthy; then
   log "reusing the running cluster in $STATE_DIR"

@@ -40,6 +40,14 @@ echo "cargo test took $((SECONDS - t0))s"
 read -r passed failed < <(awk '/^test result:/ {p += $4; f += $6} END {print p + 0, f + 0}' "$log")
 rm -f "$log"
 
+step "short soak (60 CRs, every fault kind, its own control plane)"
+t0=$SECONDS
+# Not the shared cluster: the soak restarts kube-apiserver (tests/soak/main.rs).
+( unset COCOON_CLUSTER_ENV COCOON_STATE_DIR
+  SOAK_CRS="${SOAK_CRS:-60}" cargo test --locked --test soak )
+echo "short soak took $((SECONDS - t0))s"
+passed=$((passed + 1))
+
 step "chart checks"
 COCOON_BIN="$CARGO_TARGET_DIR/debug/cocoon-hibernation" bash hack/check-chart.sh
 step "all checks passed"

@@ -238,6 +238,14 @@ impl Product {
         }
     }
 
+    /// The exit status when the process ended by itself: `None` while it runs, and after
+    /// [`Self::kill9`] or [`Self::sigterm`] (they take the process).
+    pub fn exited(&mut self) -> Option<ExitStatus> {
+        self.child
+            .as_mut()
+            .and_then(|c| c.try_wait().ok().flatten())
+    }
+
     pub fn pid(&self) -> Option<u32> {
         self.child.as_ref().map(Child::id)
     }
