@@ -28,6 +28,8 @@ fn d1_w2_a_wake_ending_after_a_flip_to_hibernate_plans_no_tag_delete() {
                 name: "web-0".into(),
             },
             desire: Desire::Hibernate,
+            hibernate_timeout: None,
+            wake_timeout: None,
         },
     );
     cr.metadata.namespace = Some("ns".into());
@@ -37,7 +39,7 @@ fn d1_w2_a_wake_ending_after_a_flip_to_hibernate_plans_no_tag_delete() {
         observed_generation: Some(1),
         phase: Some(Phase::Waking),
         vm_name: Some("vm-a".into()),
-        conditions: vec![],
+        ..Default::default()
     };
     let pending = conditions::Update {
         type_: READY,

@@ -150,6 +150,8 @@ mod world {
                         name: "web-0".into(),
                     },
                     desire,
+                    hibernate_timeout: None,
+                    wake_timeout: None,
                 },
             );
             cr.metadata.namespace = Some("ns".into());

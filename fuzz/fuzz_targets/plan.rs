@@ -188,6 +188,8 @@ fn build_cr(c: &CrIn, now: i64) -> CocoonHibernation {
         CocoonHibernationSpec {
             pod_ref: PodRef { name: pod.into() },
             desire,
+            hibernate_timeout: None,
+            wake_timeout: None,
         },
     );
     cr.metadata.namespace = Some(if c.other_namespace { "ns-2" } else { "ns" }.into());
@@ -213,6 +215,7 @@ fn build_cr(c: &CrIn, now: i64) -> CocoonHibernation {
             phase: s.phase.map(phase),
             vm_name: s.vm.map(vm),
             conditions,
+            ..Default::default()
         }
     });
     cr
