@@ -13,6 +13,8 @@ go version || { echo "Go >= 1.24 is required to build kube-apiserver and etcd" >
 
 step "cargo fmt --check"
 cargo fmt --all -- --check
+step "rule IDs cited by tests are defined in docs/rules.md"
+python3 hack/rule-index.py
 step "cargo clippy --all-targets -- -D warnings"
 cargo clippy --locked --all-targets -- -D warnings
 step "cargo build"

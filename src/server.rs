@@ -257,6 +257,23 @@ mod tests {
     use super::*;
     use clap::Parser;
 
+    /// O4: both kube clients name us to the apiserver, whose audit log records it.
+    #[test]
+    fn o4_kube_clients_send_our_user_agent() {
+        let config = kube::Config::new("https://127.0.0.1:6443".parse().unwrap());
+        let (watch, timed) = client_configs(config, Duration::from_secs(3));
+        for c in [watch, timed] {
+            let ua = c
+                .headers
+                .iter()
+                .find(|(k, _)| k == http::header::USER_AGENT);
+            assert_eq!(
+                ua.map(|(_, v)| v.to_str().unwrap().to_owned()),
+                Some(format!("cocoon-hibernation/{}", env!("CARGO_PKG_VERSION")))
+            );
+        }
+    }
+
     fn args(extra: &[&str]) -> RegistryArgs {
         let mut all = vec!["x", "--registry-base", "reg.example:5000/snapshots/"];
         all.extend_from_slice(extra);

@@ -498,7 +498,7 @@ async fn e2e_webhook_denies_mismatched_name_and_duplicates_live_or_terminating()
     )
     .await;
     let text = product.get("/metrics").unwrap().1;
-    assert!(text.contains(r#"admission_decisions_total{operation="review",result="denied"}"#));
+    assert!(text.contains(r#"admission_decisions_total{operation="CREATE",result="denied"}"#));
 }
 
 /// A2 V4: a podRef update is refused by the CRD's CEL rule; on a CRD without the rule,

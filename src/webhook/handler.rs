@@ -47,17 +47,24 @@ impl IntoResponse for Reply {
 
 /// The whole decision for one request body; synchronous so tests need no server.
 pub fn review(body: &[u8], view: &impl ClaimView, metrics: &Metrics) -> Reply {
-    let reply = review_inner(body, view);
-    let (op, result) = match &reply {
-        Reply::Review { allowed: true, .. } => ("review", "allowed"),
-        Reply::Review { allowed: false, .. } => ("review", "denied"),
-        Reply::BadRequest(_) => ("review", "invalid"),
+    let mut op = "unknown";
+    let reply = review_inner(body, view, &mut op);
+    let result = match &reply {
+        Reply::Review { allowed: true, .. } => "allowed",
+        Reply::Review {
+            allowed: false,
+            message: Some(m),
+            ..
+        } if m == validate::UNSYNCED => "unsynced",
+        Reply::Review { allowed: false, .. } => "denied",
+        Reply::BadRequest(_) => "invalid",
     };
     metrics.admission(op, result);
     reply
 }
 
-fn review_inner(body: &[u8], view: &impl ClaimView) -> Reply {
+/// `op` receives the request's operation, for the metric, once it is known.
+fn review_inner(body: &[u8], view: &impl ClaimView, op_label: &mut &'static str) -> Reply {
     let doc: Value = match serde_json::from_slice(body) {
         Ok(v) => v,
         Err(e) => return Reply::BadRequest(format!("request body is not JSON: {e}")),
@@ -90,6 +97,7 @@ fn review_inner(body: &[u8], view: &impl ClaimView) -> Reply {
     else {
         return deny("request.operation must be CREATE, UPDATE, DELETE or CONNECT".into());
     };
+    *op_label = op.as_str();
     let kind = request
         .pointer("/kind/kind")
         .and_then(Value::as_str)

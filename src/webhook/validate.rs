@@ -123,6 +123,9 @@ pub fn validate(
     }
 }
 
+/// V3's denial while the shared cache has not synced; counted apart for the alert.
+pub const UNSYNCED: &str = "cocoon-hibernation's cache has not synced yet; retry in a few seconds";
+
 fn validate_create(
     namespace: &str,
     cr: &CocoonHibernation,
@@ -138,9 +141,7 @@ fn validate_create(
     }
     if !view.synced() {
         // V3: fail closed until the shared cache has its initial list.
-        return Err(Denial(
-            "cocoon-hibernation's cache has not synced yet; retry in a few seconds".into(),
-        ));
+        return Err(Denial(UNSYNCED.into()));
     }
     // V2: one CR per pod.
     let others: Vec<Claim> = view
