@@ -571,6 +571,10 @@ async fn write_status(
     status: &crate::api::CocoonHibernationStatus,
 ) -> Result<()> {
     let mut body = json!({ "status": status });
+    // A merge patch keeps what it omits: a cleared snapshot must be sent as null.
+    if status.snapshot.is_none() {
+        body["status"]["snapshot"] = Value::Null;
+    }
     if let Some(rv) = &cr.metadata.resource_version {
         body["metadata"] = json!({ "resourceVersion": rv });
     }
