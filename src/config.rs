@@ -56,7 +56,7 @@ pub struct ServerArgs {
     #[arg(long, env = "COCOON_LOG", default_value = "info")]
     pub log_filter: String,
     /// Timeout of every apiserver request except watches (connect, read, write), so a
-    /// dead connection cannot hold a reconcile pass or a lease renewal (S1).
+    /// dead connection cannot hold a reconcile pass or a lease renewal.
     #[arg(long, env = "COCOON_APISERVER_TIMEOUT", value_parser = parse_duration, default_value = "15s")]
     pub apiserver_timeout: Duration,
     /// How long SIGTERM waits for in-flight admission requests.
@@ -90,16 +90,16 @@ pub struct WebhookArgs {
 
 #[derive(Args, Debug, Clone)]
 pub struct ControllerArgs {
-    /// Reconcile workers (C1).
+    /// Reconcile workers.
     #[arg(long, env = "COCOON_CONCURRENCY", default_value_t = 4)]
     pub concurrency: i64,
-    /// Budget for a hibernate, from entering Hibernating (H5).
+    /// Budget for a hibernate, from entering Hibernating.
     #[arg(long, env = "COCOON_HIBERNATE_TIMEOUT", value_parser = parse_duration, default_value = "3m")]
     pub hibernate_timeout: Duration,
-    /// Budget for a wake, from entering Waking (W4).
+    /// Budget for a wake, from entering Waking.
     #[arg(long, env = "COCOON_WAKE_TIMEOUT", value_parser = parse_duration, default_value = "5m")]
     pub wake_timeout: Duration,
-    /// First wait after the registry refuses a tag delete for good (S5); it doubles up
+    /// First wait after the registry refuses a tag delete for good; it doubles up
     /// to ten times this.
     #[arg(long, env = "COCOON_REFUSED_DELETE_BACKOFF", value_parser = parse_duration, default_value = "1m")]
     pub refused_delete_backoff: Duration,
@@ -159,7 +159,7 @@ impl std::fmt::Debug for RegistryArgs {
 
 #[derive(Args, Debug, Clone)]
 pub struct ElectionArgs {
-    /// Elect one reconciling replica through a Lease (P2). Off runs the controller always.
+    /// Elect one reconciling replica through a Lease. Off runs the controller always.
     #[arg(long, env = "COCOON_LEADER_ELECTION", default_value_t = true, action = clap::ArgAction::Set)]
     pub leader_election: bool,
     #[arg(long, env = "COCOON_LEASE_NAME", default_value = "cocoon-hibernation")]
@@ -172,7 +172,7 @@ pub struct ElectionArgs {
     pub identity: Option<String>,
     /// How long a holder's record stays valid for the others (whole seconds). The leader
     /// renews, and followers poll, every min(duration/5, 2s); the leader stops acting
-    /// max(duration/5, 1s) before its last renewal could expire (S1).
+    /// max(duration/5, 1s) before its last renewal could expire.
     #[arg(long, env = "COCOON_LEASE_DURATION", value_parser = parse_duration, default_value = "15s")]
     pub lease_duration: Duration,
 }
@@ -214,7 +214,7 @@ impl ServerArgs {
     pub fn validate(&self) -> Result<(), ConfigError> {
         let err = |m: &str| Err(ConfigError(m.to_owned()));
         if self.controller.concurrency < 1 || self.controller.concurrency > i64::from(u16::MAX) {
-            return err("--concurrency must be between 1 and 65535 (C1)");
+            return err("--concurrency must be between 1 and 65535");
         }
         if self.controller.hibernate_timeout.is_zero() {
             return err("--hibernate-timeout must be positive");
@@ -226,7 +226,7 @@ impl ServerArgs {
             return err("--refused-delete-backoff must be positive");
         }
         if self.apiserver_timeout.is_zero() {
-            return err("--apiserver-timeout must be positive (S1)");
+            return err("--apiserver-timeout must be positive");
         }
         if self.registry.registry_timeout.is_zero() {
             return err("--registry-timeout must be positive");

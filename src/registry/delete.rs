@@ -2,7 +2,7 @@
 
 use super::client::{RegistryClient, error_outcome};
 use super::deadline::Deadline;
-use super::error::{RegistryError, excerpt};
+use super::error::{RegistryError, answer_detail};
 use super::request::Session;
 use reqwest::{Method, StatusCode};
 use tracing::debug;
@@ -61,7 +61,7 @@ pub(super) fn interpret_delete(
     body: &str,
     operation: &'static str,
 ) -> Result<RawDelete, RegistryError> {
-    let message = excerpt(body);
+    let message = answer_detail(status, body);
     match status.as_u16() {
         200 | 202 | 204 => Ok(RawDelete::Deleted),
         404 => Ok(RawDelete::NotFound),

@@ -147,6 +147,16 @@ pub(crate) fn excerpt(text: &str) -> String {
     format!("{}…", &text[..end])
 }
 
+/// What a registry answered, for an error message: the body's start, or, for an empty
+/// body, the status's name, so no message ends in a bare colon.
+pub(crate) fn answer_detail(status: http::StatusCode, body: &str) -> String {
+    if body.trim().is_empty() {
+        let name = status.canonical_reason().unwrap_or("unknown status");
+        return format!("{name}, empty body");
+    }
+    excerpt(body)
+}
+
 /// Describes an error with its chain of causes (reqwest hides the useful part, e.g.
 /// "connection refused", in a source). URLs in it never carry credentials.
 pub(crate) fn describe_chain(err: &(dyn std::error::Error + 'static)) -> String {
@@ -171,6 +181,21 @@ mod tests {
         assert!(cut.len() <= MAX_DETAIL + '…'.len_utf8());
         assert!(cut.ends_with('…'));
         assert_eq!(excerpt("  short  "), "short");
+    }
+
+    /// O4: an empty answer still says what the registry answered.
+    #[test]
+    fn o4_empty_answers_name_the_status() {
+        let e = RegistryError::Server {
+            operation: "delete",
+            status: 503,
+            message: answer_detail(http::StatusCode::SERVICE_UNAVAILABLE, ""),
+        };
+        assert_eq!(
+            e.to_string(),
+            "registry delete failed (HTTP 503): Service Unavailable, empty body"
+        );
+        assert_eq!(answer_detail(http::StatusCode::OK, " x "), "x");
     }
 
     /// SPEC S5: a refusal for good is told apart from a failure worth retrying.

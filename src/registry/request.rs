@@ -9,7 +9,7 @@ use super::challenge::{BearerChallenge, bearer_challenge};
 use super::client::{RegistryClient, error_outcome};
 use super::config::RegistryAuth;
 use super::deadline::Deadline;
-use super::error::{RegistryError, describe_chain, excerpt};
+use super::error::{RegistryError, answer_detail, describe_chain};
 use reqwest::{Method, StatusCode, Url, header};
 
 /// What one registry operation (a delete) carries from request to request: the token
@@ -216,12 +216,12 @@ impl RegistryClient {
                 code @ (401 | 403) => RegistryError::Unauthorized {
                     operation: OP,
                     status: code,
-                    message: format!("token request refused: {}", excerpt(&body)),
+                    message: format!("token request refused: {}", answer_detail(status, &body)),
                 },
                 code => RegistryError::Server {
                     operation: OP,
                     status: code,
-                    message: format!("token request failed: {}", excerpt(&body)),
+                    message: format!("token request failed: {}", answer_detail(status, &body)),
                 },
             });
         }
@@ -232,7 +232,7 @@ impl RegistryClient {
 /// The error for an answer the caller has no use for: credentials refused (401/403),
 /// throttling (429, or an OCI TOOMANYREQUESTS under any status), anything else by status.
 pub(super) fn unexpected(answer: &Answer, operation: &'static str) -> RegistryError {
-    let message = excerpt(&answer.body);
+    let message = answer_detail(answer.status, &answer.body);
     match answer.status.as_u16() {
         code @ (401 | 403) => RegistryError::Unauthorized {
             operation,
