@@ -5,7 +5,6 @@
 use super::client::{RegistryClient, error_outcome};
 use super::deadline::Deadline;
 use super::error::RegistryError;
-use super::lookup::next_link;
 use super::names::{RegistryBase, SNAPSHOT_TAG, validate_component};
 use super::request::{Session, unexpected};
 use reqwest::{Method, StatusCode, Url};
@@ -153,36 +152,12 @@ fn next_page(
     new: usize,
     last: Option<&str>,
 ) -> Result<Option<Url>, RegistryError> {
-    if let Some(target) = link.and_then(next_link) {
-        let next = current.join(&target).map_err(|e| RegistryError::Protocol {
-            operation: OP,
-            message: format!("unusable catalog Link {target:?}: {e}"),
-        })?;
-        if next.origin() != current.origin() {
-            return Err(RegistryError::Protocol {
-                operation: OP,
-                message: format!("the catalog Link leaves the registry: {target:?}"),
-            });
-        }
-        if next == *current {
-            return Err(RegistryError::Protocol {
-                operation: OP,
-                message: "the catalog Link points at the same page".into(),
-            });
-        }
-        return Ok(Some(next));
-    }
-    match last {
-        Some(last) if page_len == CATALOG_PAGE_SIZE && new > 0 => {
-            let mut next = current.clone();
-            next.set_query(None);
-            next.query_pairs_mut()
-                .append_pair("n", &CATALOG_PAGE_SIZE.to_string())
-                .append_pair("last", last);
-            Ok(Some(next))
-        }
-        _ => Ok(None),
-    }
+    let listing = super::lookup::Listing {
+        operation: OP,
+        what: "catalog",
+        page_size: CATALOG_PAGE_SIZE,
+    };
+    listing.next_page(current, link, page_len, new, last)
 }
 
 #[cfg(test)]

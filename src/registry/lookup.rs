@@ -236,36 +236,64 @@ fn next_page(
     new: usize,
     last: Option<&str>,
 ) -> Result<Option<Url>, RegistryError> {
-    const OP: &str = "list_tags";
-    if let Some(target) = link.and_then(next_link) {
-        let next = current.join(&target).map_err(|e| RegistryError::Protocol {
-            operation: OP,
-            message: format!("unusable tag list Link {target:?}: {e}"),
-        })?;
-        if next.origin() != current.origin() {
-            return Err(RegistryError::Protocol {
-                operation: OP,
-                message: format!("the tag list Link leaves the registry: {target:?}"),
-            });
+    let listing = Listing {
+        operation: "list_tags",
+        what: "tag list",
+        page_size: TAG_PAGE_SIZE,
+    };
+    listing.next_page(current, link, page_len, new, last)
+}
+
+/// A paginated registry listing (tags, the catalog), for [`Listing::next_page`].
+pub(super) struct Listing {
+    pub operation: &'static str,
+    /// Names the listing in error messages.
+    pub what: &'static str,
+    /// The `n` each page asks for.
+    pub page_size: usize,
+}
+
+impl Listing {
+    /// Where the listing goes on after a page, if anywhere (see [`next_page`]).
+    pub(super) fn next_page(
+        &self,
+        current: &Url,
+        link: Option<&str>,
+        page_len: usize,
+        new: usize,
+        last: Option<&str>,
+    ) -> Result<Option<Url>, RegistryError> {
+        let (operation, what) = (self.operation, self.what);
+        if let Some(target) = link.and_then(next_link) {
+            let next = current.join(&target).map_err(|e| RegistryError::Protocol {
+                operation,
+                message: format!("unusable {what} Link {target:?}: {e}"),
+            })?;
+            if next.origin() != current.origin() {
+                return Err(RegistryError::Protocol {
+                    operation,
+                    message: format!("the {what} Link leaves the registry: {target:?}"),
+                });
+            }
+            if next == *current {
+                return Err(RegistryError::Protocol {
+                    operation,
+                    message: format!("the {what} Link points at the same page"),
+                });
+            }
+            return Ok(Some(next));
         }
-        if next == *current {
-            return Err(RegistryError::Protocol {
-                operation: OP,
-                message: "the tag list Link points at the same page".into(),
-            });
+        match last {
+            Some(last) if page_len == self.page_size && new > 0 => {
+                let mut next = current.clone();
+                next.set_query(None);
+                next.query_pairs_mut()
+                    .append_pair("n", &self.page_size.to_string())
+                    .append_pair("last", last);
+                Ok(Some(next))
+            }
+            _ => Ok(None),
         }
-        return Ok(Some(next));
-    }
-    match last {
-        Some(last) if page_len == TAG_PAGE_SIZE && new > 0 => {
-            let mut next = current.clone();
-            next.set_query(None);
-            next.query_pairs_mut()
-                .append_pair("n", &TAG_PAGE_SIZE.to_string())
-                .append_pair("last", last);
-            Ok(Some(next))
-        }
-        _ => Ok(None),
     }
 }
 
