@@ -16,14 +16,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::task::JoinHandle;
 
-pub const PHASES: [Phase; 6] = [
-    Phase::Pending,
-    Phase::Hibernating,
-    Phase::Hibernated,
-    Phase::Waking,
-    Phase::Active,
-    Phase::Failed,
-];
+pub const PHASES: [Phase; 6] = Phase::ALL;
 
 pub fn phase_index(p: Option<Phase>) -> usize {
     p.and_then(|p| PHASES.iter().position(|x| *x == p))

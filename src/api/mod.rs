@@ -78,6 +78,16 @@ pub enum Phase {
 }
 
 impl Phase {
+    /// Every phase, in the order a round goes through them (Failed last).
+    pub const ALL: [Phase; 6] = [
+        Phase::Pending,
+        Phase::Hibernating,
+        Phase::Hibernated,
+        Phase::Waking,
+        Phase::Active,
+        Phase::Failed,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             Phase::Pending => "Pending",

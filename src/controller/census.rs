@@ -6,14 +6,7 @@ use crate::api::{CocoonHibernation, Phase};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use std::time::Duration;
 
-pub const PHASES: [Phase; 6] = [
-    Phase::Pending,
-    Phase::Hibernating,
-    Phase::Hibernated,
-    Phase::Waking,
-    Phase::Active,
-    Phase::Failed,
-];
+pub const PHASES: [Phase; 6] = Phase::ALL;
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Census {

@@ -18,14 +18,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::task::JoinHandle;
 
-pub const PHASES: [Phase; 6] = [
-    Phase::Pending,
-    Phase::Hibernating,
-    Phase::Hibernated,
-    Phase::Waking,
-    Phase::Active,
-    Phase::Failed,
-];
+pub const PHASES: [Phase; 6] = Phase::ALL;
 
 #[derive(Clone, Debug)]
 pub struct CrVersion {
