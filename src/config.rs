@@ -183,26 +183,18 @@ pub enum LogFormat {
     Json,
 }
 
-/// Accepts `90s`, `3m`, `1h`, `250ms` or plain seconds.
+/// Accepts humantime durations (`90s`, `3m`, `1h30m`, `250ms`) or plain seconds.
+/// Out-of-range values are errors, never a wrapped-around number.
 pub fn parse_duration(raw: &str) -> Result<Duration, String> {
     let raw = raw.trim();
-    let split = raw.find(|c: char| !c.is_ascii_digit()).unwrap_or(raw.len());
-    let (num, unit) = raw.split_at(split);
-    let n: u64 = num
-        .parse()
-        .map_err(|_| format!("invalid duration {raw:?}: expected e.g. 30s, 3m, 250ms"))?;
-    let d = match unit {
-        "" | "s" => Duration::from_secs(n),
-        "ms" => Duration::from_millis(n),
-        "m" => Duration::from_secs(n * 60),
-        "h" => Duration::from_secs(n * 3600),
-        _ => {
-            return Err(format!(
-                "invalid duration unit in {raw:?}: use ms, s, m or h"
-            ));
-        }
-    };
-    Ok(d)
+    if !raw.is_empty() && raw.bytes().all(|b| b.is_ascii_digit()) {
+        return raw
+            .parse()
+            .map(Duration::from_secs)
+            .map_err(|_| format!("invalid duration {raw:?}: too large"));
+    }
+    humantime::parse_duration(raw)
+        .map_err(|e| format!("invalid duration {raw:?} ({e}): expected e.g. 30s, 3m, 250ms"))
 }
 
 /// Settings checked at start-up; the error names the flag to fix (P3).
@@ -365,15 +357,20 @@ mod tests {
     #[case("250ms", 250)]
     #[case("2", 2_000)]
     #[case("1h", 3_600_000)]
+    #[case("1h30m", 5_400_000)]
+    #[case("1d", 86_400_000)]
     fn durations_parse(#[case] raw: &str, #[case] millis: u64) {
         assert_eq!(parse_duration(raw).unwrap(), Duration::from_millis(millis));
     }
 
     #[rstest]
     #[case("")]
-    #[case("3 min")]
+    #[case("3 furlongs")]
     #[case("-1s")]
-    #[case("1d")]
+    #[case("1x")]
+    #[case("99999999999999999999")]
+    // Would overflow a hand-rolled n * 3600.
+    #[case("18446744073709551615h")]
     fn bad_durations_are_errors(#[case] raw: &str) {
         assert!(parse_duration(raw).is_err());
     }

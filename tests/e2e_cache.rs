@@ -93,7 +93,10 @@ async fn e2e_v3_cache_is_unsynced_until_both_lists_arrive() {
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert!(!shared.is_synced(), "V3: pods have not been listed");
     let denial = create(&shared).expect_err("V3: fails closed while unsynced");
-    assert!(denial.0.contains("not synced"), "{}", denial.0);
+    assert!(
+        denial.unsynced && denial.message.contains("not synced"),
+        "{denial:?}"
+    );
 
     grant(
         &admin,

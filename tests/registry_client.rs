@@ -8,7 +8,7 @@ mod slow_proxy;
 
 use cocoon_hibernation::metrics::{Metrics, RegistryLabels};
 use cocoon_hibernation::registry::{
-    DeleteOutcome, RegistryAuth, RegistryClient, RegistryConfig, RegistryError,
+    DeleteOutcome, RegistryAuth, RegistryClient, RegistryConfig, RegistryError, SnapshotStore,
 };
 use registry_server::{RegistryOptions, RegistryServer, install_crypto_provider};
 use slow_proxy::SlowProxy;

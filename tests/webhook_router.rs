@@ -105,7 +105,6 @@ fn verdict(body: &Value) -> (bool, String) {
 #[case::delete_allowed("delete.json", true, "")]
 #[case::v5_object_does_not_decode("undecodable_object.json", false, "object does not decode")]
 #[case::v5_wrong_kind("wrong_kind.json", false, "not \"Pod\"")]
-#[case::v5_unknown_operation("bad_operation.json", false, "request.operation must be")]
 #[tokio::test]
 async fn admission_fixtures(#[case] file: &str, #[case] allowed: bool, #[case] message: &str) {
     let (status, body) = post(synced(), fixture(file)).await;
@@ -174,7 +173,11 @@ async fn v3_update_needs_no_cache() {
 #[case::v5_not_json("not_json.txt", "not JSON")]
 #[case::v5_wrong_api_version("wrong_api_version.json", "expected apiVersion admission.k8s.io/v1")]
 #[case::v5_missing_request("missing_request.json", "has no request")]
-#[case::v5_missing_uid("missing_uid.json", "has no uid")]
+#[case::v5_missing_uid("missing_uid.json", "missing field `uid`")]
+#[case::v5_unknown_operation(
+    "bad_operation.json",
+    "unknown variant `PATCH`, expected one of `CREATE`"
+)]
 #[tokio::test]
 async fn v5_malformed_reviews_get_a_clear_400(#[case] file: &str, #[case] message: &str) {
     let (status, body) = post(synced(), fixture(file)).await;
@@ -241,6 +244,41 @@ async fn o1_admission_decisions_are_counted_by_result() {
             "{result} missing in\n{text}"
         );
     }
+}
+
+/// SPEC O1 V3: the operation label is the review's operation (`unknown` for a body that
+/// is not a review), and the V3 denial of an unsynced cache is a result of its own.
+#[tokio::test]
+async fn o1_v3_admission_labels_name_the_operation_and_an_unsynced_cache() {
+    let metrics = Metrics::new();
+    let send = |view: FakeView, file: &str| {
+        let app = webhook::router(WebhookState {
+            view,
+            metrics: metrics.clone(),
+        });
+        let req = Request::post(webhook::PATH)
+            .body(Body::from(fixture(file)))
+            .unwrap();
+        async move { app.oneshot(req).await.unwrap() }
+    };
+    send(synced(), "create_valid.json").await;
+    send(FakeView::default(), "create_valid.json").await;
+    send(synced(), "update_podref_changed.json").await;
+    send(synced(), "delete.json").await;
+    send(synced(), "not_json.txt").await;
+    let text = metrics.encode().unwrap();
+    let family = "cocoon_hibernation_admission_decisions_total";
+    for (operation, result) in [
+        ("CREATE", "allowed"),
+        ("CREATE", "unsynced"),
+        ("UPDATE", "denied"),
+        ("DELETE", "allowed"),
+        ("unknown", "invalid"),
+    ] {
+        let line = format!("{family}{{operation=\"{operation}\",result=\"{result}\"}} 1");
+        assert!(text.contains(&line), "{line} missing in\n{text}");
+    }
+    assert!(!text.contains("operation=\"review\""), "{text}");
 }
 
 #[tokio::test]

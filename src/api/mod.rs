@@ -183,8 +183,8 @@ pub fn parse_duration(raw: &str) -> Result<std::time::Duration, String> {
 }
 
 /// The CRD as YAML, exactly as `cocoon-hibernation crd` prints it.
-pub fn crd_yaml() -> Result<String, serde_yaml::Error> {
-    serde_yaml::to_string(&CocoonHibernation::crd())
+pub fn crd_yaml() -> Result<String, serde_norway::Error> {
+    serde_norway::to_string(&CocoonHibernation::crd())
 }
 
 #[cfg(test)]

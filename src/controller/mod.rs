@@ -142,7 +142,7 @@ async fn run_term(
 pub fn context(
     client: kube::Client,
     cache: SharedCache,
-    registry: crate::registry::RegistryClient,
+    registry: impl crate::registry::SnapshotStore + 'static,
     metrics: crate::metrics::Metrics,
     settings: plan::Settings,
     reporter_instance: Option<String>,
@@ -157,7 +157,7 @@ pub fn context(
         recorder: kube::runtime::events::Recorder::new(client.clone(), reporter),
         client,
         cache,
-        registry,
+        registry: Arc::new(registry),
         metrics,
         settings,
         locks: locks::VmLocks::default(),

@@ -7,7 +7,7 @@ use crate::api::{CocoonHibernation, FINALIZER, Phase};
 use crate::cache::SharedCache;
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
-use crate::registry::{DeleteOutcome, RegistryClient, RegistryError};
+use crate::registry::{DeleteOutcome, RegistryError, SnapshotStore};
 use json_patch::{AddOperation, PatchOperation, ReplaceOperation, TestOperation};
 use jsonptr::PointerBuf;
 use k8s_openapi::api::core::v1::Pod;
@@ -26,7 +26,7 @@ use tokio::sync::Semaphore;
 pub struct Context {
     pub client: Client,
     pub cache: SharedCache,
-    pub registry: RegistryClient,
+    pub registry: Arc<dyn SnapshotStore>,
     pub recorder: Recorder,
     pub metrics: Metrics,
     pub settings: Settings,

@@ -11,7 +11,7 @@ use super::table::render;
 use super::terminal::{say, warn};
 use crate::config::RegistryArgs;
 use crate::metrics::Metrics;
-use crate::registry::{DeleteOutcome, RegistryClient};
+use crate::registry::{DeleteOutcome, RegistryClient, SnapshotStore};
 use futures::{StreamExt as _, TryStreamExt as _};
 
 /// Tag lookups in flight at once.

@@ -1,67 +1,49 @@
-//! The registry client: probe and delete `<base>/<vm>:hibernate`.
+//! [`RegistryClient`]: the [`SnapshotStore`] on a real registry.
 
 use super::config::{RegistryAuth, RegistryConfig};
-use super::deadline::Deadline;
-use super::delete::RawDelete;
-use super::error::{RegistryError, describe_chain};
+use super::error::{RegistryError, describe_chain, from_oci};
+use super::http::{Deleted, PAGE_SIZE, Session, valid_tag};
 use super::names::{RegistryBase, SNAPSHOT_TAG};
-use super::oci_errors::{Failure, classify};
-use super::request::Session;
+use super::{DeleteOutcome, Fut, SnapshotStore};
 use crate::metrics::Metrics;
-use oci_client::Reference;
 use oci_client::client::{Certificate, CertificateEncoding, ClientConfig, ClientProtocol};
 use rustls::pki_types::CertificateDer;
 use rustls::pki_types::pem::PemObject as _;
-use std::collections::HashSet;
-use std::fmt;
-use std::future::Future;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
 const USER_AGENT: &str = concat!("cocoon-hibernation/", env!("CARGO_PKG_VERSION"));
 
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum DeleteOutcome {
-    /// The registry deleted the tag itself.
-    Deleted,
-    /// There was nothing to delete.
-    Absent,
-    /// Tag deletion is unsupported (Distribution 2.x); the manifest was deleted by digest.
-    DeletedByDigest,
-    /// Other tags point at the same manifest: deleting by digest would remove them too,
-    /// so nothing was deleted.
-    KeptSharedDigest { other_tags: Vec<String> },
-}
-
 #[derive(Clone)]
 pub struct RegistryClient {
-    pub(super) inner: Arc<Inner>,
+    inner: Arc<Inner>,
 }
 
-pub(super) struct Inner {
-    pub base: RegistryBase,
-    pub scheme: &'static str,
-    pub auth: RegistryAuth,
-    pub oci_auth: oci_client::secrets::RegistryAuth,
-    pub oci: oci_client::Client,
-    /// For every request of a delete (see `request.rs`).
-    pub http: reqwest::Client,
-    pub timeout: Duration,
-    pub metrics: Metrics,
-    /// Registry hosts that refused a DELETE by tag (400 DIGEST_INVALID/UNSUPPORTED, 405).
-    pub tag_delete_refused: Mutex<HashSet<String>>,
+struct Inner {
+    base: RegistryBase,
+    scheme: &'static str,
+    auth: RegistryAuth,
+    oci_auth: oci_client::secrets::RegistryAuth,
+    oci: oci_client::Client,
+    http: reqwest::Client,
+    timeout: Duration,
+    metrics: Metrics,
+    /// The registry refused a DELETE by tag (Distribution): deletes go straight to the
+    /// digest path, three calls when the snapshot tag is alone in its repository.
+    tag_delete_refused: AtomicBool,
 }
 
-impl fmt::Debug for RegistryClient {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+impl std::fmt::Debug for RegistryClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let inner = &self.inner;
         f.debug_struct("RegistryClient")
-            .field("registry", &self.inner.base.registry)
-            .field("prefix", &self.inner.base.prefix)
-            .field("scheme", &self.inner.scheme)
-            .field("auth", &self.inner.auth)
-            .field("timeout", &self.inner.timeout)
+            .field("base", &inner.base)
+            .field("scheme", &inner.scheme)
+            .field("auth", &inner.auth)
+            .field("timeout", &inner.timeout)
             .finish()
     }
 }
@@ -69,25 +51,25 @@ impl fmt::Debug for RegistryClient {
 impl RegistryClient {
     pub fn new(config: RegistryConfig, metrics: Metrics) -> Result<Self, RegistryError> {
         let base = RegistryBase::parse(&config.base)?;
+        let invalid = |what: &str, e: &(dyn std::error::Error + 'static)| {
+            RegistryError::InvalidConfig(format!("{what}: {}", describe_chain(e)))
+        };
         if config.timeout.is_zero() {
-            return Err(RegistryError::InvalidConfig(
-                "the registry timeout must be above zero".into(),
-            ));
+            let message = "the registry timeout must be above zero".into();
+            return Err(RegistryError::InvalidConfig(message));
         }
-        // reqwest (built without a provider) panics when none is installed; main installs
-        // ring, and this keeps a forgotten install from turning into a panic.
+        // reqwest, built without a provider, panics when none is installed.
         if rustls::crypto::CryptoProvider::get_default().is_none() {
             let _ = rustls::crypto::ring::default_provider().install_default();
         }
-        let ca_ders = parse_ca_pems(&config.extra_ca_pems)?;
-
-        let oci_config = ClientConfig {
+        let ders = parse_ca_pems(&config.extra_ca_pems)?;
+        let oci = oci_client::Client::try_from(ClientConfig {
             protocol: if config.plain_http {
                 ClientProtocol::Http
             } else {
                 ClientProtocol::Https
             },
-            extra_root_certificates: ca_ders
+            extra_root_certificates: ders
                 .iter()
                 .map(|der| Certificate {
                     encoding: CertificateEncoding::Der,
@@ -98,38 +80,22 @@ impl RegistryClient {
             connect_timeout: Some(config.timeout),
             user_agent: USER_AGENT,
             ..ClientConfig::default()
-        };
-        let oci = oci_client::Client::try_from(oci_config).map_err(|e| {
-            RegistryError::InvalidConfig(format!(
-                "cannot build the OCI client: {}",
-                describe_chain(&e)
-            ))
-        })?;
-
-        let mut roots = Vec::with_capacity(ca_ders.len());
-        for der in &ca_ders {
-            roots.push(reqwest::Certificate::from_der(der).map_err(|e| {
-                RegistryError::InvalidConfig(format!(
-                    "unusable CA certificate: {}",
-                    describe_chain(&e)
-                ))
-            })?);
-        }
+        })
+        .map_err(|e| invalid("cannot build the OCI client", &e))?;
+        let roots = ders
+            .iter()
+            .map(|der| reqwest::Certificate::from_der(der))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| invalid("unusable CA certificate", &e))?;
         let http = reqwest::Client::builder()
             .timeout(config.timeout)
             .connect_timeout(config.timeout)
             .tls_certs_merge(roots)
-            // Never let a redirect or a token realm downgrade an https registry to http.
+            // Never let a redirect or a token realm downgrade an https registry.
             .https_only(!config.plain_http)
             .user_agent(USER_AGENT)
             .build()
-            .map_err(|e| {
-                RegistryError::InvalidConfig(format!(
-                    "cannot build the HTTP client: {}",
-                    describe_chain(&e)
-                ))
-            })?;
-
+            .map_err(|e| invalid("cannot build the HTTP client", &e))?;
         Ok(Self {
             inner: Arc::new(Inner {
                 base,
@@ -140,336 +106,217 @@ impl RegistryClient {
                 http,
                 timeout: config.timeout,
                 metrics,
-                tag_delete_refused: Mutex::new(HashSet::new()),
+                tag_delete_refused: AtomicBool::new(false),
             }),
         })
     }
 
-    /// HEAD <base>/<vm>:hibernate. Ok(true)=present, Ok(false)=absent (404 / MANIFEST_UNKNOWN / NAME_UNKNOWN is an answer, not an error).
-    /// Transport errors, timeouts, 5xx and auth failures (401/403) are Err.
-    /// The whole probe, token exchange included, gets one `timeout` (C2).
-    pub async fn snapshot_exists(&self, vm: &str) -> Result<bool, RegistryError> {
-        Ok(self.snapshot_digest(vm).await?.is_some())
+    /// Where a VM's snapshot lives, as users write it: `host[:port]/<prefix>/<vm>:hibernate`.
+    pub fn snapshot_location(&self, vm: &str) -> Result<String, RegistryError> {
+        let base = &self.inner.base;
+        Ok(format!(
+            "{}/{}:{SNAPSHOT_TAG}",
+            base.registry,
+            base.repository(vm)?
+        ))
     }
 
-    /// The manifest digest `<base>/<vm>:hibernate` resolves to (from the HEAD probe's
-    /// `Docker-Content-Digest`); None when the tag does not exist. Same call, errors and
-    /// budget as [`Self::snapshot_exists`].
-    pub async fn snapshot_digest(&self, vm: &str) -> Result<Option<String>, RegistryError> {
-        let reference = self.snapshot_reference(vm)?;
-        let deadline = Deadline::new(self.inner.timeout, None);
-        self.resolve_digest(&reference, "probe", &deadline).await
+    pub(super) fn timeout(&self) -> Duration {
+        self.inner.timeout
     }
 
-    /// Delete the tag <base>/<vm>:hibernate, within one `timeout` for the whole operation
-    /// (C2). Same as [`Self::delete_snapshot_before`] with no bound of the caller's.
-    pub async fn delete_snapshot(&self, vm: &str) -> Result<DeleteOutcome, RegistryError> {
-        self.delete_with(vm, Deadline::new(self.inner.timeout, None))
-            .await
+    pub(super) fn base(&self) -> &RegistryBase {
+        &self.inner.base
     }
 
-    /// Delete the tag <base>/<vm>:hibernate, every request of it finished or abandoned by
-    /// min(now + timeout, `not_after`) (C2, S1: the leader passes its fence's expiry).
-    /// A `not_after` already past returns `Timeout` without sending anything; running out
-    /// of time midway returns `Timeout` and no further request is started.
-    ///
-    /// An abandoned request may still be carried out by the registry: a caller that must
-    /// not have a DELETE land after some instant passes that instant minus its margin.
-    ///
-    /// Registries that cannot delete a tag (CNCF Distribution 2.x) get the manifest deleted
-    /// by digest instead, unless another tag of the repository points at the same digest:
-    /// that delete would take the other tag with it, so it is left alone
-    /// ([`DeleteOutcome::KeptSharedDigest`]). The digest deleted is the one
-    /// `<vm>:hibernate` resolves to at the first request of that path; a snapshot pushed
-    /// later is a new manifest and is not deleted. If the tag moves to another digest
-    /// while other tags are checked, nothing is deleted and the answer is
-    /// [`RegistryError::SnapshotMoved`]. The refusal of a tag delete is remembered for the
-    /// life of the client, so later deletes on that registry skip it: HEAD, `tags/list`
-    /// and DELETE by digest when the snapshot is the repository's only tag.
-    pub async fn delete_snapshot_before(
+    /// `<scheme>://<registry>/v2/<path>`.
+    pub(super) fn url(&self, path: &str) -> Result<reqwest::Url, RegistryError> {
+        let inner = &self.inner;
+        let raw = format!("{}://{}/v2/{path}", inner.scheme, inner.base.registry);
+        reqwest::Url::parse(&raw)
+            .map_err(|e| RegistryError::InvalidConfig(format!("bad URL {raw}: {e}")))
+    }
+
+    pub(super) fn session(&self, scope: String, budget: Duration) -> Session<'_> {
+        let inner = &self.inner;
+        Session {
+            http: &inner.http,
+            auth: &inner.auth,
+            metrics: &inner.metrics,
+            scope,
+            budget,
+            token: None,
+        }
+    }
+
+    /// Runs one operation within min(now + timeout, `not_after`) (C2, S1): no request
+    /// starts after it, and one still running is dropped. A deadline already past sends
+    /// nothing.
+    async fn within<T>(
         &self,
-        vm: &str,
-        not_after: Instant,
-    ) -> Result<DeleteOutcome, RegistryError> {
-        self.delete_with(vm, Deadline::new(self.inner.timeout, Some(not_after)))
+        op: &'static str,
+        not_after: Option<Instant>,
+        call: impl AsyncFnOnce(Duration) -> Result<T, RegistryError>,
+    ) -> Result<T, RegistryError> {
+        let now = Instant::now();
+        let own = now.checked_add(self.inner.timeout).unwrap_or(now);
+        let at = not_after.map_or(own, |limit| own.min(limit));
+        let after = at.saturating_duration_since(now);
+        if after.is_zero() {
+            return Err(RegistryError::Timeout {
+                operation: op,
+                after,
+            });
+        }
+        tokio::time::timeout_at(at, call(after))
             .await
+            .unwrap_or_else(|_| {
+                self.inner.metrics.registry_call(op, "timeout");
+                Err(RegistryError::Timeout {
+                    operation: op,
+                    after,
+                })
+            })
     }
 
-    async fn delete_with(
-        &self,
-        vm: &str,
-        deadline: Deadline,
-    ) -> Result<DeleteOutcome, RegistryError> {
-        let reference = self.snapshot_reference(vm)?;
-        // Checked before any request, so a caller out of time sends nothing (S1).
-        deadline.check("delete")?;
-        // The host oci-client talks to (it maps docker.io to index.docker.io).
-        let registry = reference.resolve_registry();
-        let repository = reference.repository();
-        let mut session = Session::new(repository);
-        if !self.tag_delete_refused(registry) {
-            match self
-                .delete_manifest(
-                    registry,
-                    repository,
-                    SNAPSHOT_TAG,
-                    "delete",
-                    &mut session,
-                    &deadline,
-                )
-                .await?
-            {
-                RawDelete::Deleted => {
+    /// HEAD `<vm>:hibernate` through oci-client, once more after a transport error.
+    async fn probe(&self, vm: &str, after: Duration) -> Result<Option<String>, RegistryError> {
+        let inner = &self.inner;
+        let reference = oci_client::Reference::with_tag(
+            inner.base.registry.clone(),
+            inner.base.repository(vm)?,
+            SNAPSHOT_TAG.to_string(),
+        );
+        let head = async || match inner
+            .oci
+            .fetch_manifest_digest(&reference, &inner.oci_auth)
+            .await
+        {
+            Ok(digest) => Ok(Some(digest)),
+            Err(e) => from_oci(e, "probe", after).map_or(Ok(None), Err),
+        };
+        let result = match head().await {
+            Err(RegistryError::Transport { .. }) => head().await,
+            other => other,
+        };
+        let outcome = match &result {
+            Ok(Some(_)) => "present",
+            Ok(None) => "absent",
+            Err(RegistryError::Timeout { .. }) => "timeout",
+            Err(_) => "error",
+        };
+        inner.metrics.registry_call("probe", outcome);
+        debug!(%reference, outcome, "registry probe");
+        result
+    }
+
+    async fn delete(&self, vm: &str, after: Duration) -> Result<DeleteOutcome, RegistryError> {
+        let repository = self.inner.base.repository(vm)?;
+        let manifest = |reference: &str| self.url(&format!("{repository}/manifests/{reference}"));
+        let snapshot = manifest(SNAPSHOT_TAG)?;
+        let mut s = self.session(format!("repository:{repository}:pull,delete"), after);
+        let refused = &self.inner.tag_delete_refused;
+        if !refused.load(Ordering::Relaxed) {
+            match s.delete(&snapshot, "delete").await? {
+                Deleted::Yes => {
                     info!(repository, tag = SNAPSHOT_TAG, "deleted snapshot tag");
                     return Ok(DeleteOutcome::Deleted);
                 }
-                RawDelete::NotFound => return Ok(DeleteOutcome::Absent),
-                RawDelete::Unsupported { status, .. } => {
+                Deleted::NotFound => return Ok(DeleteOutcome::Absent),
+                Deleted::Unsupported { status, .. } => {
                     debug!(
                         repository,
-                        status, "tag delete refused; deleting by digest, now and on later deletes"
+                        status, "tag delete refused; by digest from now on"
                     );
-                    self.remember_tag_delete_refused(registry, true);
+                    refused.store(true, Ordering::Relaxed);
                 }
             }
         }
-        self.delete_by_digest(registry, repository, &mut session, &deadline)
-            .await
-    }
-
-    /// The digest path, for registries that cannot delete a tag (S5, G1). Its requests:
-    ///
-    /// 1. HEAD `<vm>:hibernate`: its `Docker-Content-Digest` is the manifest to delete.
-    ///    404: [`DeleteOutcome::Absent`], nothing else is sent.
-    /// 2. `tags/list`, every page once. `hibernate` not in it: Absent, no DELETE.
-    /// 3. Only when the repository holds other tags: HEAD each one, and any on the digest
-    ///    keeps the snapshot ([`DeleteOutcome::KeptSharedDigest`], no DELETE); then HEAD
-    ///    `<vm>:hibernate` again, and if it moved meanwhile nothing is deleted
-    ///    ([`RegistryError::SnapshotMoved`], transient).
-    /// 4. DELETE by the digest of step 1.
-    ///
-    /// The normal case (no other tag) is three requests. The HEAD comes before the
-    /// listing on purpose: read after it, the digest would be that of a snapshot pushed
-    /// during the listing, which would then be deleted. Read first, it is the snapshot the
-    /// caller decided about, and a later push is another manifest that a DELETE by this
-    /// digest leaves alone (Distribution removes only the tags whose current link is the
-    /// deleted digest).
-    ///
-    /// Left open, as Distribution has no conditional DELETE:
-    /// - a tag put on the digest after the listing (or after its own HEAD in step 3) is
-    ///   deleted with it;
-    /// - a push of `<vm>:hibernate` after its last HEAD (in the normal case: during the
-    ///   listing or the DELETE's round trip) survives, but the answer is
-    ///   [`DeleteOutcome::DeletedByDigest`] for the old manifest while the tag exists;
-    /// - a byte-identical re-push (the same digest) cannot be told apart and is deleted.
-    async fn delete_by_digest(
-        &self,
-        registry: &str,
-        repository: &str,
-        session: &mut Session,
-        deadline: &Deadline,
-    ) -> Result<DeleteOutcome, RegistryError> {
-        let Some(digest) = self
-            .head_digest(
-                registry,
-                repository,
-                SNAPSHOT_TAG,
-                "resolve",
-                session,
-                deadline,
-            )
-            .await?
-        else {
+        // The digest path (S5, G1). The HEAD comes first: the digest deleted is the
+        // snapshot the caller decided about, and a push during the listing is another
+        // manifest, which a DELETE by this digest leaves alone. Left open, as
+        // Distribution has no conditional DELETE: a tag put on the digest after the
+        // listing goes with it, and a byte-identical re-push cannot be told apart.
+        let Some(digest) = s.head_digest(&snapshot, "resolve").await? else {
             return Ok(DeleteOutcome::Absent);
         };
-        let tags = self
-            .list_tags(registry, repository, session, deadline)
-            .await?;
+        let list = self.url(&format!("{repository}/tags/list?n={PAGE_SIZE}"))?;
+        let tags = s.list(list, "tags", "list_tags").await?.unwrap_or_default();
         if !tags.iter().any(|t| t == SNAPSHOT_TAG) {
-            info!(
-                repository,
-                %digest,
-                "snapshot tag not in the tag list (deleted meanwhile); nothing deleted"
-            );
+            info!(repository, %digest, "snapshot tag gone from the tag list; nothing deleted");
             return Ok(DeleteOutcome::Absent);
         }
         let others: Vec<String> = tags.into_iter().filter(|t| t != SNAPSHOT_TAG).collect();
+        if let Some(bad) = others.iter().find(|t| !valid_tag(t)) {
+            let message = format!("the tag list holds a malformed tag {bad:?}");
+            return Err(RegistryError::Protocol {
+                operation: "list_tags",
+                message,
+            });
+        }
         if !others.is_empty() {
             let mut sharing = Vec::new();
+            // Any lookup error aborts: the digest is not proven unshared without all.
             for tag in others {
-                // A lookup error aborts: without a full answer the digest is not proven
-                // unshared.
-                if self
-                    .head_digest(registry, repository, &tag, "resolve", session, deadline)
-                    .await?
-                    .as_deref()
-                    == Some(digest.as_str())
-                {
+                if s.head_digest(&manifest(&tag)?, "resolve").await?.as_ref() == Some(&digest) {
                     sharing.push(tag);
                 }
             }
             if !sharing.is_empty() {
-                warn!(
-                    repository,
-                    %digest,
-                    other_tags = ?sharing,
-                    "not deleting snapshot tag: other tags share its manifest digest and a delete by digest would remove them"
-                );
+                warn!(repository, %digest, other_tags = ?sharing,
+                    "not deleting the snapshot: other tags share its manifest");
                 self.inner.metrics.snapshot_tags_kept.inc();
                 return Ok(DeleteOutcome::KeptSharedDigest {
                     other_tags: sharing,
                 });
             }
-            match self
-                .head_digest(
-                    registry,
-                    repository,
-                    SNAPSHOT_TAG,
-                    "recheck",
-                    session,
-                    deadline,
-                )
-                .await?
-            {
+            match s.head_digest(&snapshot, "recheck").await? {
                 None => return Ok(DeleteOutcome::Absent),
-                Some(now) if now != digest => {
-                    warn!(
-                        repository,
-                        checked = %digest,
-                        found = %now,
-                        "not deleting: the snapshot tag moved to another manifest while it was checked"
-                    );
+                Some(found) if found != digest => {
+                    warn!(repository, checked = %digest, %found, "snapshot moved; not deleting");
+                    let reference = format!("{}/{repository}:{SNAPSHOT_TAG}", self.base().registry);
                     return Err(RegistryError::SnapshotMoved {
-                        reference: format!("{registry}/{repository}:{SNAPSHOT_TAG}"),
+                        reference,
                         checked: digest,
-                        found: now,
+                        found,
                     });
                 }
                 Some(_) => {}
             }
         }
-        match self
-            .delete_manifest(
-                registry,
-                repository,
-                &digest,
-                "delete_digest",
-                session,
-                deadline,
-            )
-            .await?
-        {
-            RawDelete::Deleted => {
+        match s.delete(&manifest(&digest)?, "delete_digest").await? {
+            Deleted::Yes => {
                 info!(repository, %digest, "deleted snapshot manifest by digest");
                 Ok(DeleteOutcome::DeletedByDigest)
             }
-            RawDelete::NotFound => Ok(DeleteOutcome::Absent),
-            RawDelete::Unsupported { status, message } => {
-                // Digests refused too: deletes are off altogether, which says nothing
-                // about tags. Once the registry allows deletes, a tag delete is tried again.
-                self.remember_tag_delete_refused(registry, false);
+            Deleted::NotFound => Ok(DeleteOutcome::Absent),
+            Deleted::Unsupported { status, message } => {
+                // Deletes are off altogether, which says nothing about tags: once
+                // allowed again, a tag delete is tried first.
+                refused.store(false, Ordering::Relaxed);
+                let reference = format!("{}/{repository}@{digest}", self.base().registry);
                 Err(RegistryError::DeleteRefused {
-                    reference: format!("{registry}/{repository}@{digest}"),
+                    reference,
                     status,
                     message,
                 })
             }
         }
     }
-
-    /// Whether `registry` refused a DELETE by tag before (remembered for the life of the
-    /// client): its deletes then go straight to the digest path.
-    fn tag_delete_refused(&self, registry: &str) -> bool {
-        self.inner
-            .tag_delete_refused
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .contains(registry)
-    }
-
-    fn remember_tag_delete_refused(&self, registry: &str, refused: bool) {
-        let mut hosts = self
-            .inner
-            .tag_delete_refused
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        if refused {
-            hosts.insert(registry.to_string());
-        } else {
-            hosts.remove(registry);
-        }
-    }
-
-    fn snapshot_reference(&self, vm: &str) -> Result<Reference, RegistryError> {
-        let repository = self.inner.base.repository(vm)?;
-        Ok(Reference::with_tag(
-            self.inner.base.registry.clone(),
-            repository,
-            SNAPSHOT_TAG.to_string(),
-        ))
-    }
-
-    /// The manifest digest a reference resolves to; None when it does not exist.
-    async fn resolve_digest(
-        &self,
-        reference: &Reference,
-        operation: &'static str,
-        deadline: &Deadline,
-    ) -> Result<Option<String>, RegistryError> {
-        let inner = &self.inner;
-        let result = self
-            .retry_transport(operation, || async {
-                match deadline
-                    .run(
-                        operation,
-                        inner.oci.fetch_manifest_digest(reference, &inner.oci_auth),
-                    )
-                    .await?
-                {
-                    Ok(digest) => Ok(Some(digest)),
-                    Err(e) => match classify(e, operation, deadline.budget()) {
-                        Failure::NotFound => Ok(None),
-                        Failure::Error(e) => Err(e),
-                    },
-                }
-            })
-            .await;
-        let outcome = match &result {
-            Ok(Some(_)) => "present",
-            Ok(None) => "absent",
-            Err(e) => error_outcome(e),
-        };
-        inner.metrics.registry_call(operation, outcome);
-        debug!(reference = %reference, operation, outcome, "registry manifest lookup");
-        result
-    }
-
-    /// Runs `call` once more after a transport failure. A registry restart leaves dead
-    /// connections in the pool, and the first request on one fails without reaching the
-    /// new process; every call here is idempotent (HEAD, GET, DELETE).
-    pub(super) async fn retry_transport<T, F, Fut>(
-        &self,
-        operation: &'static str,
-        mut call: F,
-    ) -> Result<T, RegistryError>
-    where
-        F: FnMut() -> Fut,
-        Fut: Future<Output = Result<T, RegistryError>>,
-    {
-        match call().await {
-            Err(RegistryError::Transport { message, .. }) => {
-                debug!(operation, %message, "retrying once after a transport error");
-                call().await
-            }
-            other => other,
-        }
-    }
 }
 
-pub(super) fn error_outcome(error: &RegistryError) -> &'static str {
-    match error {
-        RegistryError::Timeout { .. } => "timeout",
-        _ => "error",
+impl SnapshotStore for RegistryClient {
+    fn snapshot_digest<'a>(&'a self, vm: &'a str) -> Fut<'a, Option<String>> {
+        Box::pin(self.within("probe", None, async |after| self.probe(vm, after).await))
+    }
+
+    fn delete_snapshot_before<'a>(
+        &'a self,
+        vm: &'a str,
+        not_after: Instant,
+    ) -> Fut<'a, DeleteOutcome> {
+        let delete = async |after| self.delete(vm, after).await;
+        Box::pin(self.within("delete", Some(not_after), delete))
     }
 }
 
@@ -492,7 +339,6 @@ fn parse_ca_pems(pems: &[Vec<u8>]) -> Result<Vec<CertificateDer<'static>>, Regis
     }
     Ok(ders)
 }
-
 #[cfg(test)]
 mod tests {
     use super::*;

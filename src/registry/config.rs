@@ -1,7 +1,6 @@
 //! Registry configuration and credentials. Debug output never shows a secret.
 
 use super::error::RegistryError;
-use base64::Engine as _;
 use std::fmt;
 use std::time::Duration;
 
@@ -55,125 +54,69 @@ impl fmt::Debug for RegistryAuth {
 }
 
 impl RegistryAuth {
-    /// Credentials for `registry_host` from a docker config.json (`auths.<host>.auth` base64 "user:pass",
-    /// or username/password fields, or `identitytoken`/`registrytoken` as bearer). Missing host = Anonymous.
-    ///
-    /// `registry_host` may be a bare host[:port] or a whole base ("host:port/prefix"); keys of
-    /// `auths` may carry a scheme and a path ("https://host/v1/"), as `docker login` writes them.
-    pub fn from_docker_config(
-        json: &[u8],
-        registry_host: &str,
-    ) -> Result<RegistryAuth, RegistryError> {
-        let doc: serde_json::Value = serde_json::from_slice(json)
-            .map_err(|e| RegistryError::DockerConfig(format!("not valid JSON: {e}")))?;
-        let wanted = normalize_host(registry_host);
-        if wanted.is_empty() {
+    pub(super) fn to_oci(&self) -> oci_client::secrets::RegistryAuth {
+        use oci_client::secrets::RegistryAuth as Oci;
+        match self.clone() {
+            RegistryAuth::Anonymous => Oci::Anonymous,
+            RegistryAuth::Basic { username, password } => Oci::Basic(username, password),
+            RegistryAuth::Bearer { token } => Oci::Bearer(token),
+        }
+    }
+
+    /// Credentials for `registry` (host[:port], or a whole base "host:port/prefix") from
+    /// a docker config.json, read by `docker_credential`: `auths` entries (`auth`,
+    /// username/password, `identitytoken` used as a bearer token), `credHelpers` and
+    /// `credsStore` (the `docker-credential-<name>` program is run). The keys tried are
+    /// the host as given and as `docker login` writes it (`https://host`, and
+    /// `https://index.docker.io/v1/` for Docker Hub). No entry for the host = Anonymous.
+    pub fn from_docker_config(json: &[u8], registry: &str) -> Result<RegistryAuth, RegistryError> {
+        use docker_credential::{CredentialRetrievalError as E, DockerCredential};
+        let host = registry
+            .trim()
+            .split('/')
+            .next()
+            .unwrap_or_default()
+            .to_ascii_lowercase();
+        if host.is_empty() {
             return Err(RegistryError::DockerConfig("empty registry host".into()));
         }
-        let Some(auths) = doc.get("auths") else {
-            return Ok(RegistryAuth::Anonymous);
-        };
-        let auths = auths
-            .as_object()
-            .ok_or_else(|| RegistryError::DockerConfig("`auths` is not an object".into()))?;
-        // An exact key wins over a normalized match ("https://host/v1/").
-        let entry = auths.get(registry_host).or_else(|| {
-            auths
-                .iter()
-                .find(|(key, _)| same_registry(&normalize_host(key), &wanted))
-                .map(|(_, v)| v)
-        });
-        match entry {
-            None => Ok(RegistryAuth::Anonymous),
-            Some(entry) => auth_from_entry(entry, &wanted),
+        // The crate says only "Unable to read config"; serde_json says where it broke.
+        serde_json::from_slice::<serde::de::IgnoredAny>(json)
+            .map_err(|e| RegistryError::DockerConfig(format!("not valid JSON: {e}")))?;
+        let mut keys = vec![
+            host.clone(),
+            format!("https://{host}"),
+            format!("http://{host}"),
+        ];
+        if matches!(
+            host.as_str(),
+            "docker.io" | "index.docker.io" | "registry-1.docker.io"
+        ) {
+            keys.push("https://index.docker.io/v1/".into());
         }
-    }
-
-    /// The same credentials in oci-client's form.
-    pub(crate) fn to_oci(&self) -> oci_client::secrets::RegistryAuth {
-        match self {
-            RegistryAuth::Anonymous => oci_client::secrets::RegistryAuth::Anonymous,
-            RegistryAuth::Basic { username, password } => {
-                oci_client::secrets::RegistryAuth::Basic(username.clone(), password.clone())
-            }
-            RegistryAuth::Bearer { token } => {
-                oci_client::secrets::RegistryAuth::Bearer(token.clone())
-            }
+        for key in &keys {
+            let found = docker_credential::get_credential_from_reader(json, key);
+            return match found {
+                Ok(DockerCredential::UsernamePassword(username, password)) => {
+                    Ok(RegistryAuth::Basic { username, password })
+                }
+                Ok(DockerCredential::IdentityToken(token)) => Ok(RegistryAuth::Bearer { token }),
+                Err(E::NoCredentialConfigured) => continue,
+                // The crate's messages carry no secret; a helper's stdout might, so it
+                // is left out.
+                Err(E::HelperFailure { helper, stderr, .. }) => {
+                    Err(RegistryError::DockerConfig(format!(
+                        "credential helper {helper} failed for {key}: {}",
+                        stderr.trim()
+                    )))
+                }
+                Err(e) => Err(RegistryError::DockerConfig(format!(
+                    "credentials for {key}: {e}"
+                ))),
+            };
         }
+        Ok(RegistryAuth::Anonymous)
     }
-}
-
-fn auth_from_entry(entry: &serde_json::Value, host: &str) -> Result<RegistryAuth, RegistryError> {
-    let entry = entry
-        .as_object()
-        .ok_or_else(|| RegistryError::DockerConfig(format!("entry for {host} is not an object")))?;
-    let field = |name: &str| {
-        entry
-            .get(name)
-            .and_then(serde_json::Value::as_str)
-            .filter(|s| !s.trim().is_empty())
-    };
-
-    if let Some(encoded) = field("auth") {
-        return decode_basic(encoded.trim(), host);
-    }
-    if let (Some(username), Some(password)) = (field("username"), field("password")) {
-        return Ok(RegistryAuth::Basic {
-            username: username.to_string(),
-            password: password.to_string(),
-        });
-    }
-    if let Some(token) = field("registrytoken").or_else(|| field("identitytoken")) {
-        return Ok(RegistryAuth::Bearer {
-            token: token.to_string(),
-        });
-    }
-    // `docker login` with a credential store leaves an empty entry; failing loudly beats
-    // silently going anonymous against a registry that needs credentials.
-    Err(RegistryError::DockerConfig(format!(
-        "entry for {host} has no usable credentials (auth, username/password, identitytoken, \
-         registrytoken); credential helpers are not supported"
-    )))
-}
-
-fn decode_basic(encoded: &str, host: &str) -> Result<RegistryAuth, RegistryError> {
-    let engine_std = base64::engine::general_purpose::STANDARD;
-    let engine_nopad = base64::engine::general_purpose::STANDARD_NO_PAD;
-    let bytes = engine_std
-        .decode(encoded)
-        .or_else(|_| engine_nopad.decode(encoded))
-        // The decode error would not leak the secret, but it adds nothing useful either.
-        .map_err(|_| {
-            RegistryError::DockerConfig(format!("`auth` for {host} is not valid base64"))
-        })?;
-    let text = String::from_utf8(bytes)
-        .map_err(|_| RegistryError::DockerConfig(format!("`auth` for {host} is not UTF-8")))?;
-    match text.split_once(':') {
-        Some((username, password)) if !username.is_empty() => Ok(RegistryAuth::Basic {
-            username: username.to_string(),
-            password: password.to_string(),
-        }),
-        _ => Err(RegistryError::DockerConfig(format!(
-            "`auth` for {host} is not of the form base64(\"user:password\")"
-        ))),
-    }
-}
-
-/// "https://Host:5000/v1/" → "host:5000".
-fn normalize_host(raw: &str) -> String {
-    let raw = raw.trim();
-    let without_scheme = raw.split_once("://").map_or(raw, |(_, rest)| rest);
-    let host = without_scheme.split('/').next().unwrap_or_default();
-    host.to_ascii_lowercase()
-}
-
-fn same_registry(a: &str, b: &str) -> bool {
-    // Docker Hub is stored under its legacy index name.
-    let canonical = |h: &str| match h {
-        "docker.io" | "registry-1.docker.io" | "index.docker.io" => "docker.io".to_string(),
-        other => other.to_string(),
-    };
-    canonical(a) == canonical(b)
 }
 
 #[cfg(test)]
@@ -181,6 +124,7 @@ mod tests {
     use super::*;
 
     fn b64(s: &str) -> String {
+        use base64::Engine as _;
         base64::engine::general_purpose::STANDARD.encode(s)
     }
 
@@ -203,7 +147,7 @@ mod tests {
     #[test]
     fn docker_config_matches_scheme_and_path_keys_and_base_with_prefix() {
         let json = format!(
-            r#"{{"auths":{{"https://Reg.Example:5000/v1/":{{"auth":"{}"}}}}}}"#,
+            r#"{{"auths":{{"https://reg.example:5000":{{"auth":"{}"}}}}}}"#,
             b64("a:b")
         );
         let auth =
@@ -236,11 +180,16 @@ mod tests {
                 token: "tok".into()
             }
         );
-        let json = br#"{"auths":{"r":{"registrytoken":"rt","identitytoken":"it"}}}"#;
-        assert_eq!(
-            RegistryAuth::from_docker_config(json, "r").unwrap(),
-            RegistryAuth::Bearer { token: "rt".into() }
-        );
+    }
+
+    /// Credential helpers are run: a missing one is a clear error, never anonymous.
+    #[test]
+    fn docker_config_credential_helpers_are_used() {
+        let json = br#"{"credHelpers":{"r":"cocoon-test-missing"}}"#;
+        let err = RegistryAuth::from_docker_config(json, "r").unwrap_err();
+        assert!(err.to_string().contains("credential helper"), "{err}");
+        let json = br#"{"auths":{"other":{}},"credsStore":"cocoon-test-missing"}"#;
+        assert!(RegistryAuth::from_docker_config(json, "r").is_err());
     }
 
     #[test]
@@ -262,14 +211,11 @@ mod tests {
         assert!(err.to_string().contains("not valid JSON"), "{err}");
         let json = br#"{"auths":{"r":{"auth":"!!!secret!!!"}}}"#;
         let err = RegistryAuth::from_docker_config(json, "r").unwrap_err();
-        assert!(err.to_string().contains("base64"), "{err}");
+        assert!(err.to_string().contains("decode"), "{err}");
         assert!(!err.to_string().contains("secret"), "{err}");
         let json = format!(r#"{{"auths":{{"r":{{"auth":"{}"}}}}}}"#, b64("nocolon"));
         let err = RegistryAuth::from_docker_config(json.as_bytes(), "r").unwrap_err();
         assert!(!err.to_string().contains("nocolon"), "{err}");
-        let json = br#"{"auths":{"r":{}},"credsStore":"desktop"}"#;
-        let err = RegistryAuth::from_docker_config(json, "r").unwrap_err();
-        assert!(err.to_string().contains("credential helpers"), "{err}");
     }
 
     #[test]

@@ -1,5 +1,6 @@
-//! Errors of the registry client. Messages never carry credentials or tokens.
+//! Registry errors, and which of them are permanent (S5). Messages never carry secrets.
 
+use oci_client::errors::{OciDistributionError as Oci, OciEnvelope, OciErrorCode as Code};
 use std::time::Duration;
 
 /// Longest excerpt of a registry answer kept in an error message.
@@ -7,67 +8,51 @@ const MAX_DETAIL: usize = 300;
 
 #[derive(Debug, thiserror::Error)]
 pub enum RegistryError {
-    /// The VM name cannot be used as an OCI repository path component.
     #[error("invalid VM name {name:?} for an OCI repository: {reason}")]
     InvalidVmName { name: String, reason: &'static str },
-
-    /// The registry configuration (base, CA certificates, HTTP client) is unusable.
     #[error("invalid registry configuration: {0}")]
     InvalidConfig(String),
-
-    /// The docker config.json could not be read.
     #[error("invalid docker config: {0}")]
     DockerConfig(String),
-
-    /// The operation ran out of its budget (C2): `--registry-timeout` for the whole
-    /// operation, or less when the caller bounded it. `operation` names the call that was
-    /// running or about to start; `after` is the operation's whole budget.
+    /// The operation ran out of its budget (C2); `after` is that whole budget.
     #[error("registry {operation} timed out after {after:?}")]
     Timeout {
         operation: &'static str,
         after: Duration,
     },
-
     /// Connection refused, DNS, TLS or another transport failure.
     #[error("registry {operation} failed to reach the registry: {message}")]
     Transport {
         operation: &'static str,
         message: String,
     },
-
-    /// The registry refused our credentials (401/403 or a failed token exchange).
+    /// Credentials refused: 401/403, or by the token server.
     #[error("registry {operation} not authorized (HTTP {status}): {message}")]
     Unauthorized {
         operation: &'static str,
         status: u16,
         message: String,
     },
-
-    /// The registry refuses to delete manifests (e.g. `storage.delete.enabled: false`).
+    /// Deletes are disabled (e.g. `storage.delete.enabled: false`).
     #[error("registry refuses to delete {reference} (HTTP {status}): {message}")]
     DeleteRefused {
         reference: String,
         status: u16,
         message: String,
     },
-
-    /// Any other unexpected answer: 5xx, an unexpected 4xx, a malformed body.
     #[error("registry {operation} failed (HTTP {status}): {message}")]
     Server {
         operation: &'static str,
         status: u16,
         message: String,
     },
-
-    /// A 4xx answer with an OCI error body we did not expect (oci-client keeps no status).
+    /// An OCI error code we do not handle (oci-client keeps no status).
     #[error("registry rejected {operation}: {message}")]
     Rejected {
         operation: &'static str,
         message: String,
     },
-
-    /// `<vm>:hibernate` pointed at another manifest when re-checked before the delete by
-    /// digest (a fresh push while the other tags were checked); nothing was deleted.
+    /// `<vm>:hibernate` moved to another manifest while its delete was checked.
     #[error(
         "{reference} moved from {checked} to {found} while its delete was checked; nothing deleted"
     )]
@@ -76,8 +61,6 @@ pub enum RegistryError {
         checked: String,
         found: String,
     },
-
-    /// The registry answered something we cannot interpret (no status attached).
     #[error("registry {operation} returned an unusable answer: {message}")]
     Protocol {
         operation: &'static str,
@@ -103,68 +86,152 @@ impl RegistryError {
         }
     }
 
-    /// True when repeating the same request cannot succeed until someone changes the
-    /// configuration, the credentials or the registry (S5): the controller reports it
-    /// instead of retrying as if it were an outage.
-    ///
-    /// Permanent: an unusable VM name or configuration; credentials refused (401/403,
-    /// also a token server refusing them); deletes refused with no workable fallback
-    /// (405, delete disabled); any other 4xx; an OCI error code we do not handle; an
-    /// answer we cannot interpret. Transient: timeouts, transport failures, 5xx, 408, 429
-    /// (also an OCI TOOMANYREQUESTS), and a snapshot tag that moved during the delete.
-    ///
-    /// oci-client reports a token server's non-200 answer without its status, so a
-    /// token server failing with 5xx during a probe reads as a refusal (permanent).
+    /// True when a retry cannot succeed until someone changes the configuration, the
+    /// credentials or the registry (S5). Transient: timeouts, transport failures, 5xx,
+    /// 408, 429 (and TOOMANYREQUESTS), a snapshot that moved. oci-client reports a token
+    /// server's failure without its status, so that reads as a refusal.
     pub fn is_permanent(&self) -> bool {
         match self {
-            RegistryError::InvalidVmName { .. }
-            | RegistryError::InvalidConfig(_)
-            | RegistryError::DockerConfig(_)
-            | RegistryError::Unauthorized { .. }
-            | RegistryError::DeleteRefused { .. }
-            | RegistryError::Rejected { .. }
-            | RegistryError::Protocol { .. } => true,
             RegistryError::Timeout { .. }
             | RegistryError::Transport { .. }
             | RegistryError::SnapshotMoved { .. } => false,
             RegistryError::Server { status, .. } => {
-                !(*status >= 500 || *status == 408 || *status == 429)
+                !(*status >= 500 || matches!(status, 408 | 429))
             }
+            _ => true,
         }
+    }
+
+    /// An HTTP answer nobody expected: 401/403 refuse the credentials, TOOMANYREQUESTS
+    /// under any status is throttling.
+    pub(crate) fn from_status(operation: &'static str, status: u16, body: &str) -> Self {
+        let message = answer_detail(status, body);
+        match status {
+            401 | 403 => RegistryError::Unauthorized {
+                operation,
+                status,
+                message,
+            },
+            _ if body.contains("TOOMANYREQUESTS") => RegistryError::Server {
+                operation,
+                status: 429,
+                message,
+            },
+            _ => RegistryError::Server {
+                operation,
+                status,
+                message,
+            },
+        }
+    }
+
+    /// A reqwest failure; its own timeout reports the operation's budget `after`.
+    pub(crate) fn transport(
+        operation: &'static str,
+        err: &reqwest::Error,
+        after: Duration,
+    ) -> Self {
+        match err.is_timeout() {
+            true => RegistryError::Timeout { operation, after },
+            false => RegistryError::Transport {
+                operation,
+                message: describe_chain(err),
+            },
+        }
+    }
+}
+
+/// An oci-client failure; None when it means "not there" (H3).
+pub(crate) fn from_oci(
+    err: Oci,
+    operation: &'static str,
+    after: Duration,
+) -> Option<RegistryError> {
+    let unauthorized = |message| RegistryError::Unauthorized {
+        operation,
+        status: 401,
+        message,
+    };
+    Some(match err {
+        Oci::RegistryError { envelope, .. } => return from_envelope(&envelope, operation),
+        Oci::ImageManifestNotFoundError(_) | Oci::ServerError { code: 404, .. } => return None,
+        Oci::ServerError { code, message, .. } => {
+            RegistryError::from_status(operation, code, &message)
+        }
+        Oci::UnauthorizedError { .. } => unauthorized("credentials missing or refused".into()),
+        Oci::AuthenticationFailure(why) => {
+            unauthorized(format!("token request refused: {}", excerpt(&why)))
+        }
+        Oci::RequestError(e) => RegistryError::transport(operation, &e, after),
+        Oci::IoError(e) => RegistryError::Transport {
+            operation,
+            message: describe_chain(&e),
+        },
+        other => RegistryError::Protocol {
+            operation,
+            message: describe_chain(&other),
+        },
+    })
+}
+
+/// An OCI error body; None when it means "not there" (MANIFEST_UNKNOWN, NAME_UNKNOWN).
+pub(crate) fn from_envelope(
+    envelope: &OciEnvelope,
+    operation: &'static str,
+) -> Option<RegistryError> {
+    let has = |code: Code| envelope.errors.iter().any(|e| e.code == code);
+    let message = excerpt(&envelope.to_string());
+    if has(Code::ManifestUnknown) || has(Code::NameUnknown) || has(Code::NotFound) {
+        None
+    } else if has(Code::Denied) || has(Code::Unauthorized) {
+        let status = if has(Code::Denied) { 403 } else { 401 };
+        Some(RegistryError::Unauthorized {
+            operation,
+            status,
+            message,
+        })
+    } else if has(Code::Toomanyrequests) {
+        Some(RegistryError::Server {
+            operation,
+            status: 429,
+            message,
+        })
+    } else {
+        Some(RegistryError::Rejected { operation, message })
     }
 }
 
 /// Shortens a registry answer for an error message, on a char boundary.
 pub(crate) fn excerpt(text: &str) -> String {
     let text = text.trim();
-    if text.len() <= MAX_DETAIL {
-        return text.to_string();
+    match (0..=MAX_DETAIL)
+        .rev()
+        .find(|&end| text.is_char_boundary(end))
+    {
+        Some(end) if text.len() > MAX_DETAIL => format!("{}…", &text[..end]),
+        _ => text.to_string(),
     }
-    let mut end = MAX_DETAIL;
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}…", &text[..end])
 }
 
-/// What a registry answered, for an error message: the body's start, or, for an empty
-/// body, the status's name, so no message ends in a bare colon.
-pub(crate) fn answer_detail(status: http::StatusCode, body: &str) -> String {
-    if body.trim().is_empty() {
-        let name = status.canonical_reason().unwrap_or("unknown status");
-        return format!("{name}, empty body");
+/// An answer for an error message: the body's start, or for an empty body the status's
+/// name, so no message ends in a bare colon.
+pub(crate) fn answer_detail(status: u16, body: &str) -> String {
+    if !body.trim().is_empty() {
+        return excerpt(body);
     }
-    excerpt(body)
+    let name = http::StatusCode::from_u16(status)
+        .ok()
+        .and_then(|s| s.canonical_reason());
+    format!("{}, empty body", name.unwrap_or("unknown status"))
 }
 
-/// Describes an error with its chain of causes (reqwest hides the useful part, e.g.
-/// "connection refused", in a source). URLs in it never carry credentials.
+/// An error with its chain of causes (reqwest hides e.g. "connection refused" in a
+/// source). URLs in it never carry credentials.
 pub(crate) fn describe_chain(err: &(dyn std::error::Error + 'static)) -> String {
     let mut message = err.to_string();
     let mut source = err.source();
     while let Some(cause) = source {
-        message.push_str(": ");
-        message.push_str(&cause.to_string());
+        message = format!("{message}: {cause}");
         source = cause.source();
     }
     excerpt(&message)
@@ -189,13 +256,13 @@ mod tests {
         let e = RegistryError::Server {
             operation: "delete",
             status: 503,
-            message: answer_detail(http::StatusCode::SERVICE_UNAVAILABLE, ""),
+            message: answer_detail(503, ""),
         };
         assert_eq!(
             e.to_string(),
             "registry delete failed (HTTP 503): Service Unavailable, empty body"
         );
-        assert_eq!(answer_detail(http::StatusCode::OK, " x "), "x");
+        assert_eq!(answer_detail(200, " x "), "x");
     }
 
     /// SPEC S5: a refusal for good is told apart from a failure worth retrying.
@@ -291,5 +358,76 @@ mod tests {
                 "registry_unauthorized"
             ]
         );
+    }
+
+    const T: Duration = Duration::from_secs(1);
+
+    fn envelope(code: &str) -> Oci {
+        let envelope = serde_json::from_value(serde_json::json!({
+            "errors": [{ "code": code, "message": "m" }]
+        }))
+        .unwrap();
+        Oci::RegistryError {
+            envelope,
+            url: "u".into(),
+        }
+    }
+
+    fn server(code: u16) -> Oci {
+        Oci::ServerError {
+            code,
+            url: "u".into(),
+            message: "body".into(),
+        }
+    }
+
+    #[test]
+    fn h3_not_found_answers_are_absent() {
+        for err in [
+            envelope("MANIFEST_UNKNOWN"),
+            envelope("NAME_UNKNOWN"),
+            envelope("NOT_FOUND"),
+            server(404),
+        ] {
+            assert!(from_oci(err, "probe", T).is_none());
+        }
+    }
+
+    #[test]
+    fn h4_auth_server_and_other_failures_are_errors() {
+        let error = |err| from_oci(err, "probe", T).expect("an error, not absent");
+        assert!(matches!(
+            error(Oci::UnauthorizedError { url: "u".into() }),
+            RegistryError::Unauthorized { status: 401, .. }
+        ));
+        assert!(matches!(
+            error(envelope("DENIED")),
+            RegistryError::Unauthorized { status: 403, .. }
+        ));
+        assert!(matches!(
+            error(server(403)),
+            RegistryError::Unauthorized { status: 403, .. }
+        ));
+        assert!(matches!(
+            error(server(503)),
+            RegistryError::Server { status: 503, .. }
+        ));
+        assert!(matches!(
+            error(envelope("NAME_INVALID")),
+            RegistryError::Rejected { .. }
+        ));
+        // S5: throttling is transient, as a 429 is.
+        let throttled = error(envelope("TOOMANYREQUESTS"));
+        assert!(
+            matches!(throttled, RegistryError::Server { status: 429, .. }),
+            "{throttled:?}"
+        );
+        assert!(!throttled.is_permanent());
+        let io = error(Oci::IoError(std::io::Error::other("reset")));
+        assert!(matches!(io, RegistryError::Transport { .. }), "{io:?}");
+        assert!(matches!(
+            error(Oci::RegistryNoDigestError),
+            RegistryError::Protocol { .. }
+        ));
     }
 }

@@ -1,37 +1,76 @@
-//! OCI registry client: probe and delete the `<base>/<vm>:hibernate` snapshot tag
-//! (SPEC H3, H4, W2, W3, G1, G2; metrics O1).
+//! The OCI registry behind a [`SnapshotStore`]: probe and delete the snapshot tag
+//! `<base>/<vm>:hibernate` (H3, H4, W2, W3, G1, G2, S1, S5; metrics O1).
 //!
-//! oci-client does the probe (manifest HEAD, its own token handling). A delete goes
-//! through reqwest with the same TLS settings and credentials, all its requests on one
-//! token fetched when the registry asks for one (`request.rs`). Secrets never reach logs
-//! or `Debug` output.
+//! [`RegistryClient`] (`client.rs`) is the store on a real registry: oci-client does the
+//! probe, with its own credential and token handling; `http.rs` is the one helper for
+//! what oci-client lacks, the DELETE and the token scope it needs, and carries a whole
+//! delete. Credentials: anonymous, basic, bearer, or a docker config.json with its
+//! credential helpers (`config.rs`); extra CAs; plain http only on request. Secrets never
+//! reach logs, errors or `Debug`.
 //!
-//! Registry calls at the floor (issue 8): a registry that refused a DELETE by tag is
-//! remembered for the life of the client, and later deletes there go straight to the
-//! digest path: HEAD, `tags/list`, DELETE by digest (three requests when the snapshot
-//! tag is alone in its repository).
-//!
-//! C2: `--registry-timeout` (`RegistryConfig::timeout`) is the budget of one whole
-//! operation, not of each request: a probe, or a delete with its whole digest fallback,
-//! finishes or fails with `RegistryError::Timeout` within it. `delete_snapshot_before`
-//! bounds a delete further by the caller's instant (S1). `RegistryError::is_permanent`
-//! tells refusals from outages (S5).
+//! Each operation has one deadline, `--registry-timeout`, for all its requests (C2), and
+//! a delete no later than its caller's instant (S1). A registry that refuses a DELETE by
+//! tag (CNCF Distribution) is remembered, and later deletes take the digest path: HEAD,
+//! `tags/list`, DELETE by digest, unless another tag shares the digest (S5).
+//! [`RegistryError::is_permanent`] tells refusals from outages (S5).
 
 mod catalog;
-mod challenge;
 mod client;
 mod config;
-mod deadline;
-mod delete;
 mod error;
+#[cfg(test)]
+pub(crate) mod fake;
 #[doc(hidden)]
 pub mod fuzzing;
-mod lookup;
+mod http;
 mod names;
-mod oci_errors;
-mod request;
 
-pub use client::{DeleteOutcome, RegistryClient};
+pub use client::RegistryClient;
 pub use config::{RegistryAuth, RegistryConfig};
 pub use error::RegistryError;
 pub use names::SNAPSHOT_TAG;
+
+use tokio::time::Instant;
+
+/// What a [`SnapshotStore`] call returns: boxed, so the trait is object-safe.
+pub type Fut<'a, T> = futures::future::BoxFuture<'a, Result<T, RegistryError>>;
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DeleteOutcome {
+    /// The registry deleted the tag itself.
+    Deleted,
+    /// There was nothing to delete.
+    Absent,
+    /// Tag deletion is unsupported (Distribution 2.x); the manifest was deleted by digest.
+    DeletedByDigest,
+    /// Other tags share the manifest, and a delete by digest would remove them too:
+    /// nothing was deleted (S5).
+    KeptSharedDigest { other_tags: Vec<String> },
+}
+
+/// Where snapshots live, as the controller sees it; its tests use a fake.
+pub trait SnapshotStore: Send + Sync {
+    /// The digest `<base>/<vm>:hibernate` resolves to; None when the tag does not exist.
+    /// 404 is an answer; transport errors, timeouts, 5xx and refused credentials are
+    /// errors (H3, H4).
+    fn snapshot_digest<'a>(&'a self, vm: &'a str) -> Fut<'a, Option<String>>;
+
+    /// Deletes the tag, every request of it done or dropped by min(now + timeout,
+    /// `not_after`); a `not_after` already past sends nothing (S1). A dropped request may
+    /// still land: a caller passes its own limit minus a margin.
+    fn delete_snapshot_before<'a>(
+        &'a self,
+        vm: &'a str,
+        not_after: Instant,
+    ) -> Fut<'a, DeleteOutcome>;
+
+    fn snapshot_exists<'a>(&'a self, vm: &'a str) -> Fut<'a, bool> {
+        Box::pin(async move { Ok(self.snapshot_digest(vm).await?.is_some()) })
+    }
+
+    /// [`Self::delete_snapshot_before`] bounded by the timeout alone.
+    fn delete_snapshot<'a>(&'a self, vm: &'a str) -> Fut<'a, DeleteOutcome> {
+        let far = Instant::now() + std::time::Duration::from_secs(365 * 24 * 3600);
+        self.delete_snapshot_before(vm, far)
+    }
+}

@@ -31,12 +31,18 @@ impl RegistryBase {
             Some((host, prefix)) => (host, Some(prefix)),
             None => (trimmed, None),
         };
-        validate_host(host).map_err(invalid)?;
-        if let Some(prefix) = prefix {
-            for component in prefix.split('/') {
-                validate_component(component)
-                    .map_err(|why| invalid(&format!("path component {component:?} {why}")))?;
-            }
+        // The URL parser checks the host and the port as reqwest will use them.
+        if host.is_empty()
+            || reqwest::Url::parse(&format!("http://{host}/")).is_err()
+            || host.contains(['@', '?', '#'])
+        {
+            return Err(invalid(
+                "the host is not host[:port] (a name, an IPv4 or a bracketed IPv6 address)",
+            ));
+        }
+        for component in prefix.iter().flat_map(|p| p.split('/')) {
+            validate_component(component)
+                .map_err(|why| invalid(&format!("path component {component:?} {why}")))?;
         }
         Ok(Self {
             registry: host.to_string(),
@@ -46,53 +52,28 @@ impl RegistryBase {
 
     /// "<prefix>/<vm>", after checking `vm` is one valid path component.
     pub fn repository(&self, vm: &str) -> Result<String, RegistryError> {
-        validate_component(vm).map_err(|reason| RegistryError::InvalidVmName {
+        let invalid = |reason| RegistryError::InvalidVmName {
             name: vm.to_string(),
             reason,
-        })?;
+        };
+        validate_component(vm).map_err(invalid)?;
         let repository = match &self.prefix {
             Some(prefix) => format!("{prefix}/{vm}"),
             None => vm.to_string(),
         };
         if repository.len() > MAX_REPOSITORY_LEN {
-            return Err(RegistryError::InvalidVmName {
-                name: vm.to_string(),
-                reason: "the repository name would exceed 255 characters",
-            });
+            return Err(invalid("the repository name would exceed 255 characters"));
         }
         Ok(repository)
     }
 }
 
-fn validate_host(host: &str) -> Result<(), &'static str> {
-    if host.is_empty() {
-        return Err("the host is empty");
-    }
-    if !host
-        .chars()
-        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | ':' | '[' | ']'))
-    {
-        return Err("the host may only hold letters, digits, '.', '-', ':' and IPv6 brackets");
-    }
-    // A port follows the last ':' unless that ':' sits inside an IPv6 literal.
-    let port = match host.rsplit_once(':') {
-        Some((_, port)) if !port.contains(']') => Some(port),
-        _ => None,
-    };
-    if let Some(port) = port
-        && port.parse::<u16>().is_err()
-    {
-        return Err("the port is not a number between 0 and 65535");
-    }
-    Ok(())
-}
-
 /// One OCI path component: `[a-z0-9]+((\.|_|__|-+)[a-z0-9]+)*`.
 pub(crate) fn validate_component(name: &str) -> Result<(), &'static str> {
+    let alnum = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit();
     if name.is_empty() {
         return Err("must not be empty");
     }
-    let alnum = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit();
     if !name
         .chars()
         .all(|c| alnum(c) || matches!(c, '.' | '_' | '-'))
@@ -102,11 +83,12 @@ pub(crate) fn validate_component(name: &str) -> Result<(), &'static str> {
     if !name.starts_with(alnum) || !name.ends_with(alnum) {
         return Err("must start and end with a lowercase letter or digit");
     }
-    for separator in name.split(alnum).filter(|s| !s.is_empty()) {
-        let ok = matches!(separator, "." | "_" | "__") || separator.chars().all(|c| c == '-');
-        if !ok {
-            return Err("separators must be '.', '_', '__' or a run of '-'");
-        }
+    let separators = name.split(alnum).filter(|s| !s.is_empty());
+    if !separators
+        .into_iter()
+        .all(|s| matches!(s, "." | "_" | "__") || s.chars().all(|c| c == '-'))
+    {
+        return Err("separators must be '.', '_', '__' or a run of '-'");
     }
     Ok(())
 }

@@ -1,43 +1,29 @@
-//! `POST /validate-cocoonhibernation`: decode an AdmissionReview, validate, answer (V5).
+//! `POST /validate-cocoonhibernation`: decode an AdmissionReview (kube's types), validate,
+//! answer (V5).
 
-use super::validate::{self, ClaimView, Operation};
+use super::validate::{self, ClaimView, Denial, Operation};
 use crate::api::CocoonHibernation;
 use crate::metrics::Metrics;
 use axum::Json;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use serde::Deserialize;
-use serde_json::{Value, json};
+use kube::core::DynamicObject;
+use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview};
+use serde_json::json;
 
 const API_VERSION: &str = "admission.k8s.io/v1";
 
 /// Answer to one HTTP request: a review response, or a 4xx for input that is not one.
-#[derive(Debug, PartialEq)]
+#[derive(Debug)]
 pub enum Reply {
-    Review {
-        uid: String,
-        allowed: bool,
-        message: Option<String>,
-    },
+    Review(Box<AdmissionResponse>),
     BadRequest(String),
 }
 
 impl IntoResponse for Reply {
     fn into_response(self) -> Response {
         match self {
-            Reply::Review {
-                uid,
-                allowed,
-                message,
-            } => {
-                let mut response = json!({ "uid": uid, "allowed": allowed });
-                if let Some(message) = message {
-                    response["status"] =
-                        json!({ "code": 403, "reason": "Forbidden", "message": message });
-                }
-                Json(json!({ "apiVersion": API_VERSION, "kind": "AdmissionReview", "response": response }))
-                    .into_response()
-            }
+            Reply::Review(response) => Json(response.into_review()).into_response(),
             Reply::BadRequest(message) => {
                 (StatusCode::BAD_REQUEST, Json(json!({ "error": message }))).into_response()
             }
@@ -46,100 +32,97 @@ impl IntoResponse for Reply {
 }
 
 /// The whole decision for one request body; synchronous so tests need no server.
+/// Counted by operation (`unknown` when the body is not a review) and result
+/// (`allowed`, `denied`, `unsynced` for the V3 denial, `invalid`).
 pub fn review(body: &[u8], view: &impl ClaimView, metrics: &Metrics) -> Reply {
-    let mut op = "unknown";
-    let reply = review_inner(body, view, &mut op);
-    let result = match &reply {
-        Reply::Review { allowed: true, .. } => "allowed",
-        Reply::Review {
-            allowed: false,
-            message: Some(m),
-            ..
-        } if m == validate::UNSYNCED => "unsynced",
-        Reply::Review { allowed: false, .. } => "denied",
-        Reply::BadRequest(_) => "invalid",
+    let request = match decode(body) {
+        Ok(request) => request,
+        Err(message) => {
+            metrics.admission("unknown", "invalid");
+            return Reply::BadRequest(message);
+        }
     };
-    metrics.admission(op, result);
-    reply
+    let response = AdmissionResponse::from(&request);
+    let (response, result) = match decide(&request, view) {
+        Ok(()) => (response, "allowed"),
+        Err(denial) => {
+            let result = if denial.unsynced {
+                "unsynced"
+            } else {
+                "denied"
+            };
+            let mut response = response.deny(denial.message);
+            response.result.code = 403;
+            response.result.reason = "Forbidden".into();
+            (response, result)
+        }
+    };
+    metrics.admission(operation_label(&request.operation), result);
+    Reply::Review(Box::new(response))
 }
 
-/// `op` receives the request's operation, for the metric, once it is known.
-fn review_inner(body: &[u8], view: &impl ClaimView, op_label: &mut &'static str) -> Reply {
-    let doc: Value = match serde_json::from_slice(body) {
-        Ok(v) => v,
-        Err(e) => return Reply::BadRequest(format!("request body is not JSON: {e}")),
-    };
-    let api_version = doc.get("apiVersion").and_then(Value::as_str);
-    let kind = doc.get("kind").and_then(Value::as_str);
-    if api_version != Some(API_VERSION) || kind != Some("AdmissionReview") {
-        return Reply::BadRequest(format!(
-            "expected apiVersion {API_VERSION} kind AdmissionReview, got {} {}",
-            api_version.unwrap_or("<none>"),
-            kind.unwrap_or("<none>")
-        ));
-    }
-    let Some(request) = doc.get("request").filter(|r| r.is_object()) else {
-        return Reply::BadRequest("AdmissionReview has no request".into());
-    };
-    let uid = match request.get("uid").and_then(Value::as_str) {
-        Some(uid) if !uid.is_empty() => uid.to_owned(),
-        _ => return Reply::BadRequest("AdmissionReview request has no uid".into()),
-    };
-    let deny = |message: String| Reply::Review {
-        uid: uid.clone(),
-        allowed: false,
-        message: Some(message),
-    };
-    let Some(op) = request
-        .get("operation")
-        .and_then(Value::as_str)
-        .and_then(Operation::parse)
-    else {
-        return deny("request.operation must be CREATE, UPDATE, DELETE or CONNECT".into());
-    };
-    *op_label = op.as_str();
-    let kind = request
-        .pointer("/kind/kind")
-        .and_then(Value::as_str)
-        .unwrap_or_default();
-    if kind != "CocoonHibernation" {
-        return deny(format!(
-            "this webhook validates CocoonHibernation, not {kind:?}"
-        ));
-    }
-    let namespace = request
-        .get("namespace")
-        .and_then(Value::as_str)
-        .unwrap_or_default();
-    let object = match decode(request.get("object")) {
-        Ok(o) => o,
-        Err(e) => {
-            return deny(format!(
-                "object does not decode as a CocoonHibernation: {e}"
-            ));
-        }
-    };
-    let old = match decode(request.get("oldObject")) {
-        Ok(o) => o,
-        Err(e) => {
-            return deny(format!(
-                "oldObject does not decode as a CocoonHibernation: {e}"
-            ));
-        }
-    };
-    match validate::validate(op, namespace, object.as_ref(), old.as_ref(), view) {
-        Ok(()) => Reply::Review {
-            uid,
-            allowed: true,
-            message: None,
-        },
-        Err(d) => deny(d.0),
+fn operation_label(operation: &Operation) -> &'static str {
+    match operation {
+        Operation::Create => "CREATE",
+        Operation::Update => "UPDATE",
+        Operation::Delete => "DELETE",
+        Operation::Connect => "CONNECT",
     }
 }
 
-fn decode(raw: Option<&Value>) -> Result<Option<CocoonHibernation>, serde_json::Error> {
-    match raw {
-        None | Some(Value::Null) => Ok(None),
-        Some(v) => CocoonHibernation::deserialize(v).map(Some),
+/// The request of an `admission.k8s.io/v1` AdmissionReview, or why the body is not one.
+fn decode(body: &[u8]) -> Result<AdmissionRequest<DynamicObject>, String> {
+    let review: AdmissionReview<DynamicObject> = serde_json::from_slice(body).map_err(|e| {
+        if e.is_syntax() || e.is_eof() {
+            format!("request body is not JSON: {e}")
+        } else {
+            format!("request body is not an AdmissionReview: {e}")
+        }
+    })?;
+    if review.types.api_version != API_VERSION || review.types.kind != "AdmissionReview" {
+        return Err(format!(
+            "expected apiVersion {API_VERSION} kind AdmissionReview, got {:?} {:?}",
+            review.types.api_version, review.types.kind
+        ));
     }
+    let request: AdmissionRequest<DynamicObject> = review
+        .try_into()
+        .map_err(|_| "AdmissionReview has no request".to_string())?;
+    if request.uid.is_empty() {
+        return Err("AdmissionReview request has no uid".into());
+    }
+    Ok(request)
+}
+
+/// Denials for a review that is well-formed but not a CocoonHibernation we can read,
+/// then the rules of `validate`.
+fn decide(request: &AdmissionRequest<DynamicObject>, view: &impl ClaimView) -> Result<(), Denial> {
+    if request.kind.kind != "CocoonHibernation" {
+        return Err(format!(
+            "this webhook validates CocoonHibernation, not {:?}",
+            request.kind.kind
+        )
+        .into());
+    }
+    let typed = |object: &Option<DynamicObject>, what: &str| match object {
+        None => Ok(None),
+        Some(object) => object
+            .clone()
+            .try_parse::<CocoonHibernation>()
+            .map(Some)
+            .map_err(|e| {
+                Denial::from(format!(
+                    "{what} does not decode as a CocoonHibernation: {e}"
+                ))
+            }),
+    };
+    let object = typed(&request.object, "object")?;
+    let old = typed(&request.old_object, "oldObject")?;
+    validate::validate(
+        request.operation.clone(),
+        request.namespace.as_deref().unwrap_or_default(),
+        object.as_ref(),
+        old.as_ref(),
+        view,
+    )
 }

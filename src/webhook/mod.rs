@@ -51,3 +51,39 @@ pub fn cache_router(cache: SharedCache, metrics: Metrics) -> Router {
         metrics,
     })
 }
+
+/// The cache as the validation rules see it (V2, V3, S2).
+impl validate::ClaimView for SharedCache {
+    fn synced(&self) -> bool {
+        self.is_synced()
+    }
+
+    fn claims(&self, namespace: &str, pod: &str) -> Vec<validate::Claim> {
+        self.crs_for_pod(namespace, pod)
+            .iter()
+            .map(|cr| validate::Claim {
+                name: cr.metadata.name.clone().unwrap_or_default(),
+                terminating: cr.is_deleting(),
+            })
+            .collect()
+    }
+
+    fn vm_holder(&self, namespace: &str, pod: &str) -> Option<validate::VmHolder> {
+        let vm = crate::api::annotations::PodView::from_pod(&*self.pod(namespace, pod)?).vm_name?;
+        self.crs_holding_vm(&vm)
+            .iter()
+            .find(|cr| {
+                let same_pod = cr.metadata.namespace.as_deref() == Some(namespace)
+                    && cr.spec.pod_ref.name == pod;
+                !cr.is_deleting() && !same_pod
+            })
+            .map(|cr| validate::VmHolder {
+                holder: format!(
+                    "{}/{}",
+                    cr.metadata.namespace.as_deref().unwrap_or_default(),
+                    cr.metadata.name.as_deref().unwrap_or_default()
+                ),
+                vm: vm.clone(),
+            })
+    }
+}

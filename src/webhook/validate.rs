@@ -1,7 +1,6 @@
 //! Admission rules V1–V4 as a pure function of the request and a view of the cache.
 
 use crate::api::CocoonHibernation;
-use crate::cache::SharedCache;
 
 /// Another CR that targets the same pod.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -29,73 +28,28 @@ pub trait ClaimView {
     }
 }
 
-impl ClaimView for SharedCache {
-    fn synced(&self) -> bool {
-        self.is_synced()
-    }
+pub use kube::core::admission::Operation;
 
-    fn claims(&self, namespace: &str, pod: &str) -> Vec<Claim> {
-        self.crs_for_pod(namespace, pod)
-            .iter()
-            .map(|cr| Claim {
-                name: cr.metadata.name.clone().unwrap_or_default(),
-                terminating: cr.is_deleting(),
-            })
-            .collect()
-    }
-
-    fn vm_holder(&self, namespace: &str, pod: &str) -> Option<VmHolder> {
-        let vm = crate::api::annotations::PodView::from_pod(&*self.pod(namespace, pod)?).vm_name?;
-        self.crs_holding_vm(&vm)
-            .iter()
-            .find(|cr| {
-                let same_pod = cr.metadata.namespace.as_deref() == Some(namespace)
-                    && cr.spec.pod_ref.name == pod;
-                !cr.is_deleting() && !same_pod
-            })
-            .map(|cr| VmHolder {
-                holder: format!(
-                    "{}/{}",
-                    cr.metadata.namespace.as_deref().unwrap_or_default(),
-                    cr.metadata.name.as_deref().unwrap_or_default()
-                ),
-                vm: vm.clone(),
-            })
-    }
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Operation {
-    Create,
-    Update,
-    Delete,
-    Connect,
-}
-
-impl Operation {
-    pub fn parse(raw: &str) -> Option<Self> {
-        match raw {
-            "CREATE" => Some(Self::Create),
-            "UPDATE" => Some(Self::Update),
-            "DELETE" => Some(Self::Delete),
-            "CONNECT" => Some(Self::Connect),
-            _ => None,
-        }
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Create => "CREATE",
-            Self::Update => "UPDATE",
-            Self::Delete => "DELETE",
-            Self::Connect => "CONNECT",
-        }
-    }
-}
-
-/// A denial's message, shown to the user by kubectl.
+/// A denial's message, shown to the user by kubectl; `unsynced` marks the V3 denial of
+/// a cache that has not synced (counted apart, for alerts).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Denial(pub String);
+pub struct Denial {
+    pub message: String,
+    pub unsynced: bool,
+}
+
+impl From<String> for Denial {
+    fn from(message: String) -> Self {
+        Self {
+            message,
+            unsynced: false,
+        }
+    }
+}
+
+fn deny<T>(message: impl Into<String>) -> Result<T, Denial> {
+    Err(Denial::from(message.into()))
+}
 
 pub fn validate(
     op: Operation,
@@ -106,18 +60,18 @@ pub fn validate(
 ) -> Result<(), Denial> {
     match op {
         Operation::Create => {
-            let cr = object.ok_or_else(|| Denial("CREATE request carries no object".into()))?;
+            let Some(cr) = object else {
+                return deny("CREATE request carries no object");
+            };
             validate_create(namespace, cr, view)
         }
         Operation::Update => match (object, old_object) {
             (Some(new), Some(old)) if new.spec.pod_ref != old.spec.pod_ref => {
                 // V4: backstop for clusters whose CRD lacks the CEL rule.
-                Err(Denial("spec.podRef is immutable".into()))
+                deny("spec.podRef is immutable")
             }
             (Some(_), Some(_)) => Ok(()),
-            _ => Err(Denial(
-                "UPDATE request needs both object and oldObject".into(),
-            )),
+            _ => deny("UPDATE request needs both object and oldObject"),
         },
         Operation::Delete | Operation::Connect => Ok(()),
     }
@@ -135,13 +89,16 @@ fn validate_create(
     let pod = cr.spec.pod_ref.name.as_str();
     if name != pod {
         // V1: equal names make racing duplicate creates collide on name uniqueness.
-        return Err(Denial(format!(
+        return deny(format!(
             "metadata.name {name:?} must equal spec.podRef.name {pod:?}: one CocoonHibernation per pod, named after it"
-        )));
+        ));
     }
     if !view.synced() {
         // V3: fail closed until the shared cache has its initial list.
-        return Err(Denial(UNSYNCED.into()));
+        return Err(Denial {
+            message: UNSYNCED.into(),
+            unsynced: true,
+        });
     }
     // V2: one CR per pod.
     let others: Vec<Claim> = view
@@ -150,24 +107,24 @@ fn validate_create(
         .filter(|c| c.name != name)
         .collect();
     if let Some(live) = others.iter().find(|c| !c.terminating) {
-        return Err(Denial(format!(
+        return deny(format!(
             "CocoonHibernation {ns}/{other} already targets pod {pod}; flip its spec.desire instead",
             ns = namespace,
             other = live.name
-        )));
+        ));
     }
     if let Some(dying) = others.first() {
-        return Err(Denial(format!(
+        return deny(format!(
             "CocoonHibernation {ns}/{other} targeting pod {pod} is terminating; retry after its cleanup finishes",
             ns = namespace,
             other = dying.name
-        )));
+        ));
     }
     // S2: VM names are cluster-wide; a VM has one owner.
     if let Some(VmHolder { vm, holder }) = view.vm_holder(namespace, pod) {
-        return Err(Denial(format!(
+        return deny(format!(
             "pod {pod} names vm {vm}, which CocoonHibernation {holder} already holds through another pod; one VM, one owner"
-        )));
+        ));
     }
     Ok(())
 }

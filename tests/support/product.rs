@@ -619,7 +619,7 @@ pub fn helm_template(
         String::from_utf8_lossy(&out.stderr)
     );
     let text = String::from_utf8(out.stdout).expect("helm output is UTF-8");
-    serde_yaml::Deserializer::from_str(&text)
+    serde_norway::Deserializer::from_str(&text)
         .map(|doc| serde_json::Value::deserialize(doc).expect("helm output is YAML"))
         .filter(|doc| !doc.is_null())
         .collect()

@@ -1,0 +1,600 @@
+//! The one helper for what oci-client lacks: manifest DELETE, and a token with the scope
+//! a delete needs. oci-client asks token servers for `pull` or `pull,push` only, and
+//! pings `GET /v2/` before every request it holds no token for (each request on a
+//! registry without auth). So a whole delete runs here, on one [`Session`] and at most
+//! one token (`pull,delete`): its HEADs, its `tags/list` pages (whose `Link` pagination
+//! oci-client's `list_tags` hides) and its DELETEs. The reqwest client is built next to
+//! oci-client's, from the same roots and settings (`client.rs`).
+
+use super::config::RegistryAuth;
+use super::error::{RegistryError, answer_detail};
+use crate::metrics::Metrics;
+use reqwest::{Method, Url, header};
+use std::collections::HashSet;
+use std::time::Duration;
+
+/// Items asked for per page of a listing (Distribution refuses `n` above 1000).
+pub(super) const PAGE_SIZE: usize = 100;
+/// So a registry whose pages never end cannot loop us forever.
+const MAX_PAGES: usize = 10_000;
+
+/// One operation's requests: its credentials, and the token the registry asked for,
+/// fetched at most once, with the scope of the whole operation.
+pub(super) struct Session<'a> {
+    pub http: &'a reqwest::Client,
+    pub auth: &'a RegistryAuth,
+    pub metrics: &'a Metrics,
+    /// `repository:<repo>:pull,delete`, or the catalog's `registry:catalog:*`.
+    pub scope: String,
+    /// Reported by a reqwest timeout: the budget of the operation.
+    pub budget: Duration,
+    pub token: Option<String>,
+}
+
+/// The parts of an answer a delete reads.
+pub(super) struct Answer {
+    pub status: u16,
+    /// `Docker-Content-Digest`.
+    pub digest: Option<String>,
+    pub link: Option<String>,
+    pub body: String,
+    challenge: Option<(String, Option<String>)>,
+}
+
+/// How the registry answered a manifest DELETE.
+pub(super) enum Deleted {
+    Yes,
+    NotFound,
+    /// Not this way: 405, or Distribution's 400 DIGEST_INVALID for a tag.
+    Unsupported {
+        status: u16,
+        message: String,
+    },
+}
+
+impl Session<'_> {
+    /// One request, with the session's token, else the configured credentials. A 401
+    /// with a Bearer challenge gets the session its token and is sent once more.
+    pub async fn send(
+        &mut self,
+        method: Method,
+        url: &Url,
+        accept: &str,
+        op: &'static str,
+    ) -> Result<Answer, RegistryError> {
+        let mut answer = self.send_once(&method, url, accept, op).await?;
+        if answer.status == 401
+            && self.token.is_none()
+            && let Some((realm, service)) = answer.challenge.take()
+        {
+            let token = self.fetch_token(&realm, service.as_deref(), url).await;
+            self.metrics.registry_call("token", outcome(&token, "ok"));
+            self.token = Some(token?);
+            answer = self.send_once(&method, url, accept, op).await?;
+        }
+        Ok(answer)
+    }
+
+    /// Sent twice on a transport error: a registry restart leaves dead pooled
+    /// connections, and every request here is idempotent.
+    async fn send_once(
+        &self,
+        method: &Method,
+        url: &Url,
+        accept: &str,
+        op: &'static str,
+    ) -> Result<Answer, RegistryError> {
+        match self.try_send(method, url, accept).await {
+            Err(e) if !e.is_timeout() => self.try_send(method, url, accept).await,
+            other => other,
+        }
+        .map_err(|e| RegistryError::transport(op, &e, self.budget))
+    }
+
+    async fn try_send(
+        &self,
+        method: &Method,
+        url: &Url,
+        accept: &str,
+    ) -> Result<Answer, reqwest::Error> {
+        let request = self.http.request(method.clone(), url.clone());
+        let request = match (&self.token, self.auth) {
+            (Some(token), _) | (None, RegistryAuth::Bearer { token }) => request.bearer_auth(token),
+            (None, RegistryAuth::Basic { username, password }) => {
+                request.basic_auth(username, Some(password))
+            }
+            (None, RegistryAuth::Anonymous) => request,
+        };
+        let response = request.header(header::ACCEPT, accept).send().await?;
+        let headers = response.headers();
+        let text = |name| Some(headers.get(name)?.to_str().ok()?.trim().to_string());
+        let (digest, link) = (text("docker-content-digest"), text("link"));
+        let challenge = headers
+            .get_all(header::WWW_AUTHENTICATE)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .find_map(bearer_challenge);
+        Ok(Answer {
+            status: response.status().as_u16(),
+            digest,
+            link,
+            challenge,
+            body: response.text().await?,
+        })
+    }
+
+    /// GET `<realm>?service=…&scope=…`, with the basic credentials if any.
+    async fn fetch_token(
+        &self,
+        realm: &str,
+        service: Option<&str>,
+        target: &Url,
+    ) -> Result<String, RegistryError> {
+        const OP: &str = "token";
+        let protocol = |message| RegistryError::Protocol {
+            operation: OP,
+            message,
+        };
+        let mut url = Url::parse(realm)
+            .map_err(|e| protocol(format!("token realm {realm:?} is not a URL: {e}")))?;
+        if target.scheme() == "https" && url.scheme() != "https" {
+            return Err(protocol(format!(
+                "token realm {realm:?} is not https; credentials are not sent in the clear"
+            )));
+        }
+        url.query_pairs_mut()
+            .extend_pairs(service.map(|s| ("service", s)))
+            .append_pair("scope", &self.scope);
+        let request = match self.auth {
+            RegistryAuth::Basic { username, password } => self
+                .http
+                .get(url.clone())
+                .basic_auth(username, Some(password)),
+            _ => self.http.get(url.clone()),
+        };
+        let transport = |e: reqwest::Error| RegistryError::transport(OP, &e, self.budget);
+        let response = request.send().await.map_err(transport)?;
+        let status = response.status().as_u16();
+        let body = response.text().await.map_err(transport)?;
+        if status != 200 {
+            // A token server that is down or throttling has not refused the credentials.
+            let detail = format!("token request failed: {}", answer_detail(status, &body));
+            return Err(RegistryError::from_status(OP, status, &detail));
+        }
+        token_from_body(&body)
+    }
+
+    /// HEAD a manifest: its digest, None on 404. Counted under `op`.
+    pub async fn head_digest(
+        &mut self,
+        url: &Url,
+        op: &'static str,
+    ) -> Result<Option<String>, RegistryError> {
+        let result = async {
+            let answer = self.send(Method::HEAD, url, &manifest_accept(), op).await?;
+            match (answer.status, answer.digest) {
+                (404, _) => Ok(None),
+                (200, Some(digest)) if valid_digest(&digest) => Ok(Some(digest)),
+                (200, digest) => Err(RegistryError::Protocol {
+                    operation: op,
+                    message: format!("the manifest HEAD answered the digest {digest:?}"),
+                }),
+                (status, _) => Err(RegistryError::from_status(op, status, &answer.body)),
+            }
+        }
+        .await;
+        let present = matches!(result, Ok(Some(_)));
+        let label = if present { "present" } else { "absent" };
+        self.metrics.registry_call(op, outcome(&result, label));
+        result
+    }
+
+    /// Every entry of a paginated listing (`key` of each JSON page), each page read
+    /// once; None when the first page is 404. One call per page, counted under `op`.
+    pub async fn list(
+        &mut self,
+        mut url: Url,
+        key: &str,
+        op: &'static str,
+    ) -> Result<Option<Vec<String>>, RegistryError> {
+        let (mut items, mut seen) = (Vec::new(), HashSet::new());
+        for _ in 0..MAX_PAGES {
+            let page = self.page(&url, key, op).await;
+            let found = matches!(page, Ok(Some(_)));
+            self.metrics
+                .registry_call(op, outcome(&page, if found { "ok" } else { "absent" }));
+            let Some((page, link)) = page? else {
+                return Ok((!items.is_empty()).then_some(items));
+            };
+            let (len, last) = (page.len(), page.last().cloned());
+            let mut new = 0;
+            for item in page {
+                if seen.insert(item.clone()) {
+                    items.push(item);
+                    new += 1;
+                }
+            }
+            match next_page(&url, link.as_deref(), len, new, last.as_deref()).map_err(
+                |message| RegistryError::Protocol {
+                    operation: op,
+                    message,
+                },
+            )? {
+                Some(next) => url = next,
+                None => return Ok(Some(items)),
+            }
+        }
+        let message = format!("the listing did not end within {MAX_PAGES} pages");
+        Err(RegistryError::Protocol {
+            operation: op,
+            message,
+        })
+    }
+
+    async fn page(
+        &mut self,
+        url: &Url,
+        key: &str,
+        op: &'static str,
+    ) -> Result<Option<(Vec<String>, Option<String>)>, RegistryError> {
+        let answer = self.send(Method::GET, url, "application/json", op).await?;
+        match answer.status {
+            404 => return Ok(None),
+            200 => {}
+            status => return Err(RegistryError::from_status(op, status, &answer.body)),
+        }
+        let mut page: serde_json::Value =
+            serde_json::from_str(&answer.body).map_err(|e| RegistryError::Protocol {
+                operation: op,
+                message: format!("the listing is not JSON: {e}"),
+            })?;
+        // `null` (Distribution, for a repository without tags) lists nothing.
+        let entries = match page.get_mut(key).map(serde_json::Value::take) {
+            None | Some(serde_json::Value::Null) => Vec::new(),
+            Some(list) => serde_json::from_value(list).map_err(|e| RegistryError::Protocol {
+                operation: op,
+                message: format!("the listing's {key:?} is not a list of names: {e}"),
+            })?,
+        };
+        Ok(Some((entries, answer.link)))
+    }
+
+    /// DELETE a manifest (by tag or digest), counted under `op`.
+    pub async fn delete(&mut self, url: &Url, op: &'static str) -> Result<Deleted, RegistryError> {
+        let result = async {
+            let answer = self.send(Method::DELETE, url, "*/*", op).await?;
+            interpret_delete(answer.status, &answer.body, op)
+        }
+        .await;
+        let label = match &result {
+            Ok(Deleted::Yes) => "deleted",
+            Ok(Deleted::NotFound) => "absent",
+            _ => "unsupported",
+        };
+        self.metrics.registry_call(op, outcome(&result, label));
+        result
+    }
+}
+
+/// The `registry_calls_total` outcome: `ok` for a success, else error or timeout.
+fn outcome<T>(result: &Result<T, RegistryError>, ok: &'static str) -> &'static str {
+    match result {
+        Ok(_) => ok,
+        Err(RegistryError::Timeout { .. }) => "timeout",
+        Err(_) => "error",
+    }
+}
+
+/// Every manifest type a snapshot may be stored as; without them a registry may answer
+/// with a converted manifest, whose digest is not the stored one.
+fn manifest_accept() -> String {
+    use oci_client::manifest::*;
+    [
+        OCI_IMAGE_MEDIA_TYPE,
+        OCI_IMAGE_INDEX_MEDIA_TYPE,
+        IMAGE_MANIFEST_MEDIA_TYPE,
+        IMAGE_MANIFEST_LIST_MEDIA_TYPE,
+    ]
+    .join(", ")
+}
+
+/// What a DELETE status means. 404 is "already gone".
+pub(crate) fn interpret_delete(
+    status: u16,
+    body: &str,
+    op: &'static str,
+) -> Result<Deleted, RegistryError> {
+    match status {
+        200 | 202 | 204 => Ok(Deleted::Yes),
+        404 => Ok(Deleted::NotFound),
+        405 => Ok(Deleted::Unsupported {
+            status,
+            message: answer_detail(status, body),
+        }),
+        400 if body.contains("DIGEST_INVALID") || body.contains("UNSUPPORTED") => {
+            Ok(Deleted::Unsupported {
+                status,
+                message: answer_detail(status, body),
+            })
+        }
+        _ => Err(RegistryError::from_status(op, status, body)),
+    }
+}
+
+/// The realm and service of the first Bearer challenge in a `WWW-Authenticate` value.
+fn bearer_challenge(value: &str) -> Option<(String, Option<String>)> {
+    let challenge = http_auth::ChallengeParser::new(value)
+        .filter_map(Result::ok)
+        .find(|c| c.scheme.eq_ignore_ascii_case("bearer"))?;
+    let param = |name: &str| {
+        let (_, value) = challenge
+            .params
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))?;
+        Some(value.to_unescaped())
+    };
+    Some((param("realm")?, param("service")))
+}
+
+/// Token servers answer `token` (Docker) or `access_token` (OAuth2), sometimes both.
+pub(crate) fn token_from_body(body: &str) -> Result<String, RegistryError> {
+    let protocol = |message: String| RegistryError::Protocol {
+        operation: "token",
+        message,
+    };
+    let value: serde_json::Value = serde_json::from_str(body)
+        .map_err(|e| protocol(format!("token answer is not JSON: {e}")))?;
+    ["token", "access_token"]
+        .iter()
+        .find_map(|k| value.get(k)?.as_str().filter(|t| !t.is_empty()))
+        .map(str::to_string)
+        .ok_or_else(|| protocol("token answer holds neither `token` nor `access_token`".into()))
+}
+
+/// Where a listing goes on after a page, if anywhere; never to the page it is on.
+/// - `Link: <…>; rel="next"` (OCI pagination) is followed, on the same origin only;
+/// - without it, a page of exactly `n` new entries may have more behind it: `last` asks
+///   for them. A shorter page is the last, and so is a longer one (the registry ignored
+///   `n` and sent everything).
+pub(crate) fn next_page(
+    current: &Url,
+    link: Option<&str>,
+    len: usize,
+    new: usize,
+    last: Option<&str>,
+) -> Result<Option<Url>, String> {
+    if let Some(target) = link.and_then(next_link) {
+        let next = current
+            .join(&target)
+            .map_err(|e| format!("unusable Link {target:?}: {e}"))?;
+        if next.origin() != current.origin() || next == *current {
+            return Err(format!(
+                "the Link {target:?} leaves the registry or stays put"
+            ));
+        }
+        return Ok(Some(next));
+    }
+    let Some(last) = last.filter(|_| len == PAGE_SIZE && new > 0) else {
+        return Ok(None);
+    };
+    let mut next = current.clone();
+    next.query_pairs_mut()
+        .clear()
+        .append_pair("n", &PAGE_SIZE.to_string())
+        .append_pair("last", last);
+    Ok(Some(next))
+}
+
+/// The target of the `rel="next"` link in a `Link` header (RFC 8288), if any.
+pub(crate) fn next_link(header: &str) -> Option<String> {
+    header.split(',').find_map(|link| {
+        let (target, params) = link.trim().strip_prefix('<')?.split_once('>')?;
+        let next = params.split(';').any(|param| {
+            param.split_once('=').is_some_and(|(name, value)| {
+                name.trim().eq_ignore_ascii_case("rel")
+                    && value
+                        .trim()
+                        .trim_matches('"')
+                        .split_ascii_whitespace()
+                        .any(|rel| rel.eq_ignore_ascii_case("next"))
+            })
+        });
+        next.then(|| target.trim().to_string())
+    })
+}
+
+/// An OCI tag: `[a-zA-Z0-9_][a-zA-Z0-9._-]{0,127}`.
+pub(super) fn valid_tag(tag: &str) -> bool {
+    tag.len() <= 128
+        && tag.starts_with(|c: char| c.is_ascii_alphanumeric() || c == '_')
+        && tag
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+}
+
+/// An OCI digest `algorithm:encoded`; it goes into a DELETE's URL.
+fn valid_digest(digest: &str) -> bool {
+    let Some((algorithm, encoded)) = digest.split_once(':') else {
+        return false;
+    };
+    let lower = |c: &str| {
+        !c.is_empty()
+            && c.bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
+    };
+    !encoded.is_empty()
+        && encoded
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'=' | b'_' | b'-'))
+        && algorithm.split(['+', '.', '_', '-']).all(lower)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn url(s: &str) -> Url {
+        Url::parse(s).unwrap()
+    }
+
+    #[test]
+    fn link_headers_name_the_next_page() {
+        assert_eq!(
+            next_link(r#"</v2/vm/tags/list?n=100&last=t099>; rel="next""#).as_deref(),
+            Some("/v2/vm/tags/list?n=100&last=t099")
+        );
+        assert_eq!(
+            next_link(r#"<https://a/prev>; rel=prev, <https://a/next>; rel=next"#).as_deref(),
+            Some("https://a/next")
+        );
+        assert_eq!(next_link(r#"<x>; REL="first next""#).as_deref(), Some("x"));
+        assert_eq!(next_link(r#"</x>; rel="prev""#), None);
+        assert_eq!(next_link(""), None);
+        assert_eq!(next_link("<unterminated"), None);
+    }
+
+    /// G1/S5: the listing ends only when the registry says so or cannot have more; each
+    /// page is asked for once.
+    #[test]
+    fn g1_tag_pages_end_without_an_extra_request() {
+        let first = url("http://r:5000/v2/vm/tags/list?n=100");
+        // The usual answer: one short page, no Link.
+        assert_eq!(next_page(&first, None, 1, 1, Some("hibernate")), Ok(None));
+        // Distribution 2.x ignores `n` and sends everything.
+        assert_eq!(next_page(&first, None, 131, 131, Some("t9")), Ok(None));
+        assert_eq!(next_page(&first, None, 0, 0, None), Ok(None));
+        // Exactly a full page without Link: ask on, once.
+        let next = next_page(&first, None, 100, 100, Some("t099"))
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            next.as_str(),
+            "http://r:5000/v2/vm/tags/list?n=100&last=t099"
+        );
+        // ... and a full page that brought nothing new ends it.
+        assert_eq!(next_page(&next, None, 100, 0, Some("t099")), Ok(None));
+        // Link is followed, relative or absolute on the same origin.
+        let link = r#"</v2/vm/tags/list?last=t1&n=100>; rel="next""#;
+        let linked = next_page(&first, Some(link), 100, 100, Some("t1"))
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            linked.as_str(),
+            "http://r:5000/v2/vm/tags/list?last=t1&n=100"
+        );
+        // Never to another host, never the same page again.
+        let evil = r#"<http://evil/v2/vm/tags/list>; rel="next""#;
+        assert!(next_page(&first, Some(evil), 100, 100, None).is_err());
+        let same = r#"</v2/vm/tags/list?n=100>; rel="next""#;
+        assert!(next_page(&first, Some(same), 100, 100, None).is_err());
+    }
+
+    #[test]
+    fn tags_and_digests_are_checked_before_they_reach_a_url() {
+        for good in ["hibernate", "t000", "_x", "v1.2-rc_3", &"a".repeat(128)] {
+            assert!(valid_tag(good), "{good}");
+        }
+        for bad in [
+            "",
+            ".x",
+            "-x",
+            "a/b",
+            "../x",
+            "a?b",
+            "a#b",
+            "a b",
+            &"a".repeat(129),
+        ] {
+            assert!(!valid_tag(bad), "{bad}");
+        }
+        let sha = "sha256:a66f6444bae425ddb05bd47d1ed7576fcd89634f9c92e131b38dfd2372bbeba1";
+        assert!(valid_digest(sha));
+        assert!(valid_digest("sha512+b64u:abc-_="));
+        for bad in [
+            "",
+            "sha256",
+            "sha256:",
+            ":abc",
+            "sha256:../../x",
+            "SHA256:ab",
+            "sha256:a?b",
+        ] {
+            assert!(!valid_digest(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn token_answers_in_docker_and_oauth_shapes() {
+        assert_eq!(
+            token_from_body(r#"{"token":"a","access_token":"b"}"#).unwrap(),
+            "a"
+        );
+        assert_eq!(token_from_body(r#"{"access_token":"b"}"#).unwrap(), "b");
+        let err = token_from_body(r#"{"token":""}"#).unwrap_err();
+        assert!(err.to_string().contains("neither"), "{err}");
+        assert!(token_from_body("<html>").is_err());
+    }
+
+    #[test]
+    fn bearer_challenges_give_realm_and_service() {
+        let h = r#"Bearer realm="https://auth.example.com/token",service="registry.example.com",scope="repository:snap/vm:pull""#;
+        let (realm, service) = bearer_challenge(h).unwrap();
+        assert_eq!(realm, "https://auth.example.com/token");
+        assert_eq!(service.as_deref(), Some("registry.example.com"));
+        let h = r#"Basic realm="a, b", BEARER Realm="https://t/x", service=reg.local"#;
+        assert_eq!(
+            bearer_challenge(h),
+            Some(("https://t/x".into(), Some("reg.local".into())))
+        );
+        assert_eq!(bearer_challenge(r#"Basic realm="test""#), None);
+        assert_eq!(bearer_challenge("Bearer service=x"), None);
+        assert_eq!(bearer_challenge(r#"=,,"unterminated"#), None);
+    }
+
+    /// S5: refusals are permanent, throttling and outages transient.
+    #[test]
+    fn s5_unexpected_answers_map_to_errors() {
+        let e = RegistryError::from_status("resolve", 403, "denied");
+        assert!(matches!(e, RegistryError::Unauthorized { status: 403, .. }));
+        assert!(e.is_permanent());
+        let throttled = r#"{"errors":[{"code":"TOOMANYREQUESTS"}]}"#;
+        let e = RegistryError::from_status("list_tags", 400, throttled);
+        assert!(matches!(e, RegistryError::Server { status: 429, .. }));
+        assert!(!e.is_permanent());
+        assert!(!RegistryError::from_status("resolve", 503, "").is_permanent());
+        let invalid = r#"{"errors":[{"code":"NAME_INVALID"}]}"#;
+        assert!(RegistryError::from_status("x", 400, invalid).is_permanent());
+    }
+
+    #[test]
+    fn w3_delete_statuses_map_to_outcomes_and_errors() {
+        let interpret = |status, body| interpret_delete(status, body, "delete");
+        assert!(matches!(interpret(202, ""), Ok(Deleted::Yes)));
+        assert!(matches!(interpret(200, ""), Ok(Deleted::Yes)));
+        assert!(matches!(
+            interpret(404, "MANIFEST_UNKNOWN"),
+            Ok(Deleted::NotFound)
+        ));
+        let distribution = r#"{"errors":[{"code":"DIGEST_INVALID","message":"provided digest did not match uploaded content"}]}"#;
+        assert!(matches!(
+            interpret(400, distribution),
+            Ok(Deleted::Unsupported { status: 400, .. })
+        ));
+        assert!(matches!(
+            interpret(405, r#"{"errors":[{"code":"UNSUPPORTED"}]}"#),
+            Ok(Deleted::Unsupported { status: 405, .. })
+        ));
+        assert!(matches!(
+            interpret(400, r#"{"errors":[{"code":"NAME_INVALID"}]}"#),
+            Err(RegistryError::Server { status: 400, .. })
+        ));
+        assert!(matches!(
+            interpret(403, "denied"),
+            Err(RegistryError::Unauthorized { status: 403, .. })
+        ));
+        assert!(matches!(
+            interpret(503, "down"),
+            Err(RegistryError::Server { status: 503, .. })
+        ));
+    }
+}
