@@ -40,10 +40,10 @@ impl ClaimView for View {
 static METRICS: LazyLock<Metrics> = LazyLock::new(Metrics::new);
 
 fuzz_target!(|body: &[u8]| {
-    if let Reply::Review { uid, .. } = review(body, &View, &METRICS) {
+    if let Reply::Review(response) = review(body, &View, &METRICS) {
         // Every review answer carries the request's uid (V5).
         let doc: serde_json::Value = serde_json::from_slice(body).expect("a review came from JSON");
-        assert_eq!(doc["request"]["uid"].as_str(), Some(uid.as_str()));
-        assert!(!uid.is_empty());
+        assert_eq!(doc["request"]["uid"].as_str(), Some(response.uid.as_str()));
+        assert!(!response.uid.is_empty());
     }
 });

@@ -4,6 +4,11 @@
 use super::error::{RegistryError, excerpt as cut, from_envelope};
 use super::http::{Deleted, interpret_delete, next_link as link, token_from_body};
 
+/// The realm and service of a `WWW-Authenticate` value's Bearer challenge.
+pub fn bearer_challenge(header: &str) -> Option<(String, Option<String>)> {
+    super::http::bearer_challenge(header)
+}
+
 /// A token server's answer body.
 pub fn token_body(body: &str) -> Result<String, RegistryError> {
     token_from_body(body)

@@ -322,7 +322,7 @@ pub(crate) fn interpret_delete(
 }
 
 /// The realm and service of the first Bearer challenge in a `WWW-Authenticate` value.
-fn bearer_challenge(value: &str) -> Option<(String, Option<String>)> {
+pub(crate) fn bearer_challenge(value: &str) -> Option<(String, Option<String>)> {
     let challenge = http_auth::ChallengeParser::new(value)
         .filter_map(Result::ok)
         .find(|c| c.scheme.eq_ignore_ascii_case("bearer"))?;
