@@ -44,6 +44,11 @@ pub struct ErrorLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DeferralLabels {
+    pub reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct AdmissionLabels {
     pub operation: &'static str,
     pub result: &'static str,
@@ -60,6 +65,9 @@ pub struct RegistryLabels {
 pub struct Metrics {
     pub reconcile_passes: Counter,
     pub reconcile_errors: Family<ErrorLabels, Counter>,
+    /// Passes that stopped early to look again soon: the cache had not yet seen our own
+    /// write (`own_write`, `own_pod_write`), or every registry slot stayed busy.
+    pub pass_deferrals: Family<DeferralLabels, Counter>,
     pub phase_duration: Family<PhaseLabels, Histogram>,
     pub admission_decisions: Family<AdmissionLabels, Counter>,
     pub registry_calls: Family<RegistryLabels, Counter>,
@@ -91,6 +99,7 @@ impl Metrics {
         let mut registry = Registry::with_prefix("cocoon_hibernation");
         let reconcile_passes = Counter::default();
         let reconcile_errors = Family::<ErrorLabels, Counter>::default();
+        let pass_deferrals = Family::<DeferralLabels, Counter>::default();
         let phase_duration = Family::<PhaseLabels, Histogram>::new_with_constructor(|| {
             Histogram::new([1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 180.0, 300.0, 600.0])
         });
@@ -130,6 +139,11 @@ impl Metrics {
             reconcile_passes.clone(),
         );
         registry.register(
+            "pass_deferrals",
+            "Reconcile passes deferred to look again soon, by reason",
+            pass_deferrals.clone(),
+        );
+        registry.register(
             "reconcile_errors",
             "Reconcile passes that returned an error",
             reconcile_errors.clone(),
@@ -161,6 +175,7 @@ impl Metrics {
         );
         Self {
             reconcile_passes,
+            pass_deferrals,
             reconcile_errors,
             phase_duration,
             admission_decisions,
@@ -173,6 +188,12 @@ impl Metrics {
             reaction_seconds,
             registry: Arc::new(registry),
         }
+    }
+
+    pub fn deferral(&self, reason: &'static str) {
+        self.pass_deferrals
+            .get_or_create(&DeferralLabels { reason })
+            .inc();
     }
 
     pub fn registry_call(&self, operation: &'static str, outcome: &'static str) {

@@ -196,6 +196,11 @@ fn declare(figs: &mut Figures) {
         ("rt.reaction_p99_ms", "ms, both directions", Tail),
         ("rt.reaction_max_ms", "ms", Tail),
         (
+            "rt.product_reaction_p99_ms",
+            "ms, inside the product: its cache saw vk's last write → terminal write (bucket bound)",
+            Info,
+        ),
+        (
             "rt.writes_per_round",
             "transition writes per CR: finalizer, pod patches, phase writes, events",
             Count,
@@ -735,6 +740,10 @@ async fn roundtrip(
         let reg_hib = world::delta(&m0, &m1, world::REGISTRY_CALLS);
         let reg_wake = world::delta(&m1, &m2, world::REGISTRY_CALLS);
         let errors = world::delta(&m0, &m2, world::RECONCILE_ERRORS);
+        log(&format!(
+            "deferred passes: {:?}",
+            world::delta(&m0, &m2, "cocoon_hibernation_pass_deferrals_total")
+        ));
         let nf = n as f64;
         let pod_writes: usize = prod
             .by_key
@@ -792,6 +801,18 @@ async fn roundtrip(
             report::pct(&both, 1.0),
             "",
             Kind::Time,
+        );
+        // The product's own share of the reaction: what is left is the watch delivering
+        // vk's write to the product and the status write to the observer.
+        figs.set(
+            "rt.product_reaction_p99_ms",
+            world::histogram_quantile(
+                &world::delta(&m0, &m2, "cocoon_hibernation_reaction_seconds_bucket"),
+                0.99,
+            )
+            .map(|s| s * 1000.0),
+            "",
+            Kind::Info,
         );
         // The transition writes: a status write that leaves the phase as it was is counted
         // apart (rt.reason_writes).

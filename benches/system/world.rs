@@ -487,6 +487,31 @@ pub fn delta(
         .collect()
 }
 
+/// The `q` quantile of a Prometheus histogram from its `_bucket` deltas (keys
+/// `{le="…",…}`, every label set summed): the upper bound of the bucket it falls in.
+pub fn histogram_quantile(
+    buckets: &std::collections::BTreeMap<String, f64>,
+    q: f64,
+) -> Option<f64> {
+    let mut by_le: std::collections::BTreeMap<u64, (f64, f64)> = Default::default();
+    for (labels, count) in buckets {
+        let le = labels.split("le=\"").nth(1)?.split('"').next()?;
+        let bound = if le == "+Inf" {
+            f64::INFINITY
+        } else {
+            le.parse().ok()?
+        };
+        by_le.entry(bound.to_bits()).or_insert((bound, 0.0)).1 += count;
+    }
+    let mut cumulative: Vec<(f64, f64)> = by_le.into_values().collect();
+    cumulative.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let total = cumulative.last()?.1;
+    cumulative
+        .into_iter()
+        .find(|(_, c)| *c >= q * total)
+        .map(|(le, _)| le)
+}
+
 pub const REGISTRY_CALLS: &str = "cocoon_hibernation_registry_calls_total";
 pub const RECONCILE_PASSES: &str = "cocoon_hibernation_reconcile_passes_total";
 pub const RECONCILE_ERRORS: &str = "cocoon_hibernation_reconcile_errors_total";

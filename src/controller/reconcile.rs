@@ -43,24 +43,37 @@ pub struct Context {
     /// S5: consecutive refusals-for-good of each CR's tag delete, for the slow backoff.
     /// Kept apart from `failures`, which a pass that returns Ok clears.
     pub refusals: Mutex<HashMap<ObjectRef<CocoonHibernation>, u32>>,
-    /// The resourceVersion each CR had when this process last wrote it. A pass that finds
-    /// the cache still at that version would act on a view older than its own write.
-    pub superseded: Mutex<HashMap<ObjectRef<CocoonHibernation>, String>>,
+    /// What this process last wrote to each CR, as the apiserver answered, and the
+    /// resourceVersions that write left behind. A pass that finds the cache at one of them
+    /// plans from the answer instead: it never acts on a view older than its own write,
+    /// and never waits for the watch to bring that write back.
+    pub superseded: Mutex<HashMap<ObjectRef<CocoonHibernation>, OwnWrite>>,
     /// The same for pods (namespace, name): a pass that finds the pod cache still at the
     /// version our annotation patch replaced would send that patch again.
     pub superseded_pods: Mutex<HashMap<(String, String), String>>,
 }
 
-/// How soon a pass deferred because the cache has not seen our own write looks again;
-/// the watch event of that write usually comes first.
+/// How soon a pass deferred because the pod cache has not seen our own patch looks
+/// again; the watch event of that patch usually comes first.
 const OWN_WRITE_RETRY: Duration = Duration::from_secs(1);
+
+/// A CR as our last write left it (see `Context::superseded`).
+pub struct OwnWrite {
+    written: Arc<CocoonHibernation>,
+    /// Versions older than `written` that the cache may still hold.
+    behind: HashSet<String>,
+}
 /// A conflict is retried at once: the next pass reads what the cache holds by then.
 const CONFLICT_RETRY: Duration = Duration::from_millis(200);
 
 /// S1: the last registry request leaves this long before the fence closes.
 const FENCE_SLACK: Duration = Duration::from_millis(500);
+/// C2: how long a pass waits for a registry slot. A slow registry holds a worker no
+/// longer than this; with a fast one, a pass that arrives while every slot is taken
+/// still gets one, instead of coming back a second later behind the whole queue.
+const REGISTRY_SLOT_WAIT: Duration = Duration::from_millis(250);
 /// How soon a pass that found every registry slot busy tries again.
-const REGISTRY_BUSY_RETRY: Duration = Duration::from_secs(1);
+const REGISTRY_BUSY_RETRY: Duration = Duration::from_millis(250);
 /// S5: a kept (shared-digest) tag is looked at again this rarely.
 const SHARED_DIGEST_RETRY: Duration = Duration::from_secs(600);
 
@@ -134,12 +147,10 @@ async fn reconcile_inner(cr: Arc<CocoonHibernation>, ctx: &Context) -> Result<Ac
     let Some(cr) = ctx.cache.cr(&ns, &name) else {
         return Ok(Action::await_change());
     };
-    if ctx.behind_own_write(&cr) {
-        return Ok(Action::requeue(OWN_WRITE_RETRY));
-    }
+    let cr = ctx.own_write_view(cr);
     let pod = ctx.cache.pod(&ns, &pod_name);
     if pod.as_deref().is_some_and(|p| ctx.pod_behind_own_write(p)) {
-        return Ok(Action::requeue(OWN_WRITE_RETRY));
+        return Ok(ctx.defer("own_pod_write", OWN_WRITE_RETRY));
     }
     let view = pod.as_deref().map(PodView::from_pod);
     let now = Time(jiff::Timestamp::now());
@@ -164,8 +175,8 @@ async fn reconcile_inner(cr: Arc<CocoonHibernation>, ctx: &Context) -> Result<Ac
         &ctx.settings,
     );
     if plan.needs_probe {
-        let Ok(_slot) = ctx.registry_slots.clone().try_acquire_owned() else {
-            return Ok(Action::requeue(REGISTRY_BUSY_RETRY));
+        let Some(_slot) = ctx.registry_slot().await else {
+            return Ok(ctx.defer("registry_busy", REGISTRY_BUSY_RETRY));
         };
         let mut digest = None;
         let probe = match ctx
@@ -196,13 +207,14 @@ async fn execute(
     let name = cr.name_any();
     if plan.add_finalizer {
         // R1: the pass that adds the finalizer ends there.
-        api.patch(
-            &name,
-            &patch_params(),
-            &Patch::Json::<()>(add_finalizer_patch(cr)),
-        )
-        .await?;
-        ctx.wrote(cr);
+        let written = api
+            .patch(
+                &name,
+                &patch_params(),
+                &Patch::Json::<()>(add_finalizer_patch(cr)),
+            )
+            .await?;
+        ctx.wrote(cr, written);
         return Ok(Action::await_change());
     }
     if let (Some(patch), Some(pod)) = (plan.pod_patch, pod) {
@@ -255,8 +267,8 @@ async fn execute(
         }
     }
     if let Some(status) = &status {
-        write_status(status_base, api, status).await?;
-        ctx.wrote(cr);
+        let written = write_status(status_base, api, status).await?;
+        ctx.wrote(status_base, written);
         tracing::info!(
             cr = %key(cr),
             phase = status.phase.map(Phase::as_str).unwrap_or("none"),
@@ -345,7 +357,9 @@ async fn fenced_delete_outcome(
     ctx: &Context,
 ) -> Result<Paid> {
     let (fresh, outcome) = match fenced_delete(cr, vm, debt, api, ctx).await? {
-        Fenced::Busy => return Ok(Paid::Stop(Action::requeue(REGISTRY_BUSY_RETRY))),
+        Fenced::Busy => {
+            return Ok(Paid::Stop(ctx.defer("registry_busy", REGISTRY_BUSY_RETRY)));
+        }
         Fenced::NotOwed => return Ok(Paid::NotOwed),
         Fenced::Done { fresh, outcome } => (fresh, outcome),
     };
@@ -407,8 +421,8 @@ async fn pay_wake_debt(
     let written = fresh.status.clone().unwrap_or_default();
     let next = plan::after_delete(&written, vm, &result, Time(jiff::Timestamp::now()));
     if next != written {
-        write_status(&fresh, api, &next).await?;
-        ctx.wrote(cr);
+        let written = write_status(&fresh, api, &next).await?;
+        ctx.wrote(cr, written);
     }
     then.transpose()
 }
@@ -439,7 +453,7 @@ async fn fenced_delete(
             "the lease is not fresh; kept {vm}:hibernate"
         )));
     };
-    let Ok(_slot) = ctx.registry_slots.clone().try_acquire_owned() else {
+    let Some(_slot) = ctx.registry_slot().await else {
         return Ok(Fenced::Busy);
     };
     let fresh = match api.get_opt(&cr.name_any()).await? {
@@ -473,10 +487,55 @@ async fn fenced_delete(
 }
 
 impl Context {
-    /// Notes that `cr`, as the cache held it, has just been superseded by our write.
-    fn wrote(&self, cr: &CocoonHibernation) {
-        if let (Some(rv), Ok(mut map)) = (&cr.metadata.resource_version, self.superseded.lock()) {
-            map.insert(ObjectRef::from_obj(cr), rv.clone());
+    /// A registry slot (C2), waited for at most [`REGISTRY_SLOT_WAIT`].
+    async fn registry_slot(&self) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        let slot = self.registry_slots.clone().acquire_owned();
+        tokio::time::timeout(REGISTRY_SLOT_WAIT, slot)
+            .await
+            .ok()?
+            .ok()
+    }
+
+    /// Ends a pass early, to look again after `delay`; counted by `reason`.
+    fn defer(&self, reason: &'static str, delay: Duration) -> Action {
+        self.metrics.deferral(reason);
+        Action::requeue(delay)
+    }
+
+    /// Notes that `base` (the view a pass planned from) was superseded by our write, which
+    /// the apiserver answered with `written`.
+    fn wrote(&self, base: &CocoonHibernation, written: CocoonHibernation) {
+        let Ok(mut map) = self.superseded.lock() else {
+            return;
+        };
+        let key = ObjectRef::from_obj(base);
+        if written.metadata.resource_version == base.metadata.resource_version {
+            // A write that changed nothing leaves every view as new as it was.
+            return;
+        }
+        let mut behind = map.remove(&key).map(|w| w.behind).unwrap_or_default();
+        behind.extend(base.metadata.resource_version.clone());
+        let written = Arc::new(written);
+        map.insert(key, OwnWrite { written, behind });
+    }
+
+    /// The CR to plan from: the cache's, unless it still holds a version our own last
+    /// write replaced; then that write's answer.
+    fn own_write_view(&self, cached: Arc<CocoonHibernation>) -> Arc<CocoonHibernation> {
+        let Ok(mut map) = self.superseded.lock() else {
+            return cached;
+        };
+        let key = ObjectRef::from_obj(cached.as_ref());
+        let Some(own) = map.get(&key) else {
+            return cached;
+        };
+        match &cached.metadata.resource_version {
+            Some(rv) if own.behind.contains(rv) => own.written.clone(),
+            // Caught up, or moved on past our write: the cache is as new as we know.
+            _ => {
+                map.remove(&key);
+                cached
+            }
         }
     }
 
@@ -502,22 +561,6 @@ impl Context {
         let key = (pod.namespace().unwrap_or_default(), pod.name_any());
         match map.get(&key) {
             Some(rv) if pod.metadata.resource_version.as_ref() == Some(rv) => true,
-            Some(_) => {
-                map.remove(&key);
-                false
-            }
-            None => false,
-        }
-    }
-
-    /// True while the cache still holds the version our last write replaced.
-    fn behind_own_write(&self, cr: &CocoonHibernation) -> bool {
-        let Ok(mut map) = self.superseded.lock() else {
-            return false;
-        };
-        let key = ObjectRef::from_obj(cr);
-        match map.get(&key) {
-            Some(rv) if cr.metadata.resource_version.as_ref() == Some(rv) => true,
             Some(_) => {
                 map.remove(&key);
                 false
@@ -569,7 +612,7 @@ async fn write_status(
     cr: &CocoonHibernation,
     api: &Api<CocoonHibernation>,
     status: &crate::api::CocoonHibernationStatus,
-) -> Result<()> {
+) -> Result<CocoonHibernation> {
     let mut body = json!({ "status": status });
     // A merge patch keeps what it omits: a cleared snapshot must be sent as null.
     if status.snapshot.is_none() {
@@ -578,9 +621,9 @@ async fn write_status(
     if let Some(rv) = &cr.metadata.resource_version {
         body["metadata"] = json!({ "resourceVersion": rv });
     }
-    api.patch_status(&cr.name_any(), &patch_params(), &Patch::Merge(body))
-        .await?;
-    Ok(())
+    Ok(api
+        .patch_status(&cr.name_any(), &patch_params(), &Patch::Merge(body))
+        .await?)
 }
 
 async fn publish(ctx: &Context, cr: &CocoonHibernation, kind: EventKind, reason: &str, note: &str) {
@@ -639,7 +682,7 @@ async fn cleanup(
             publish(ctx, &cr, ev.kind, ev.reason, &ev.note).await;
         }
         match fenced_delete(&cr, &vm, Debt::OnDeletion, api, ctx).await? {
-            Fenced::Busy => return Ok(Action::requeue(REGISTRY_BUSY_RETRY)),
+            Fenced::Busy => return Ok(ctx.defer("registry_busy", REGISTRY_BUSY_RETRY)),
             Fenced::NotOwed => {}
             Fenced::Done { outcome, .. } => match outcome {
                 Ok(DeleteOutcome::KeptSharedDigest { other_tags }) => {
