@@ -740,7 +740,7 @@ async fn roundtrip(
         let reg_hib = world::delta(&m0, &m1, world::REGISTRY_CALLS);
         let reg_wake = world::delta(&m1, &m2, world::REGISTRY_CALLS);
         let errors = world::delta(&m0, &m2, world::RECONCILE_ERRORS);
-        log(&format!(
+        log(format!(
             "deferred passes: {:?}",
             world::delta(&m0, &m2, "cocoon_hibernation_pass_deferrals_total")
         ));
