@@ -159,7 +159,9 @@ impl RegistryClient {
         call: impl AsyncFnOnce(Duration) -> Result<T, RegistryError>,
     ) -> Result<T, RegistryError> {
         let now = Instant::now();
-        let own = now.checked_add(self.inner.timeout).unwrap_or(now);
+        // A timeout too large for an Instant means no bound of its own.
+        let far = Duration::from_secs(365 * 24 * 3600);
+        let own = now.checked_add(self.inner.timeout).unwrap_or(now + far);
         let at = not_after.map_or(own, |limit| own.min(limit));
         let after = at.saturating_duration_since(now);
         if after.is_zero() {
