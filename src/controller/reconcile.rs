@@ -68,12 +68,8 @@ const CONFLICT_RETRY: Duration = Duration::from_millis(200);
 
 /// S1: the last registry request leaves this long before the fence closes.
 const FENCE_SLACK: Duration = Duration::from_millis(500);
-/// C2: how long a pass waits for a registry slot. A slow registry holds a worker no
-/// longer than this; with a fast one, a pass that arrives while every slot is taken
-/// still gets one, instead of coming back a second later behind the whole queue.
-const REGISTRY_SLOT_WAIT: Duration = Duration::from_millis(250);
 /// How soon a pass that found every registry slot busy tries again.
-const REGISTRY_BUSY_RETRY: Duration = Duration::from_millis(250);
+const REGISTRY_BUSY_RETRY: Duration = Duration::from_secs(1);
 /// S5: a kept (shared-digest) tag is looked at again this rarely.
 const SHARED_DIGEST_RETRY: Duration = Duration::from_secs(600);
 
@@ -175,7 +171,7 @@ async fn reconcile_inner(cr: Arc<CocoonHibernation>, ctx: &Context) -> Result<Ac
         &ctx.settings,
     );
     if plan.needs_probe {
-        let Some(_slot) = ctx.registry_slot().await else {
+        let Some(_slot) = ctx.registry_slot() else {
             return Ok(ctx.defer("registry_busy", REGISTRY_BUSY_RETRY));
         };
         let mut digest = None;
@@ -453,7 +449,7 @@ async fn fenced_delete(
             "the lease is not fresh; kept {vm}:hibernate"
         )));
     };
-    let Some(_slot) = ctx.registry_slot().await else {
+    let Some(_slot) = ctx.registry_slot() else {
         return Ok(Fenced::Busy);
     };
     let fresh = match api.get_opt(&cr.name_any()).await? {
@@ -487,13 +483,10 @@ async fn fenced_delete(
 }
 
 impl Context {
-    /// A registry slot (C2), waited for at most [`REGISTRY_SLOT_WAIT`].
-    async fn registry_slot(&self) -> Option<tokio::sync::OwnedSemaphorePermit> {
-        let slot = self.registry_slots.clone().acquire_owned();
-        tokio::time::timeout(REGISTRY_SLOT_WAIT, slot)
-            .await
-            .ok()?
-            .ok()
+    /// A registry slot if one is free (C2): a pass never waits for one, so a stalled
+    /// registry holds no worker beyond the slots' own.
+    fn registry_slot(&self) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        self.registry_slots.clone().try_acquire_owned().ok()
     }
 
     /// Ends a pass early, to look again after `delay`; counted by `reason`.
