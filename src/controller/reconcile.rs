@@ -210,7 +210,7 @@ async fn execute(
                 &Patch::Json::<()>(add_finalizer_patch(cr)),
             )
             .await?;
-        ctx.wrote(cr, written);
+        ctx.wrote(cr, cr, written);
         return Ok(Action::await_change());
     }
     if let (Some(patch), Some(pod)) = (plan.pod_patch, pod) {
@@ -264,7 +264,7 @@ async fn execute(
     }
     if let Some(status) = &status {
         let written = write_status(status_base, api, status).await?;
-        ctx.wrote(status_base, written);
+        ctx.wrote(cr, status_base, written);
         tracing::info!(
             cr = %key(cr),
             phase = status.phase.map(Phase::as_str).unwrap_or("none"),
@@ -418,7 +418,7 @@ async fn pay_wake_debt(
     let next = plan::after_delete(&written, vm, &result, Time(jiff::Timestamp::now()));
     if next != written {
         let written = write_status(&fresh, api, &next).await?;
-        ctx.wrote(cr, written);
+        ctx.wrote(cr, &fresh, written);
     }
     then.transpose()
 }
@@ -495,9 +495,15 @@ impl Context {
         Action::requeue(delay)
     }
 
-    /// Notes that `base` (the view a pass planned from) was superseded by our write, which
-    /// the apiserver answered with `written`.
-    fn wrote(&self, base: &CocoonHibernation, written: CocoonHibernation) {
+    /// Notes that `cached` (the cache's view) and `base` (the version the write was made
+    /// against, a fresh read when there was one) were superseded by our write, which the
+    /// apiserver answered with `written`.
+    fn wrote(
+        &self,
+        cached: &CocoonHibernation,
+        base: &CocoonHibernation,
+        written: CocoonHibernation,
+    ) {
         let Ok(mut map) = self.superseded.lock() else {
             return;
         };
@@ -507,6 +513,7 @@ impl Context {
             return;
         }
         let mut behind = map.remove(&key).map(|w| w.behind).unwrap_or_default();
+        behind.extend(cached.metadata.resource_version.clone());
         behind.extend(base.metadata.resource_version.clone());
         let written = Arc::new(written);
         map.insert(key, OwnWrite { written, behind });
