@@ -66,7 +66,8 @@ pub struct Metrics {
     pub reconcile_passes: Counter,
     pub reconcile_errors: Family<ErrorLabels, Counter>,
     /// Passes that stopped early to look again soon: the cache had not yet seen our own
-    /// write (`own_write`, `own_pod_write`), or every registry slot stayed busy.
+    /// pod write (`own_pod_write`) or the CR's latest version (`stale_view`), or every
+    /// registry slot stayed busy.
     pub pass_deferrals: Family<DeferralLabels, Counter>,
     pub phase_duration: Family<PhaseLabels, Histogram>,
     pub admission_decisions: Family<AdmissionLabels, Counter>,

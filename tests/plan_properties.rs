@@ -369,6 +369,13 @@ mod world {
                 }
                 return Ok(());
             }
+            // F2: the pod is patched only after a fresh read shows the planned version.
+            if p.pod_patch.is_some()
+                && self.cr.as_ref().map(|c| &c.metadata.resource_version)
+                    != Some(&cr.metadata.resource_version)
+            {
+                return Ok(()); // deferred: the pass looks again from a newer view
+            }
             match p.pod_patch {
                 Some(plan::PodPatch::SetHibernate) => self.hibernate_annotation = true,
                 Some(plan::PodPatch::ClearHibernate) => self.hibernate_annotation = false,
@@ -378,12 +385,15 @@ mod world {
             let mut base_rv = cr.metadata.resource_version.clone();
             if let (true, Some(vm), Some(planned)) = (p.delete_first, &p.delete_tag, &mut status) {
                 let fresh = self.cr.clone().ok_or("the CR vanished")?;
+                if fresh.metadata.resource_version != cr.metadata.resource_version {
+                    return Ok(()); // deferred: a newer CR needs a new plan (F2, D1)
+                }
                 if plan::still_owes(&fresh, cr.metadata.uid.as_deref(), vm, Debt::EndOfWake) {
                     let result = self.delete_tag(vm, Debt::EndOfWake)?;
                     *planned = plan::after_delete(planned, vm, &result, now.clone());
                     base_rv = fresh.metadata.resource_version.clone();
                 } else {
-                    // D1: the tag is wanted again; nothing deleted, nothing owed.
+                    // Not this CR's tag to delete: nothing deleted, nothing owed.
                     planned.conditions.retain(|c| c.type_ != SNAPSHOT_DELETED);
                 }
             }
@@ -677,4 +687,91 @@ fn h3_w2_the_simulated_world_hibernates_and_wakes() {
     w.settle(50).unwrap();
     assert_eq!(phase(&w), Some(Phase::Active));
     assert_eq!(w.tag, None);
+}
+
+/// SPEC F2, W3: the case proptest found. A pass planned from a stale view (the desire
+/// flipped since) must not patch the pod: its status write meets a 409, but vk would
+/// already hibernate the VM behind an Active CR and leave its tag behind.
+#[test]
+fn f2_w3_a_stale_view_never_patches_the_pod() {
+    use world::Step::*;
+    let steps = [
+        TagGone,
+        Pass { stale: false },
+        Pass { stale: false },
+        Create(false),
+        Create(false),
+        Flip,
+        Pass { stale: true },
+        Flip,
+        Pass { stale: true },
+        Vk,
+        Vk,
+        Flip,
+        Flip,
+        Create(false),
+    ];
+    let mut w = run(Some(false), &steps).unwrap();
+    w.settle(400).unwrap();
+    let woken =
+        w.cr.as_ref()
+            .is_some_and(|cr| cr.phase() == Some(cocoon_hibernation::api::Phase::Active));
+    assert!(woken, "{:?}", w.cr.as_ref().map(|c| c.status.clone()));
+    assert_ne!(w.tag, Some(Tag::Snapshot), "W3: tag left behind");
+}
+
+/// SPEC D1, W3: a wake that ends after the desire flipped back to Hibernate keeps the tag;
+/// a flip back to Wake before the hibernate starts must still delete it (proptest found
+/// the leak).
+#[test]
+fn d1_w3_a_kept_tag_is_still_owed_when_the_desire_returns_to_wake() {
+    use world::Step::*;
+    let steps = [
+        Create(true),
+        Pass { stale: false },
+        Pass { stale: false },
+        Vk,
+        Vk,
+        Vk,
+        Pass { stale: false },
+        Flip,
+        Pass { stale: false },
+        Flip,
+        Vk,
+        Vk,
+        Pass { stale: false },
+        Flip,
+    ];
+    let mut w = run(None, &steps).unwrap();
+    w.settle(400).unwrap();
+    let phase = w.cr.as_ref().and_then(|cr| cr.phase());
+    assert_eq!(phase, Some(cocoon_hibernation::api::Phase::Active));
+    assert_ne!(w.tag, Some(Tag::Snapshot), "W3: tag left behind");
+}
+
+/// SPEC F2, D1: a pass planned from a stale Waking view must not end the wake on top of
+/// the newer Failed status the fresh read shows (proptest found a Failed -> Active jump).
+#[test]
+fn f2_a_stale_waking_view_does_not_overwrite_a_newer_failed_status() {
+    use world::Step::*;
+    let steps = [
+        Create(true),
+        Pass { stale: false },
+        Pass { stale: false },
+        Vk,
+        Vk,
+        Vk,
+        Pass { stale: false },
+        Flip,
+        Pass { stale: false },
+        Tick(26),
+        Vk,
+        Pass { stale: false },
+        Tick(80),
+        Pass { stale: false },
+        Vk,
+        RegistryDown(true),
+        Pass { stale: true },
+    ];
+    run(None, &steps).unwrap();
 }

@@ -507,6 +507,45 @@ fn w3_settled_active_retries_an_owed_tag_delete_without_writing() {
     assert_eq!(settled, Plan::default());
 }
 
+/// SPEC S1 W3: a settled Active CR pays an owed delete only while its pod asks for no
+/// hibernate and its VM runs: a pod patch whose status write was lost may have let vk
+/// hibernate the VM, and then the tag is its only copy.
+#[test]
+fn s1_w3_an_owed_delete_waits_while_the_pod_asks_for_a_hibernate_or_the_vm_is_gone() {
+    let woken = run(
+        &cr(Desire::Wake, Some(Phase::Waking)),
+        Some(&running_pod()),
+        Probe::NotProbed,
+        20,
+    );
+    let mut c = cr(Desire::Wake, Some(Phase::Active));
+    let failed = plan::DeleteResult::Failed {
+        message: "registry down".into(),
+    };
+    c.status = woken
+        .status
+        .as_ref()
+        .map(|s| plan::after_delete(s, "vm-a", &failed, at(20)));
+    let asks = PodView {
+        hibernate_requested: true,
+        ..running_pod()
+    };
+    let p = run(&c, Some(&asks), Probe::NotProbed, 60);
+    assert_eq!(p.delete_tag, None, "the pod still asks for a hibernate");
+    assert_eq!(p.pod_patch, Some(plan::PodPatch::ClearHibernate), "W1");
+    let p = run(&c, Some(&hibernated_pod()), Probe::NotProbed, 60);
+    assert_eq!(
+        p.delete_tag, None,
+        "the VM is gone: the tag may be its only copy"
+    );
+    let p = run(&c, Some(&running_pod()), Probe::NotProbed, 60);
+    assert_eq!(
+        p.delete_tag.as_deref(),
+        Some("vm-a"),
+        "paid once the VM runs"
+    );
+}
+
 /// SPEC W2 (issue: writes at the floor): a new Wake CR on a pod already running its VM
 /// goes straight to Active in one write; the tag is deleted only if the registry has it.
 #[test]

@@ -20,6 +20,9 @@ pub const REASON_CONFLICT: &str = "Conflict";
 pub const REASON_SHARED_DIGEST: &str = "SharedDigest";
 /// S5: the last tag delete failed; the message carries the registry's answer.
 pub const REASON_DELETE_FAILED: &str = "DeleteFailed";
+/// D1, W3: a wake ended after the desire flipped back to Hibernate, so the tag is kept;
+/// it is still owed if the desire returns to Wake before a new hibernate starts.
+pub const REASON_KEPT_FOR_HIBERNATE: &str = "KeptForHibernate";
 
 // Progressing reasons: what an unfinished transition waits for.
 /// vk-cocoon has not reported this round's hibernate (or wake) yet.

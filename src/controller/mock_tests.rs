@@ -210,7 +210,7 @@ async fn c3_settled_pass_makes_no_request() {
     assert_eq!(action, kube::runtime::controller::Action::await_change());
 }
 
-/// SPEC H1 H2 O1: entering Hibernating patches the pod (guarded by its uid), then the
+/// SPEC H1 H2 O1 F2: entering Hibernating reads the CR fresh, patches the pod (guarded by its uid), then the
 /// status subresource (guarded by the resourceVersion the pass read).
 #[tokio::test]
 async fn h1_h2_entering_patches_pod_then_status_subresource() {
@@ -219,6 +219,11 @@ async fn h1_h2_entering_patches_pod_then_status_subresource() {
     let (ctx, mut handle) = context(cache);
     let pass = tokio::spawn(reconcile(Arc::new(obj.clone()), ctx));
 
+    // F2: a fresh read shows the planned version before the pod is touched.
+    let (method, uri, _, _) =
+        expect_request(&mut handle, serde_json::to_value(&obj).unwrap()).await;
+    assert_eq!(method, http::Method::GET);
+    assert!(uri.ends_with("/cocoonhibernations/web-0"), "{uri}");
     let (method, uri, ct, body) =
         expect_request(&mut handle, serde_json::to_value(running_pod()).unwrap()).await;
     assert_eq!(method, http::Method::PATCH);
@@ -305,6 +310,7 @@ async fn stale_cache_status_write_conflicts_and_is_retried() {
     let cache = SharedCache::from_objects(vec![obj.clone()], vec![running_pod()]);
     let (ctx, mut handle) = context(cache);
     let pass = tokio::spawn(reconcile(Arc::new(obj.clone()), ctx.clone()));
+    expect_request(&mut handle, serde_json::to_value(&obj).unwrap()).await;
     expect_request(&mut handle, serde_json::to_value(running_pod()).unwrap()).await;
     let (req, send) = tokio::time::timeout(Duration::from_secs(5), handle.next_request())
         .await
@@ -334,5 +340,30 @@ async fn stale_cache_status_write_conflicts_and_is_retried() {
             .encode()
             .unwrap()
             .contains(r#"reconcile_errors_total{error="conflict"} 1"#)
+    );
+}
+
+/// SPEC F2 W3: when the fresh read shows a newer CR than the cache (the user flipped the
+/// desire since), the pass touches neither the pod nor the status, and looks again soon.
+#[tokio::test]
+async fn f2_a_stale_view_defers_before_the_pod_patch() {
+    let obj = cr(true, None);
+    let cache = SharedCache::from_objects(vec![obj.clone()], vec![running_pod()]);
+    let (ctx, mut handle) = context(cache);
+    let pass = tokio::spawn(reconcile(Arc::new(obj.clone()), ctx.clone()));
+    let mut newer = obj.clone();
+    newer.metadata.resource_version = Some("42".into());
+    newer.spec.desire = crate::api::Desire::Wake;
+    let (method, _, _, _) =
+        expect_request(&mut handle, serde_json::to_value(&newer).unwrap()).await;
+    assert_eq!(method, http::Method::GET);
+    let action = pass.await.unwrap().unwrap();
+    assert_ne!(action, kube::runtime::controller::Action::await_change());
+    no_more_requests(&mut handle).await;
+    assert!(
+        ctx.metrics
+            .encode()
+            .unwrap()
+            .contains(r#"pass_deferrals_total{reason="stale_view"} 1"#)
     );
 }

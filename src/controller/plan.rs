@@ -4,10 +4,11 @@
 use crate::api::annotations::PodView;
 use crate::api::conditions::{
     self, PROGRESSING, READY, REASON_CONFLICT, REASON_DELETE_FAILED, REASON_DELETING_SNAPSHOT,
-    REASON_DONE, REASON_FAILED, REASON_HIBERNATE_TIMED_OUT, REASON_INVALID_SPEC, REASON_PENDING,
-    REASON_POD_MISSING, REASON_REGISTRY_UNAVAILABLE, REASON_SHARED_DIGEST,
-    REASON_WAITING_FOR_CONTAINER, REASON_WAITING_FOR_LIFECYCLE, REASON_WAITING_FOR_SNAPSHOT,
-    REASON_WAITING_FOR_VM, REASON_WAKE_TIMED_OUT, SNAPSHOT_DELETED, Update,
+    REASON_DONE, REASON_FAILED, REASON_HIBERNATE_TIMED_OUT, REASON_INVALID_SPEC,
+    REASON_KEPT_FOR_HIBERNATE, REASON_PENDING, REASON_POD_MISSING, REASON_REGISTRY_UNAVAILABLE,
+    REASON_SHARED_DIGEST, REASON_WAITING_FOR_CONTAINER, REASON_WAITING_FOR_LIFECYCLE,
+    REASON_WAITING_FOR_SNAPSHOT, REASON_WAITING_FOR_VM, REASON_WAKE_TIMED_OUT, SNAPSHOT_DELETED,
+    Update,
 };
 use crate::api::{CocoonHibernation, CocoonHibernationStatus, Desire, Failure, Phase};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -283,6 +284,28 @@ pub enum DeleteResult {
     Failed {
         message: String,
     },
+}
+
+/// D1, W3: a wake that ends while the desire is Hibernate keeps the tag, but records it as
+/// owed: should the desire return to Wake before a hibernate starts (which drops the
+/// condition), the settled CR's passes delete it then.
+pub fn keep_for_hibernate(
+    written: &CocoonHibernationStatus,
+    vm: &str,
+    now: Time,
+) -> CocoonHibernationStatus {
+    let mut next = written.clone();
+    let update = Update {
+        type_: SNAPSHOT_DELETED,
+        status: false,
+        reason: REASON_KEPT_FOR_HIBERNATE,
+        message: &format!(
+            "snapshot {vm}:hibernate kept: the desire is Hibernate again; deleted if the CR stays awake"
+        ),
+        observed_generation: next.observed_generation,
+    };
+    conditions::upsert(&mut next.conditions, update, now, false);
+    next
 }
 
 /// S5: the SnapshotDeleted condition after a delete attempt; True only once the tag is gone.
@@ -738,7 +761,9 @@ impl<'a> Pass<'a> {
                 // W3: a tag delete still owed is retried on passes of the settled CR.
                 let owed = conditions::find(&self.next.conditions, SNAPSHOT_DELETED)
                     .is_some_and(|c| c.status != "True");
-                if owed {
+                // S1: not while the pod still asks for a hibernate (a pod patch whose status
+                // write was lost) or the VM is not back: the tag may be its only copy.
+                if owed && !view.hibernate_requested && view.woken() {
                     let tag_vm = self.next.vm_name.clone().unwrap_or_else(|| vm.to_owned());
                     self.plan.delete_tag = Some(tag_vm);
                 }
@@ -749,7 +774,12 @@ impl<'a> Pass<'a> {
                 if view.woken() {
                     self.finished(Transition::Wake, Ending::Done, elapsed);
                     // D1: a desire flipped back to Hibernate wants the tag again.
-                    self.complete_wake(vm, self.cr.spec.desire == Desire::Wake);
+                    let tag = if self.cr.spec.desire == Desire::Wake {
+                        WakeTag::Delete
+                    } else {
+                        WakeTag::KeepForHibernate
+                    };
+                    self.complete_wake(vm, tag);
                     return self.finish(None);
                 }
                 if elapsed >= timeouts.wake {
@@ -787,11 +817,11 @@ impl<'a> Pass<'a> {
                         ..Plan::default()
                     },
                     Probe::Present => {
-                        self.complete_wake(vm, true);
+                        self.complete_wake(vm, WakeTag::Delete);
                         self.finish(None)
                     }
                     Probe::Absent => {
-                        self.complete_wake(vm, false);
+                        self.complete_wake(vm, WakeTag::Absent);
                         self.finish(None)
                     }
                     // The registry cannot say: take the long way, which records the debt.
@@ -822,7 +852,7 @@ impl<'a> Pass<'a> {
 
     /// W2: Active, with the tag delete (if any) done before the one status write, which
     /// then records its outcome (S5).
-    fn complete_wake(&mut self, vm: &str, delete: bool) {
+    fn complete_wake(&mut self, vm: &str, tag: WakeTag) {
         self.next.vm_name = Some(vm.to_owned());
         let message = format!("vm {vm} is running");
         self.set_phase(Phase::Active, READY_DONE, &message, false);
@@ -836,12 +866,27 @@ impl<'a> Pass<'a> {
             "WokenActive",
             format!("vm {vm} is running again"),
         );
-        if delete {
-            self.next = after_delete(&self.next, vm, &DeleteResult::Gone, self.now.clone());
-            self.plan.delete_tag = Some(vm.to_owned());
-            self.plan.delete_first = true;
+        match tag {
+            WakeTag::Delete => {
+                self.next = after_delete(&self.next, vm, &DeleteResult::Gone, self.now.clone());
+                self.plan.delete_tag = Some(vm.to_owned());
+                self.plan.delete_first = true;
+            }
+            WakeTag::KeepForHibernate => {
+                self.next = keep_for_hibernate(&self.next, vm, self.now.clone());
+            }
+            WakeTag::Absent => {}
         }
     }
+}
+
+/// What the end of a wake does with the snapshot tag.
+enum WakeTag {
+    Delete,
+    /// D1: the desire is Hibernate again.
+    KeepForHibernate,
+    /// A HEAD showed there is none.
+    Absent,
 }
 
 fn humanize(d: Duration) -> String {

@@ -214,6 +214,12 @@ async fn execute(
         return Ok(Action::await_change());
     }
     if let (Some(patch), Some(pod)) = (plan.pod_patch, pod) {
+        // F2: a 409 on the status write cannot undo a pod patch, and vk acts on it at
+        // once, so a transition starts or ends only from the CR's current version.
+        let current = api.get(&name).await?;
+        if current.metadata.resource_version != cr.metadata.resource_version {
+            return Ok(ctx.defer("stale_view", CONFLICT_RETRY));
+        }
         let pods: Api<Pod> =
             Api::namespaced(ctx.client.clone(), &cr.namespace().unwrap_or_default());
         let json = match patch {
@@ -243,8 +249,8 @@ async fn execute(
         && let (Some(vm), Some(planned)) = (&plan.delete_tag, status.as_mut())
     {
         match fenced_delete_outcome(cr, vm, Debt::EndOfWake, api, ctx).await? {
-            // D1: the desire flipped back while waking. The wake still ends, but the tag
-            // is wanted again, so nothing is deleted and nothing is owed.
+            // The CR is as planned, but the tag is not its to delete (its pod names another
+            // VM now): the wake still ends, and nothing is owed.
             Paid::NotOwed => planned
                 .conditions
                 .retain(|c| c.type_ != crate::api::conditions::SNAPSHOT_DELETED),
@@ -357,6 +363,7 @@ async fn fenced_delete_outcome(
             return Ok(Paid::Stop(ctx.defer("registry_busy", REGISTRY_BUSY_RETRY)));
         }
         Fenced::NotOwed => return Ok(Paid::NotOwed),
+        Fenced::Stale => return Ok(Paid::Stop(ctx.defer("stale_view", CONFLICT_RETRY))),
         Fenced::Done { fresh, outcome } => (fresh, outcome),
     };
     let result = match &outcome {
@@ -429,6 +436,8 @@ enum Fenced {
     Busy,
     /// The fresh read shows the delete is no longer owed; the tag is kept.
     NotOwed,
+    /// The fresh read shows a newer CR than the one the pass planned from; nothing asked.
+    Stale,
     Done {
         fresh: Box<CocoonHibernation>,
         outcome: std::result::Result<DeleteOutcome, RegistryError>,
@@ -453,6 +462,14 @@ async fn fenced_delete(
         return Ok(Fenced::Busy);
     };
     let fresh = match api.get_opt(&cr.name_any()).await? {
+        // F2, D1: the end of a wake writes a status planned from `cr`; a newer CR (a flipped
+        // desire, a timeout) needs a new plan before anything is deleted.
+        Some(fresh)
+            if debt == Debt::EndOfWake
+                && fresh.metadata.resource_version != cr.metadata.resource_version =>
+        {
+            return Ok(Fenced::Stale);
+        }
         Some(fresh) if plan::still_owes(&fresh, cr.metadata.uid.as_deref(), vm, debt) => fresh,
         _ => {
             tracing::info!(
@@ -683,6 +700,7 @@ async fn cleanup(
         }
         match fenced_delete(&cr, &vm, Debt::OnDeletion, api, ctx).await? {
             Fenced::Busy => return Ok(ctx.defer("registry_busy", REGISTRY_BUSY_RETRY)),
+            Fenced::Stale => return Ok(ctx.defer("stale_view", CONFLICT_RETRY)),
             Fenced::NotOwed => {}
             Fenced::Done { outcome, .. } => match outcome {
                 Ok(DeleteOutcome::KeptSharedDigest { other_tags }) => {
