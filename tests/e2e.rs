@@ -638,7 +638,7 @@ async fn e2e_kill9_mid_transition_converges_without_leaking_or_losing_the_tag() 
     assert!(env.tag_exists(&vm).await, "no delete before Active");
     eventually("vk woke the VM", LONG, || async {
         let pod = env.pods.get("c-0").await.ok()?;
-        cocoon_hibernation::api::annotations::PodView::from_pod(&pod)
+        cocoon_hibernation::api::annotations::PodView::of(&pod)
             .woken()
             .then_some(())
     })

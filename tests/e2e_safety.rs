@@ -64,7 +64,7 @@ async fn e2e_w2_running_with_vmid_while_vk_reports_hibernated_stays_waking_and_k
     })
     .await;
     let pod = env.pods.get("w2-0").await.expect("get pod");
-    let view = cocoon_hibernation::api::annotations::PodView::from_pod(&pod);
+    let view = cocoon_hibernation::api::annotations::PodView::of(&pod);
     assert!(
         view.container_running && view.vm_id.is_some(),
         "the pod shows Running with a VMID: {view:?}"

@@ -250,7 +250,7 @@ async fn e2e_harness_vk_sim_hibernates_and_wakes_a_pod() {
     let created = vk_sim::create_vm_pod(&client, &ns, "pod-a", &vm)
         .await
         .unwrap();
-    let before = PodView::from_pod(&created);
+    let before = PodView::of(&created);
     assert!(before.container_running && before.vm_id.is_some());
     assert_eq!(
         registry_tag_digest(&c.registry, &vm, "hibernate").await,
@@ -264,7 +264,7 @@ async fn e2e_harness_vk_sim_hibernates_and_wakes_a_pod() {
         .unwrap();
 
     let hibernated = eventually("pod hibernated", TIMEOUT, || async {
-        let v = PodView::from_pod(&pods.get("pod-a").await.unwrap());
+        let v = PodView::of(&pods.get("pod-a").await.unwrap());
         (v.lifecycle_hibernated_for_round() && !v.container_running).then_some(v)
     })
     .await;
@@ -284,7 +284,7 @@ async fn e2e_harness_vk_sim_hibernates_and_wakes_a_pod() {
         .await
         .unwrap();
     let woken = eventually("pod woken", TIMEOUT, || async {
-        let v = PodView::from_pod(&pods.get("pod-a").await.unwrap());
+        let v = PodView::of(&pods.get("pod-a").await.unwrap());
         v.woken().then_some(v)
     })
     .await;
@@ -325,7 +325,7 @@ async fn e2e_harness_vk_sim_knobs_and_stale_state() {
         .await
         .expect("stale tag staged");
     sim.stage_stale_lifecycle(&ns, "pod-b").await.unwrap();
-    let staged = PodView::from_pod(&pods.get("pod-b").await.unwrap());
+    let staged = PodView::of(&pods.get("pod-b").await.unwrap());
     assert_eq!(staged.lifecycle_state.as_deref(), Some(STATE_HIBERNATED));
     assert_eq!(staged.observed_generation, 0);
     assert!(!staged.lifecycle_hibernated_for_round());
@@ -337,12 +337,12 @@ async fn e2e_harness_vk_sim_knobs_and_stale_state() {
         .await
         .unwrap();
     tokio::time::sleep(Duration::from_millis(800)).await;
-    let during = PodView::from_pod(&pods.get("pod-b").await.unwrap());
+    let during = PodView::of(&pods.get("pod-b").await.unwrap());
     assert!(!during.lifecycle_hibernated_for_round() && during.vm_id.is_some());
     assert_eq!(knobs.hibernations(), 0);
     knobs.set_fail_push(false);
     eventually("hibernated after push recovers", TIMEOUT, || async {
-        let v = PodView::from_pod(&pods.get("pod-b").await.unwrap());
+        let v = PodView::of(&pods.get("pod-b").await.unwrap());
         (v.lifecycle_hibernated_for_round() && !v.container_running).then_some(())
     })
     .await;
@@ -358,10 +358,10 @@ async fn e2e_harness_vk_sim_knobs_and_stale_state() {
         .await
         .unwrap();
     tokio::time::sleep(Duration::from_millis(800)).await;
-    assert!(!PodView::from_pod(&pods.get("pod-b").await.unwrap()).woken());
+    assert!(!PodView::of(&pods.get("pod-b").await.unwrap()).woken());
     knobs.set_never_complete(false);
     eventually("woken after unstuck", TIMEOUT, || async {
-        PodView::from_pod(&pods.get("pod-b").await.unwrap())
+        PodView::of(&pods.get("pod-b").await.unwrap())
             .woken()
             .then_some(())
     })
@@ -380,7 +380,7 @@ async fn e2e_harness_vk_sim_knobs_and_stale_state() {
         .await
         .unwrap();
     eventually("recreated pod hibernated", TIMEOUT, || async {
-        let v = PodView::from_pod(&pods.get("pod-b").await.unwrap());
+        let v = PodView::of(&pods.get("pod-b").await.unwrap());
         (v.lifecycle_hibernated_for_round() && !v.container_running).then_some(())
     })
     .await;

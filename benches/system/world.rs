@@ -169,7 +169,7 @@ impl Watches {
                         _ => continue,
                     };
                     let name = pod.metadata.name.clone().unwrap_or_default();
-                    let v = PodView::from_pod(&pod);
+                    let v = PodView::of(&pod);
                     let hib = v.lifecycle_hibernated_for_round() && v.vm_id.is_none();
                     let woke = v.woken();
                     let mut s = s.lock().expect("seen lock");

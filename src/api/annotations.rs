@@ -1,8 +1,9 @@
 //! The pod annotation contract (SPEC A4): every key we read or write, with typed helpers.
 
+use super::pod::PodSlice;
 use json_patch::{AddOperation, Patch, PatchOperation, RemoveOperation, TestOperation};
 use jsonptr::PointerBuf;
-use k8s_openapi::api::core::v1::Pod;
+use kube::api::ObjectMeta;
 use serde_json::Value;
 
 /// VM name; also the registry repository holding the snapshot.
@@ -49,18 +50,15 @@ pub struct PodView {
 }
 
 impl PodView {
-    pub fn from_pod(pod: &Pod) -> Self {
+    /// The view of a whole k8s-openapi Pod (what the simulator and tests hold).
+    pub fn of(pod: &k8s_openapi::api::core::v1::Pod) -> Self {
+        Self::from_pod(&PodSlice::from(pod))
+    }
+
+    pub fn from_pod(pod: &PodSlice) -> Self {
         let ann = pod.metadata.annotations.as_ref();
         let get = |key: &str| ann.and_then(|a| a.get(key)).map(String::as_str);
         let non_empty = |key: &str| get(key).filter(|v| !v.is_empty()).map(str::to_owned);
-        let running = pod
-            .status
-            .as_ref()
-            .and_then(|s| s.container_statuses.as_ref())
-            .is_some_and(|cs| {
-                cs.iter()
-                    .any(|c| c.state.as_ref().is_some_and(|st| st.running.is_some()))
-            });
         Self {
             uid: pod.metadata.uid.clone(),
             vm_name: non_empty(VM_NAME),
@@ -69,7 +67,7 @@ impl PodView {
             observed_generation: parse_generation(get(LIFECYCLE_OBSERVED_GENERATION)),
             cocoonset_generation: parse_generation(get(COCOONSET_GENERATION)),
             vm_id: non_empty(VM_ID),
-            container_running: running,
+            container_running: pod.container_running,
         }
     }
 
@@ -102,22 +100,22 @@ fn annotation_pointer(key: &str) -> PointerBuf {
 
 /// JSON Patch that sets [`HIBERNATE`] and touches no other key, so a concurrent vk write
 /// survives. `test` on the uid keeps it from landing on a recreated pod.
-pub fn set_hibernate_patch(pod: &Pod) -> Patch {
+pub fn set_hibernate_patch(pod: &ObjectMeta) -> Patch {
     let mut ops = Vec::new();
-    if let Some(uid) = &pod.metadata.uid {
+    if let Some(uid) = &pod.uid {
         ops.push(PatchOperation::Test(TestOperation {
             path: PointerBuf::from_tokens(["metadata", "uid"]),
             value: Value::String(uid.clone()),
         }));
     }
-    if pod.metadata.annotations.is_some() {
+    if pod.annotations.is_some() {
         ops.push(PatchOperation::Add(AddOperation {
             path: annotation_pointer(HIBERNATE),
             value: Value::String(HIBERNATE_REQUESTED.to_owned()),
         }));
     } else {
         // No map yet: creating it must not race a writer that adds one meanwhile.
-        if let Some(rv) = &pod.metadata.resource_version {
+        if let Some(rv) = &pod.resource_version {
             ops.push(PatchOperation::Test(TestOperation {
                 path: PointerBuf::from_tokens(["metadata", "resourceVersion"]),
                 value: Value::String(rv.clone()),
@@ -132,9 +130,8 @@ pub fn set_hibernate_patch(pod: &Pod) -> Patch {
 }
 
 /// JSON Patch that removes [`HIBERNATE`] only if it still holds the value we saw.
-pub fn clear_hibernate_patch(pod: &Pod) -> Patch {
+pub fn clear_hibernate_patch(pod: &ObjectMeta) -> Patch {
     let current = pod
-        .metadata
         .annotations
         .as_ref()
         .and_then(|a| a.get(HIBERNATE))
@@ -155,9 +152,8 @@ pub fn clear_hibernate_patch(pod: &Pod) -> Patch {
 mod tests {
     use super::*;
     use k8s_openapi::api::core::v1::{
-        ContainerState, ContainerStateRunning, ContainerStatus, PodStatus,
+        ContainerState, ContainerStateRunning, ContainerStatus, Pod, PodStatus,
     };
-    use kube::api::ObjectMeta;
     use std::collections::BTreeMap;
 
     fn pod(annotations: &[(&str, &str)], running: bool) -> Pod {
@@ -195,7 +191,7 @@ mod tests {
         assert_eq!(parse_generation(Some("junk")), 0);
         assert_eq!(parse_generation(Some("")), 0);
         assert_eq!(parse_generation(Some(" 12 ")), 12);
-        let view = PodView::from_pod(&pod(&[(LIFECYCLE_OBSERVED_GENERATION, "x1")], false));
+        let view = PodView::of(&pod(&[(LIFECYCLE_OBSERVED_GENERATION, "x1")], false));
         assert_eq!(view.observed_generation, 0);
         assert_eq!(view.cocoonset_generation, 0);
     }
@@ -203,7 +199,7 @@ mod tests {
     /// SPEC A4.
     #[test]
     fn a4_view_reads_every_key() {
-        let view = PodView::from_pod(&pod(
+        let view = PodView::of(&pod(
             &[
                 (VM_NAME, "vm-a"),
                 (HIBERNATE, "true"),
@@ -225,7 +221,7 @@ mod tests {
     /// SPEC A4.
     #[test]
     fn a4_hibernate_value_other_than_true_is_not_a_request() {
-        let view = PodView::from_pod(&pod(&[(HIBERNATE, "false")], false));
+        let view = PodView::of(&pod(&[(HIBERNATE, "false")], false));
         assert!(!view.hibernate_requested);
     }
 
@@ -233,7 +229,7 @@ mod tests {
     #[test]
     fn h1_set_patch_touches_only_the_hibernate_key_and_guards_uid() {
         let mut target = serde_json::to_value(pod(&[(VM_ID, "id-1")], true)).unwrap();
-        let p = set_hibernate_patch(&pod(&[(VM_ID, "id-1")], true));
+        let p = set_hibernate_patch(&pod(&[(VM_ID, "id-1")], true).metadata);
         json_patch::patch(&mut target, &p.0).unwrap();
         assert_eq!(target["metadata"]["annotations"][HIBERNATE], "true");
         assert_eq!(target["metadata"]["annotations"][VM_ID], "id-1");
@@ -247,7 +243,7 @@ mod tests {
     #[test]
     fn h1_set_patch_creates_the_map_only_at_the_seen_resource_version() {
         let bare = pod(&[], false);
-        let p = set_hibernate_patch(&bare);
+        let p = set_hibernate_patch(&bare.metadata);
         let mut target = serde_json::to_value(&bare).unwrap();
         json_patch::patch(&mut target, &p.0).unwrap();
         assert_eq!(target["metadata"]["annotations"][HIBERNATE], "true");
@@ -261,10 +257,10 @@ mod tests {
     fn w1_clear_patch_removes_only_the_hibernate_key() {
         let p = pod(&[(HIBERNATE, "true"), (VM_NAME, "vm-a")], false);
         let mut target = serde_json::to_value(&p).unwrap();
-        json_patch::patch(&mut target, &clear_hibernate_patch(&p).0).unwrap();
+        json_patch::patch(&mut target, &clear_hibernate_patch(&p.metadata).0).unwrap();
         assert!(target["metadata"]["annotations"].get(HIBERNATE).is_none());
         assert_eq!(target["metadata"]["annotations"][VM_NAME], "vm-a");
         // Already gone: the test op fails rather than removing something else.
-        assert!(json_patch::patch(&mut target, &clear_hibernate_patch(&p).0).is_err());
+        assert!(json_patch::patch(&mut target, &clear_hibernate_patch(&p.metadata).0).is_err());
     }
 }

@@ -2,6 +2,7 @@
 
 pub mod annotations;
 pub mod conditions;
+pub mod pod;
 
 use kube::{CustomResource, CustomResourceExt, KubeSchema};
 use schemars::JsonSchema;

@@ -8,11 +8,9 @@ pub mod index;
 
 use crate::api::CocoonHibernation;
 use crate::api::annotations::PodView;
+use crate::api::pod::PodSlice;
 use futures::{Stream, StreamExt};
 use index::{Key, PodChangeTracker, PodRefIndex};
-use k8s_openapi::api::core::v1::{
-    ContainerState, ContainerStateRunning, ContainerStatus, Pod, PodStatus,
-};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
@@ -27,7 +25,7 @@ pub type Trigger = ObjectRef<CocoonHibernation>;
 #[derive(Clone)]
 pub struct SharedCache {
     crs: Store<CocoonHibernation>,
-    pods: Store<Pod>,
+    pods: Store<PodSlice>,
     index: Arc<RwLock<PodRefIndex>>,
     /// Written only by the driver; read for the pods naming a VM (S2, G1).
     pod_views: Arc<RwLock<PodChangeTracker>>,
@@ -49,7 +47,7 @@ impl SharedCache {
         self.crs_synced.load(Ordering::Acquire) && self.pods_synced.load(Ordering::Acquire)
     }
 
-    pub fn pod(&self, namespace: &str, name: &str) -> Option<Arc<Pod>> {
+    pub fn pod(&self, namespace: &str, name: &str) -> Option<Arc<PodSlice>> {
         self.pods.get(&ObjectRef::new(name).within(namespace))
     }
 
@@ -127,8 +125,8 @@ pub fn start(
     impl std::future::Future<Output = ()> + Send + 'static,
 ) {
     let (cr_store, cr_writer) = reflector::store::<CocoonHibernation>();
-    let (pod_store, pod_writer) = reflector::store::<Pod>();
-    let (cr_api, pod_api): (Api<CocoonHibernation>, Api<Pod>) = if scope.namespace.is_empty() {
+    let (pod_store, pod_writer) = reflector::store::<PodSlice>();
+    let (cr_api, pod_api): (Api<CocoonHibernation>, Api<PodSlice>) = if scope.namespace.is_empty() {
         (Api::all(client.clone()), Api::all(client))
     } else {
         (
@@ -136,8 +134,8 @@ pub fn start(
             Api::namespaced(client, &scope.namespace),
         )
     };
-    // Each list page is parsed into whole pods before strip_pod: 500 pods of ~8 KB are
-    // ~20 MB at once, and the allocator keeps that peak as RSS. Small pages keep it small.
+    // Each list page is read whole before it is decoded: 500 pods of ~8 KB are 4 MB of
+    // JSON at once, and the allocator keeps that peak as RSS. Small pages keep it small.
     let mut pod_cfg = watcher::Config::default().page_size(POD_LIST_PAGE);
     if !scope.pod_selector.is_empty() {
         pod_cfg = pod_cfg.labels(&scope.pod_selector);
@@ -164,11 +162,12 @@ pub fn start(
     (cache, driver)
 }
 
-/// Keep only what a pass or the webhook reads: name, namespace, uid, resourceVersion,
-/// the contract's annotations and whether each container runs. Labels are matched by
-/// the apiserver (`--pod-selector`), so none are kept; the rest of the pod (spec, other
-/// annotations such as last-applied-configuration, owner references) is dropped.
-pub fn strip_pod(pod: &mut Pod) {
+/// Keep only what a pass or the webhook reads: name, namespace, uid, resourceVersion and
+/// the contract's annotations ([`PodSlice`] already dropped the spec and all but whether a
+/// container runs). Labels are matched by the apiserver (`--pod-selector`), so none are
+/// kept; other annotations (such as last-applied-configuration), owner references and
+/// managed fields go.
+pub fn strip_pod(pod: &mut PodSlice) {
     let meta = &mut pod.metadata;
     meta.managed_fields = None;
     meta.labels = None;
@@ -179,29 +178,12 @@ pub fn strip_pod(pod: &mut Pod) {
         // An empty map, not None: a patch creating the map must know one exists.
         annotations.retain(|k, _| crate::api::annotations::CONTRACT.contains(&k.as_str()));
     }
-    pod.spec = None;
-    if let Some(status) = pod.status.take() {
-        let running_only = |c: ContainerStatus| ContainerStatus {
-            name: c.name,
-            state: c.state.map(|s| ContainerState {
-                running: s.running.map(|_| ContainerStateRunning::default()),
-                ..ContainerState::default()
-            }),
-            ..ContainerStatus::default()
-        };
-        pod.status = Some(PodStatus {
-            container_statuses: status
-                .container_statuses
-                .map(|cs| cs.into_iter().map(running_only).collect()),
-            ..PodStatus::default()
-        });
-    }
 }
 
 async fn drive(
     cache: SharedCache,
     cr_events: impl Stream<Item = Result<watcher::Event<CocoonHibernation>, watcher::Error>> + Send,
-    pod_events: impl Stream<Item = Result<watcher::Event<Pod>, watcher::Error>> + Send,
+    pod_events: impl Stream<Item = Result<watcher::Event<PodSlice>, watcher::Error>> + Send,
     triggers: UnboundedSender<Trigger>,
 ) {
     let mut handler = EventHandler {
@@ -331,7 +313,7 @@ impl EventHandler {
         }
     }
 
-    fn on_pod(&mut self, ev: watcher::Event<Pod>) {
+    fn on_pod(&mut self, ev: watcher::Event<PodSlice>) {
         match ev {
             watcher::Event::Init => {
                 self.pods().begin_resync();
@@ -375,16 +357,19 @@ impl EventHandler {
     }
 }
 
-fn pod_key(pod: &Pod) -> Key {
+fn pod_key(pod: &PodSlice) -> Key {
     (pod.namespace().unwrap_or_default(), pod.name_any())
 }
 
 #[cfg(test)]
 impl SharedCache {
     /// A synced cache holding exactly these objects, for tests of the layers above it.
-    pub fn from_objects(crs: Vec<CocoonHibernation>, pods: Vec<Pod>) -> Self {
+    pub fn from_objects(
+        crs: Vec<CocoonHibernation>,
+        pods: Vec<k8s_openapi::api::core::v1::Pod>,
+    ) -> Self {
         let (cr_store, mut cr_writer) = reflector::store::<CocoonHibernation>();
-        let (pod_store, mut pod_writer) = reflector::store::<Pod>();
+        let (pod_store, mut pod_writer) = reflector::store::<PodSlice>();
         let cache = SharedCache {
             crs: cr_store,
             pods: pod_store,
@@ -404,7 +389,7 @@ impl SharedCache {
             }
             cr_writer.apply_watcher_event(&watcher::Event::Apply(cr));
         }
-        for pod in pods {
+        for pod in pods.iter().map(PodSlice::from) {
             if let Ok(mut views) = cache.pod_views.write() {
                 views.observe(pod_key(&pod), PodView::from_pod(&pod));
             }
@@ -418,9 +403,10 @@ impl SharedCache {
 mod tests {
     use super::*;
     use crate::api::annotations::{self, HIBERNATE, LIFECYCLE_STATE, VM_ID, VM_NAME};
+    use k8s_openapi::api::core::v1::Pod;
 
-    fn realistic_pod() -> Pod {
-        serde_json::from_value(serde_json::json!({
+    fn realistic_pod() -> serde_json::Value {
+        serde_json::json!({
             "metadata": {
                 "name": "web-0", "namespace": "ns", "uid": "u-1", "resourceVersion": "7",
                 "labels": { "app": "web", "pod-template-hash": "abc" },
@@ -442,33 +428,37 @@ mod tests {
                       "restartCount": 3, "state": { "waiting": { "reason": "CrashLoopBackOff" } } },
                 ],
             },
-        }))
-        .unwrap()
+        })
     }
 
     /// SPEC C3 (issue: memory): the stripped pod reads the same to every pass and to the
     /// webhook, and the patches built from it still apply to the real pod.
     #[test]
     fn c3_stripped_pod_keeps_everything_a_pass_reads() {
-        let full = realistic_pod();
-        let mut stripped = full.clone();
+        let json = realistic_pod();
+        let full: Pod = serde_json::from_value(json.clone()).unwrap();
+        let mut stripped: PodSlice = serde_json::from_value(json.clone()).unwrap();
         strip_pod(&mut stripped);
-        assert_eq!(PodView::from_pod(&stripped), PodView::from_pod(&full));
+        assert_eq!(
+            PodView::from_pod(&stripped),
+            PodView::from_pod(&PodSlice::from(&full))
+        );
+        assert!(stripped.container_running);
         assert!(stripped.metadata.labels.is_none());
         assert!(stripped.metadata.owner_references.is_none());
         let kept = stripped.metadata.annotations.clone().unwrap_or_default();
         assert!(!kept.contains_key("kubectl.kubernetes.io/last-applied-configuration"));
         let full_len = serde_json::to_vec(&full).unwrap().len();
-        let stripped_len = serde_json::to_vec(&stripped).unwrap().len();
+        let stripped_len = serde_json::to_vec(&stripped.metadata).unwrap().len();
         assert!(
             stripped_len * 5 < full_len,
             "{stripped_len} of {full_len} bytes"
         );
         for patch in [
-            annotations::clear_hibernate_patch(&stripped),
-            annotations::set_hibernate_patch(&stripped),
+            annotations::clear_hibernate_patch(&stripped.metadata),
+            annotations::set_hibernate_patch(&stripped.metadata),
         ] {
-            let mut doc = serde_json::to_value(&full).unwrap();
+            let mut doc = json.clone();
             json_patch::patch(&mut doc, &patch.0).unwrap();
         }
     }

@@ -3,6 +3,7 @@
 use super::locks::VmLocks;
 use super::plan::{self, Cleanup, Debt, DeleteResult, EventKind, Plan, PodPatch, Probe, Settings};
 use crate::api::annotations::{self, PodView};
+use crate::api::pod::PodSlice;
 use crate::api::{CocoonHibernation, FINALIZER, Phase};
 use crate::cache::SharedCache;
 use crate::error::{Error, Result};
@@ -10,7 +11,6 @@ use crate::metrics::Metrics;
 use crate::registry::{DeleteOutcome, RegistryError, SnapshotStore};
 use json_patch::{AddOperation, PatchOperation, ReplaceOperation, TestOperation};
 use jsonptr::PointerBuf;
-use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::Action;
@@ -195,7 +195,7 @@ async fn reconcile_inner(cr: Arc<CocoonHibernation>, ctx: &Context) -> Result<Ac
 
 async fn execute(
     cr: &CocoonHibernation,
-    pod: Option<&Pod>,
+    pod: Option<&PodSlice>,
     plan: Plan,
     api: &Api<CocoonHibernation>,
     ctx: &Context,
@@ -220,11 +220,11 @@ async fn execute(
         if current.metadata.resource_version != cr.metadata.resource_version {
             return Ok(ctx.defer("stale_view", CONFLICT_RETRY));
         }
-        let pods: Api<Pod> =
+        let pods: Api<PodSlice> =
             Api::namespaced(ctx.client.clone(), &cr.namespace().unwrap_or_default());
         let json = match patch {
-            PodPatch::SetHibernate => annotations::set_hibernate_patch(pod),
-            PodPatch::ClearHibernate => annotations::clear_hibernate_patch(pod),
+            PodPatch::SetHibernate => annotations::set_hibernate_patch(&pod.metadata),
+            PodPatch::ClearHibernate => annotations::clear_hibernate_patch(&pod.metadata),
         };
         let patched = pods
             .patch(&pod.name_any(), &patch_params(), &Patch::Json::<()>(json))
@@ -558,7 +558,7 @@ impl Context {
 
     /// Notes that `pod`, as the cache held it, was superseded by our patch. A patch that
     /// changed nothing keeps the resourceVersion, and no event would ever move past it.
-    fn wrote_pod(&self, pod: &Pod, patched: &Pod) {
+    fn wrote_pod(&self, pod: &PodSlice, patched: &PodSlice) {
         let (Some(old), Ok(mut map)) =
             (&pod.metadata.resource_version, self.superseded_pods.lock())
         else {
@@ -571,7 +571,7 @@ impl Context {
     }
 
     /// True while the pod cache still holds the version our last patch replaced.
-    fn pod_behind_own_write(&self, pod: &Pod) -> bool {
+    fn pod_behind_own_write(&self, pod: &PodSlice) -> bool {
         let Ok(mut map) = self.superseded_pods.lock() else {
             return false;
         };

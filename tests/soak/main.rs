@@ -354,7 +354,7 @@ impl World {
         tokio::time::sleep(pause).await;
         // A pod left hibernated (its snapshot discarded with the CR, G1) can only wake.
         let hibernated_pod = match self.pods.get(&name).await {
-            Ok(p) => PodView::from_pod(&p).hibernate_requested,
+            Ok(p) => PodView::of(&p).hibernate_requested,
             Err(_) => true,
         };
         let desire = if hibernated_pod || coin {

@@ -115,7 +115,7 @@ impl World {
             return;
         };
         let rv = rv_of(&pod.metadata);
-        let view = PodView::from_pod(pod);
+        let view = PodView::of(pod);
         let versions = self.pods.entry(name).or_default();
         if versions.last().is_some_and(|v| v.rv >= rv) {
             return;

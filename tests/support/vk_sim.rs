@@ -174,7 +174,7 @@ fn plan(pod: &Pod, knobs: &SimKnobs) -> Option<Action> {
     if pod.metadata.deletion_timestamp.is_some() || knobs.never_complete() {
         return None;
     }
-    let view = PodView::from_pod(pod);
+    let view = PodView::of(pod);
     view.vm_name.as_ref()?;
     let vm_gone = view.vm_id.is_none();
     let state = view.lifecycle_state.as_deref();
@@ -301,7 +301,7 @@ impl Sim {
 
     async fn hibernate(&self, api: &Api<Pod>, pod: &Pod) -> Result<(), SimError> {
         let name = pod.metadata.name.as_deref().unwrap_or_default();
-        let view = PodView::from_pod(pod);
+        let view = PodView::of(pod);
         let vm = view.vm_name.as_deref().unwrap_or_default();
         if !(view.lifecycle_hibernated_for_round() && view.vm_id.is_none()) {
             if self.knobs.fail_push() {
@@ -334,7 +334,7 @@ impl Sim {
 
     async fn wake(&self, api: &Api<Pod>, pod: &Pod) -> Result<(), SimError> {
         let name = pod.metadata.name.as_deref().unwrap_or_default();
-        let view = PodView::from_pod(pod);
+        let view = PodView::of(pod);
         let vm_id = match view.vm_id {
             // A VM not reported yet (a new pod, or a wake whose status write failed).
             Some(id) => id,
@@ -463,7 +463,7 @@ pub async fn stage_stale_lifecycle(
 ) -> Result<(), SimError> {
     let api: Api<Pod> = Api::namespaced(client.clone(), namespace);
     let current = api.get(pod).await?;
-    let generation = PodView::from_pod(&current).cocoonset_generation;
+    let generation = PodView::of(&current).cocoonset_generation;
     let patch = json!({ "metadata": { "annotations": {
         LIFECYCLE_STATE: STATE_HIBERNATED,
         LIFECYCLE_OBSERVED_GENERATION: (generation - 1).to_string(),

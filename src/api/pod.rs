@@ -1,0 +1,96 @@
+//! The slice of a Pod the product reads (A4): its metadata and whether a container runs.
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::Resource;
+use kube::api::ObjectMeta;
+use serde::{Deserialize, Deserializer};
+
+/// A Pod as the cache keeps it and as pod patches answer (issue 8, memory). It is decoded
+/// straight from the apiserver's JSON, skipping the spec and reducing the container
+/// statuses to one flag, so no k8s-openapi `Pod` (about 2 KB of struct before any string,
+/// plus 3 full container statuses) is ever held for it.
+#[derive(Resource, Clone, Debug, Default, Deserialize, PartialEq)]
+#[resource(inherit = Pod)]
+pub struct PodSlice {
+    pub metadata: ObjectMeta,
+    /// Some container is in state `running`.
+    #[serde(rename = "status", default, deserialize_with = "any_container_running")]
+    pub container_running: bool,
+}
+
+fn any_container_running<'de, D: Deserializer<'de>>(status: D) -> Result<bool, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(rename_all = "camelCase")]
+    struct Status {
+        container_statuses: Option<Vec<Container>>,
+    }
+    #[derive(Deserialize)]
+    struct Container {
+        state: Option<State>,
+    }
+    #[derive(Deserialize)]
+    struct State {
+        running: Option<serde::de::IgnoredAny>,
+    }
+    let status = Option::<Status>::deserialize(status)?;
+    Ok(status.and_then(|s| s.container_statuses).is_some_and(|cs| {
+        cs.iter()
+            .any(|c| c.state.as_ref().is_some_and(|s| s.running.is_some()))
+    }))
+}
+
+impl From<&Pod> for PodSlice {
+    fn from(pod: &Pod) -> Self {
+        let running = pod
+            .status
+            .as_ref()
+            .and_then(|s| s.container_statuses.as_ref())
+            .is_some_and(|cs| {
+                cs.iter()
+                    .any(|c| c.state.as_ref().is_some_and(|st| st.running.is_some()))
+            });
+        PodSlice {
+            metadata: pod.metadata.clone(),
+            container_running: running,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// SPEC A4 (issue 8, memory): decoding the apiserver's JSON reads the same as the
+    /// whole Pod would, whatever the status holds.
+    #[test]
+    fn a4_the_slice_decodes_like_the_whole_pod() {
+        let statuses = [
+            serde_json::json!(null),
+            serde_json::json!({}),
+            serde_json::json!({ "phase": "Pending", "containerStatuses": null }),
+            serde_json::json!({ "containerStatuses": [
+                { "name": "a", "image": "i", "imageID": "", "ready": false, "restartCount": 0,
+                  "state": { "waiting": { "reason": "ContainerCreating" } } },
+            ] }),
+            serde_json::json!({ "containerStatuses": [
+                { "name": "a", "image": "i", "imageID": "", "ready": false, "restartCount": 0 },
+                { "name": "b", "image": "i", "imageID": "", "ready": true, "restartCount": 0,
+                  "state": { "running": { "startedAt": "2026-01-01T00:00:00Z" } } },
+            ] }),
+        ];
+        let mut running = Vec::new();
+        for status in statuses {
+            let json = serde_json::json!({
+                "apiVersion": "v1", "kind": "Pod",
+                "metadata": { "name": "p", "namespace": "ns", "uid": "u" },
+                "spec": { "containers": [{ "name": "a", "image": "i" }] },
+                "status": status,
+            });
+            let pod: Pod = serde_json::from_value(json.clone()).unwrap();
+            let slice: PodSlice = serde_json::from_value(json).unwrap();
+            assert_eq!(slice, PodSlice::from(&pod), "{status}");
+            running.push(slice.container_running);
+        }
+        assert_eq!(running, [false, false, false, false, true]);
+    }
+}
