@@ -52,22 +52,26 @@ pub struct PodView {
 impl PodView {
     /// The view of a whole k8s-openapi Pod (what the simulator and tests hold).
     pub fn of(pod: &k8s_openapi::api::core::v1::Pod) -> Self {
-        Self::from_pod(&PodSlice::from(pod))
+        Self::read(&pod.metadata, super::pod::any_container_running(pod))
     }
 
     pub fn from_pod(pod: &PodSlice) -> Self {
-        let ann = pod.metadata.annotations.as_ref();
+        Self::read(&pod.metadata, pod.container_running)
+    }
+
+    fn read(meta: &ObjectMeta, container_running: bool) -> Self {
+        let ann = meta.annotations.as_ref();
         let get = |key: &str| ann.and_then(|a| a.get(key)).map(String::as_str);
         let non_empty = |key: &str| get(key).filter(|v| !v.is_empty()).map(str::to_owned);
         Self {
-            uid: pod.metadata.uid.clone(),
+            uid: meta.uid.clone(),
             vm_name: non_empty(VM_NAME),
             hibernate_requested: get(HIBERNATE) == Some(HIBERNATE_REQUESTED),
             lifecycle_state: non_empty(LIFECYCLE_STATE),
             observed_generation: parse_generation(get(LIFECYCLE_OBSERVED_GENERATION)),
             cocoonset_generation: parse_generation(get(COCOONSET_GENERATION)),
             vm_id: non_empty(VM_ID),
-            container_running: pod.container_running,
+            container_running,
         }
     }
 

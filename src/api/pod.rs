@@ -14,11 +14,15 @@ use serde::{Deserialize, Deserializer};
 pub struct PodSlice {
     pub metadata: ObjectMeta,
     /// Some container is in state `running`.
-    #[serde(rename = "status", default, deserialize_with = "any_container_running")]
+    #[serde(
+        rename = "status",
+        default,
+        deserialize_with = "decode_any_container_running"
+    )]
     pub container_running: bool,
 }
 
-fn any_container_running<'de, D: Deserializer<'de>>(status: D) -> Result<bool, D::Error> {
+fn decode_any_container_running<'de, D: Deserializer<'de>>(status: D) -> Result<bool, D::Error> {
     #[derive(Deserialize)]
     #[serde(rename_all = "camelCase")]
     struct Status {
@@ -39,19 +43,22 @@ fn any_container_running<'de, D: Deserializer<'de>>(status: D) -> Result<bool, D
     }))
 }
 
+/// Whether some container of a whole Pod is in state `running`.
+pub fn any_container_running(pod: &Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.container_statuses.as_ref())
+        .is_some_and(|cs| {
+            cs.iter()
+                .any(|c| c.state.as_ref().is_some_and(|st| st.running.is_some()))
+        })
+}
+
 impl From<&Pod> for PodSlice {
     fn from(pod: &Pod) -> Self {
-        let running = pod
-            .status
-            .as_ref()
-            .and_then(|s| s.container_statuses.as_ref())
-            .is_some_and(|cs| {
-                cs.iter()
-                    .any(|c| c.state.as_ref().is_some_and(|st| st.running.is_some()))
-            });
         PodSlice {
             metadata: pod.metadata.clone(),
-            container_running: running,
+            container_running: any_container_running(pod),
         }
     }
 }
