@@ -476,9 +476,9 @@ fn w2_running_alone_or_vmid_alone_or_vk_hibernating_is_not_woken(#[case] pod: Po
     assert_eq!(p.delete_tag, None);
 }
 
-/// SPEC W3.
-#[test]
-fn w3_settled_active_retries_an_owed_tag_delete_without_writing() {
+/// An Active CR whose wake's tag delete failed (the one write recorded the debt), and
+/// the plan that ended that wake.
+fn active_owing_a_delete() -> (CocoonHibernation, Plan) {
     let first = run(
         &cr(Desire::Wake, Some(Phase::Waking)),
         Some(&running_pod()),
@@ -486,7 +486,6 @@ fn w3_settled_active_retries_an_owed_tag_delete_without_writing() {
         20,
     );
     let mut c = cr(Desire::Wake, Some(Phase::Active));
-    // The delete failed: the one write recorded the debt.
     let failed = plan::DeleteResult::Failed {
         message: "registry down".into(),
     };
@@ -494,6 +493,13 @@ fn w3_settled_active_retries_an_owed_tag_delete_without_writing() {
         .status
         .as_ref()
         .map(|s| plan::after_delete(s, "vm-a", &failed, at(20)));
+    (c, first)
+}
+
+/// SPEC W3.
+#[test]
+fn w3_settled_active_retries_an_owed_tag_delete_without_writing() {
+    let (mut c, first) = active_owing_a_delete();
     let p = run(&c, Some(&running_pod()), Probe::NotProbed, 60);
     assert_eq!(p.status, None, "the CR stays Active");
     assert_eq!(p.delete_tag.as_deref(), Some("vm-a"));
@@ -512,20 +518,7 @@ fn w3_settled_active_retries_an_owed_tag_delete_without_writing() {
 /// hibernate the VM, and then the tag is its only copy.
 #[test]
 fn s1_w3_an_owed_delete_waits_while_the_pod_asks_for_a_hibernate_or_the_vm_is_gone() {
-    let woken = run(
-        &cr(Desire::Wake, Some(Phase::Waking)),
-        Some(&running_pod()),
-        Probe::NotProbed,
-        20,
-    );
-    let mut c = cr(Desire::Wake, Some(Phase::Active));
-    let failed = plan::DeleteResult::Failed {
-        message: "registry down".into(),
-    };
-    c.status = woken
-        .status
-        .as_ref()
-        .map(|s| plan::after_delete(s, "vm-a", &failed, at(20)));
+    let (c, _) = active_owing_a_delete();
     let asks = PodView {
         hibernate_requested: true,
         ..running_pod()

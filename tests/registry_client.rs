@@ -800,6 +800,34 @@ async fn w2_c2_wake_delete_on_distribution_is_three_calls_once_the_refusal_is_kn
     assert_eq!(calls(&metrics, "delete_digest", "deleted"), 3);
 }
 
+// W2, C2 (issue 8): wakes that start together on a registry not yet known send one DELETE
+// by tag between them; the others wait for its answer and go straight to the digest path.
+#[tokio::test]
+async fn w2_c2_concurrent_first_wakes_ask_the_tag_path_once() {
+    let server = RegistryServer::launch_default();
+    let (client, metrics) = client_for(&server);
+    let vms: Vec<String> = (0..4).map(|i| format!("{VM}-{i}")).collect();
+    for vm in &vms {
+        server.push_artifact(vm, "hibernate").await;
+    }
+    let deletes = vms.iter().map(|vm| {
+        let client = client.clone();
+        async move {
+            client
+                .delete_snapshot_before(vm, Instant::now() + Duration::from_secs(30))
+                .await
+        }
+    });
+    for outcome in futures::future::join_all(deletes).await {
+        assert_eq!(outcome.unwrap(), DeleteOutcome::DeletedByDigest);
+    }
+    assert_eq!(calls(&metrics, "delete", "unsupported"), 1, "asked once");
+    assert_eq!(calls(&metrics, "delete_digest", "deleted"), 4);
+    for vm in &vms {
+        assert_eq!(server.digest_of(vm, "hibernate").await, None);
+    }
+}
+
 // S5/G1 (issue 8): the short path still keeps a snapshot whose digest another tag
 // shares: HEAD, tags/list, HEAD of the other tag, and no DELETE.
 #[tokio::test]

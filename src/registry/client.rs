@@ -34,6 +34,11 @@ struct Inner {
     /// The registry refused a DELETE by tag (Distribution): deletes go straight to the
     /// digest path, three calls when the snapshot tag is alone in its repository.
     tag_delete_refused: AtomicBool,
+    /// Whether the registry deletes tags is known (it did, or it refused).
+    tag_delete_known: AtomicBool,
+    /// Until then one delete at a time asks, so concurrent first wakes do not each pay
+    /// for a refused DELETE.
+    tag_delete_asking: tokio::sync::Mutex<()>,
 }
 
 impl std::fmt::Debug for RegistryClient {
@@ -107,6 +112,8 @@ impl RegistryClient {
                 timeout: config.timeout,
                 metrics,
                 tag_delete_refused: AtomicBool::new(false),
+                tag_delete_known: AtomicBool::new(false),
+                tag_delete_asking: tokio::sync::Mutex::new(()),
             }),
         })
     }
@@ -213,14 +220,20 @@ impl RegistryClient {
     }
 
     async fn delete(&self, vm: &str, after: Duration) -> Result<DeleteOutcome, RegistryError> {
-        let repository = self.inner.base.repository(vm)?;
+        let inner = &self.inner;
+        let repository = inner.base.repository(vm)?;
         let manifest = |reference: &str| self.url(&format!("{repository}/manifests/{reference}"));
         let snapshot = manifest(SNAPSHOT_TAG)?;
         let mut s = self.session(format!("repository:{repository}:pull,delete"), after);
-        let refused = &self.inner.tag_delete_refused;
-        if !refused.load(Ordering::Relaxed) {
+        let (refused, known) = (&inner.tag_delete_refused, &inner.tag_delete_known);
+        let asking = match known.load(Ordering::Acquire) {
+            true => None,
+            false => Some(inner.tag_delete_asking.lock().await),
+        };
+        if !refused.load(Ordering::Acquire) {
             match s.delete(&snapshot, "delete").await? {
                 Deleted::Yes => {
+                    known.store(true, Ordering::Release);
                     info!(repository, tag = SNAPSHOT_TAG, "deleted snapshot tag");
                     return Ok(DeleteOutcome::Deleted);
                 }
@@ -230,10 +243,12 @@ impl RegistryClient {
                         repository,
                         status, "tag delete refused; by digest from now on"
                     );
-                    refused.store(true, Ordering::Relaxed);
+                    refused.store(true, Ordering::Release);
+                    known.store(true, Ordering::Release);
                 }
             }
         }
+        drop(asking);
         // The digest path (S5, G1). The HEAD comes first: the digest deleted is the
         // snapshot the caller decided about, and a push during the listing is another
         // manifest, which a DELETE by this digest leaves alone. Left open, as
@@ -295,7 +310,8 @@ impl RegistryClient {
             Deleted::Unsupported { status, message } => {
                 // Deletes are off altogether, which says nothing about tags: once
                 // allowed again, a tag delete is tried first.
-                refused.store(false, Ordering::Relaxed);
+                refused.store(false, Ordering::Release);
+                known.store(false, Ordering::Release);
                 let reference = format!("{}/{repository}@{digest}", self.base().registry);
                 Err(RegistryError::DeleteRefused {
                     reference,
