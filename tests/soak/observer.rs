@@ -145,6 +145,11 @@ impl World {
         if t.versions.get(idx).is_some_and(|next| next.gap) {
             return At::Unknown;
         }
+        // Seen gone only by a relist: after its last seen version it may have changed
+        // (been marked for deletion, say) at any revision before it vanished.
+        if matches!(t.gone, Some((_, None))) && idx == t.versions.len() {
+            return At::Unknown;
+        }
         if let Some((_, Some(gone))) = t.gone
             && gone <= rv
         {
