@@ -289,7 +289,7 @@ pub enum DeleteResult {
 /// D1, W3: a wake that ends while the desire is Hibernate keeps the tag, but records it as
 /// owed: should the desire return to Wake before a hibernate starts (which drops the
 /// condition), the settled CR's passes delete it then.
-pub fn keep_for_hibernate(
+fn keep_for_hibernate(
     written: &CocoonHibernationStatus,
     vm: &str,
     now: Time,
