@@ -140,9 +140,14 @@ impl Opts {
     }
 }
 
-/// The product's flags on top of the test defaults: info logging (the tests log debug).
+/// The product's flags on top of the test defaults: info logging (the tests log debug),
+/// then `BENCH_PRODUCT_ARGS` (whitespace-separated), to compare settings.
 fn product_args() -> Vec<String> {
-    vec!["--log-filter=info".into()]
+    let extra = std::env::var("BENCH_PRODUCT_ARGS").unwrap_or_default();
+    let extra: Vec<String> = extra.split_whitespace().map(str::to_string).collect();
+    let default = (!extra.iter().any(|a| a.starts_with("--log-filter")))
+        .then(|| "--log-filter=info".to_string());
+    default.into_iter().chain(extra).collect()
 }
 
 fn main() {
@@ -724,8 +729,34 @@ async fn roundtrip(
         let t2 = Instant::now();
         let m2 = world::scrape(&env.product);
 
-        let react_hib = reactions(&names, &hib_at, &watches.pod_done(PodDone::Hibernated, t0));
-        let react_wake = reactions(&names, &act_at, &watches.pod_done(PodDone::Woken, t1));
+        let pod_hib = watches.pod_done(PodDone::Hibernated, t0);
+        let pod_woken = watches.pod_done(PodDone::Woken, t1);
+        let react_hib = reactions(&names, &hib_at, &pod_hib);
+        let react_wake = reactions(&names, &act_at, &pod_woken);
+        // Per CR, ms after the round began: vk's completion write, then the terminal
+        // phase; with the product's log, to follow a slow reaction.
+        let at = |m: &HashMap<String, Instant>, n: &String| {
+            m.get(n).map(|t| ms(t.saturating_duration_since(t0)))
+        };
+        let per_cr: serde_json::Map<String, Value> = names
+            .iter()
+            .map(|n| {
+                let v = json!([
+                    at(&pod_hib, n),
+                    at(&hib_at, n),
+                    at(&pod_woken, n),
+                    at(&act_at, n)
+                ]);
+                (n.clone(), v)
+            })
+            .collect();
+        std::fs::write(
+            o.out.join("roundtrip-per-cr.json"),
+            Value::Object(per_cr).to_string(),
+        )
+        .expect("write per-CR JSON");
+        std::fs::write(o.out.join("roundtrip-server.log"), env.product.log_text())
+            .expect("write server log");
         let both: Vec<f64> = react_hib.iter().chain(&react_wake).copied().collect();
         let window = tail.window(a0, a2);
         let prod = audit::tally(window, |u| u == user);

@@ -5,12 +5,14 @@ pub mod census;
 pub mod locks;
 pub mod plan;
 pub mod reconcile;
+pub mod turns;
 
 #[cfg(test)]
 mod mock_tests;
 
 use crate::cache::{SharedCache, Trigger};
 use futures::StreamExt;
+use kube::ResourceExt;
 use kube::runtime::Controller;
 use kube::runtime::controller::Config;
 use kube::runtime::reflector::ObjectRef;
@@ -124,11 +126,28 @@ async fn run_term(
 ) {
     let store = ctx.cache.cr_store();
     let triggers = futures::stream::poll_fn(move |cx| rx.poll_recv(cx));
+    // kube-runtime starts every ready pass at once; `Turns` decides which runs (turns.rs).
+    let turns = turns::Turns::new(usize::from(concurrency));
+    let pass = move |cr: Arc<crate::api::CocoonHibernation>, ctx: Arc<Context>| {
+        let turns = turns.clone();
+        async move {
+            let (ns, name) = (cr.namespace().unwrap_or_default(), cr.name_any());
+            let ending = || {
+                let now = ctx.cache.cr(&ns, &name);
+                now.is_some_and(|cr| plan::may_end_a_transition(&cr))
+            };
+            let Some(_turn) = turns.take(ending).await else {
+                return Ok(kube::runtime::controller::Action::await_change());
+            };
+            // Boxed, so a pass waiting for its turn holds two Arcs, not a whole pass.
+            Box::pin(reconcile::reconcile(cr, ctx)).await
+        }
+    };
     Controller::for_stream(futures::stream::pending(), store)
-        .with_config(Config::default().concurrency(concurrency))
+        .with_config(Config::default().concurrency(0))
         .reconcile_on(triggers)
         .graceful_shutdown_on(async move { stop.cancelled().await })
-        .run(reconcile::reconcile, error_policy, ctx)
+        .run(pass, error_policy, ctx)
         .for_each(|res| async move {
             if let Err(e) = res {
                 // Reconcile errors were handled by error_policy; the rest is routine.

@@ -244,6 +244,16 @@ pub enum Debt {
     OnDeletion,
 }
 
+/// C4: a pass that may end a transition already under way, so vk's answer is acted on
+/// before new transitions start.
+pub fn may_end_a_transition(cr: &CocoonHibernation) -> bool {
+    !cr.is_deleting()
+        && matches!(
+            cr.status.as_ref().and_then(|s| s.phase),
+            Some(Phase::Hibernating | Phase::Waking)
+        )
+}
+
 /// S1: a fresh read from the apiserver (not the cache) still shows the same CR owing
 /// this delete. Anything else (another uid, a flipped desire, a finished delete, another
 /// VM) means the tag may be wanted again, so it is kept.

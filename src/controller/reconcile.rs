@@ -36,7 +36,7 @@ pub struct Context {
     /// S1: tag deletes run only while this replica's lease is fresh.
     pub fence: crate::leader::Fence,
     /// C2: registry calls hold fewer slots than there are workers, so a slow registry
-    /// never holds every worker; a pass that finds none free requeues instead of waiting.
+    /// never holds every worker; a pass that finds none free soon requeues.
     pub registry_slots: Arc<Semaphore>,
     /// S5: CRs whose tag delete is still owed, for the gauge.
     pub owed: Mutex<HashSet<ObjectRef<CocoonHibernation>>>,
@@ -68,6 +68,9 @@ const CONFLICT_RETRY: Duration = Duration::from_millis(200);
 
 /// S1: the last registry request leaves this long before the fence closes.
 const FENCE_SLACK: Duration = Duration::from_millis(500);
+/// C2: how long a pass waits, holding its worker, for a registry slot (slots are served
+/// in order); then it gives the worker up and looks again after `REGISTRY_BUSY_RETRY`.
+const REGISTRY_SLOT_WAIT: Duration = Duration::from_millis(250);
 /// How soon a pass that found every registry slot busy tries again.
 const REGISTRY_BUSY_RETRY: Duration = Duration::from_secs(1);
 /// S5: a kept (shared-digest) tag is looked at again this rarely.
@@ -84,7 +87,9 @@ fn patch_params() -> PatchParams {
 
 pub async fn reconcile(cr: Arc<CocoonHibernation>, ctx: Arc<Context>) -> Result<Action> {
     ctx.metrics.reconcile_passes.inc();
-    let action = reconcile_inner(cr.clone(), &ctx).await?;
+    // Debug logs inside a pass name its CR, so one CR's passes can be followed.
+    let span = tracing::debug_span!("pass", cr = %key(&cr));
+    let action = tracing::Instrument::instrument(reconcile_inner(cr.clone(), &ctx), span).await?;
     if let Ok(mut f) = ctx.failures.lock() {
         f.remove(&ObjectRef::from_obj(cr.as_ref()));
     }
@@ -171,7 +176,7 @@ async fn reconcile_inner(cr: Arc<CocoonHibernation>, ctx: &Context) -> Result<Ac
         &ctx.settings,
     );
     if plan.needs_probe {
-        let Some(_slot) = ctx.registry_slot() else {
+        let Some(_slot) = ctx.registry_slot().await else {
             return Ok(ctx.defer("registry_busy", REGISTRY_BUSY_RETRY));
         };
         let mut digest = None;
@@ -458,7 +463,7 @@ async fn fenced_delete(
             "the lease is not fresh; kept {vm}:hibernate"
         )));
     };
-    let Some(_slot) = ctx.registry_slot() else {
+    let Some(_slot) = ctx.registry_slot().await else {
         return Ok(Fenced::Busy);
     };
     let fresh = match api.get_opt(&cr.name_any()).await? {
@@ -500,15 +505,20 @@ async fn fenced_delete(
 }
 
 impl Context {
-    /// A registry slot if one is free (C2): a pass never waits for one, so a stalled
-    /// registry holds no worker beyond the slots' own.
-    fn registry_slot(&self) -> Option<tokio::sync::OwnedSemaphorePermit> {
-        self.registry_slots.clone().try_acquire_owned().ok()
+    /// A registry slot, if one frees up within `REGISTRY_SLOT_WAIT` (C2): a stalled
+    /// registry holds no worker beyond the slots' own for longer than that.
+    async fn registry_slot(&self) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        let slot = self.registry_slots.clone().acquire_owned();
+        tokio::time::timeout(REGISTRY_SLOT_WAIT, slot)
+            .await
+            .ok()?
+            .ok()
     }
 
     /// Ends a pass early, to look again after `delay`; counted by `reason`.
     fn defer(&self, reason: &'static str, delay: Duration) -> Action {
         self.metrics.deferral(reason);
+        tracing::debug!(reason, ?delay, "pass deferred");
         Action::requeue(delay)
     }
 
