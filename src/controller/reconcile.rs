@@ -36,7 +36,7 @@ pub struct Context {
     /// S1: tag deletes run only while this replica's lease is fresh.
     pub fence: crate::leader::Fence,
     /// C2: registry calls hold fewer slots than there are workers, so a slow registry
-    /// never holds every worker; a pass that finds none free soon requeues.
+    /// never holds every worker; a pass waits for one briefly, then requeues.
     pub registry_slots: Arc<Semaphore>,
     /// S5: CRs whose tag delete is still owed, for the gauge.
     pub owed: Mutex<HashSet<ObjectRef<CocoonHibernation>>>,
@@ -179,6 +179,8 @@ async fn reconcile_inner(cr: Arc<CocoonHibernation>, ctx: &Context) -> Result<Ac
         let Some(_slot) = ctx.registry_slot().await else {
             return Ok(ctx.defer("registry_busy", REGISTRY_BUSY_RETRY));
         };
+        // The timeouts are judged at the probe's time, after any wait for the slot.
+        let now = Time(jiff::Timestamp::now());
         let mut digest = None;
         let probe = match ctx
             .registry
