@@ -3,46 +3,50 @@
 //! pings `GET /v2/` before every request it holds no token for (each request on a
 //! registry without auth). So a whole delete runs here, on one [`Session`] and at most
 //! one token (`pull,delete`): its HEADs, its `tags/list` pages (whose `Link` pagination
-//! oci-client's `list_tags` hides) and its DELETEs. The reqwest client is built next to
-//! oci-client's, from the same roots and settings (`client.rs`).
+//! oci-client's `list_tags` hides) and its DELETEs.
 
-use super::config::RegistryAuth;
-use super::error::{RegistryError, answer_detail};
+use super::error::{Op, RegistryError, answer_detail, error_codes};
 use crate::metrics::Metrics;
+use oci_client::errors::OciErrorCode as Code;
+use oci_client::secrets::RegistryAuth;
 use reqwest::{Method, Url, header};
 use std::collections::HashSet;
 use std::time::Duration;
 
 /// Items asked for per page of a listing (Distribution refuses `n` above 1000).
-pub(super) const PAGE_SIZE: usize = 100;
+const PAGE_SIZE: usize = 100;
 /// So a registry whose pages never end cannot loop us forever.
 const MAX_PAGES: usize = 10_000;
 
-/// One operation's requests: its credentials, and the token the registry asked for,
-/// fetched at most once, with the scope of the whole operation.
-pub(super) struct Session<'a> {
-    pub http: &'a reqwest::Client,
-    pub auth: &'a RegistryAuth,
-    pub metrics: &'a Metrics,
-    /// `repository:<repo>:pull,delete`, or the catalog's `registry:catalog:*`.
-    pub scope: String,
-    /// Reported by a reqwest timeout: the budget of the operation.
-    pub budget: Duration,
-    pub token: Option<String>,
+/// The registry as the helper reaches it. The reqwest client is built next to
+/// oci-client's, from the same roots and settings (`client.rs`).
+pub(super) struct Http {
+    pub client: reqwest::Client,
+    pub auth: RegistryAuth,
+    pub metrics: Metrics,
+    /// `<scheme>://<registry>/v2/`.
+    pub root: String,
 }
 
-/// The parts of an answer a delete reads.
-pub(super) struct Answer {
-    pub status: u16,
-    /// `Docker-Content-Digest`.
-    pub digest: Option<String>,
-    pub link: Option<String>,
-    pub body: String,
-    challenge: Option<(String, Option<String>)>,
+/// One operation's requests, and the token the registry asked for: fetched at most once,
+/// with the scope of the whole operation (`repository:<repo>:pull,delete`, or the
+/// catalog's `registry:catalog:*`). `budget` is what a reqwest timeout reports.
+pub(super) struct Session<'a> {
+    http: &'a Http,
+    scope: String,
+    budget: Duration,
+    token: Option<String>,
+}
+
+/// The parts of an answer the helper reads.
+struct Answer {
+    status: u16,
+    headers: header::HeaderMap,
+    body: String,
 }
 
 /// How the registry answered a manifest DELETE.
-pub(super) enum Deleted {
+pub enum Deleted {
     Yes,
     NotFound,
     /// Not this way: 405, or Distribution's 400 DIGEST_INVALID for a tag.
@@ -52,75 +56,93 @@ pub(super) enum Deleted {
     },
 }
 
+impl Http {
+    pub fn session(&self, scope: String, budget: Duration) -> Session<'_> {
+        let token = None;
+        Session {
+            http: self,
+            scope,
+            budget,
+            token,
+        }
+    }
+
+    /// Counts a call in `registry_calls_total`; `ok` names a success's outcome.
+    pub fn counted<T>(
+        &self,
+        op: Op,
+        result: Result<T, RegistryError>,
+        ok: impl FnOnce(&T) -> &'static str,
+    ) -> Result<T, RegistryError> {
+        let outcome = match &result {
+            Ok(value) => ok(value),
+            Err(RegistryError::Timeout { .. }) => "timeout",
+            Err(_) => "error",
+        };
+        self.metrics.registry_call(op, outcome);
+        result
+    }
+
+    /// `<root><path>`.
+    fn url(&self, path: &str) -> Result<Url, RegistryError> {
+        let raw = format!("{}{path}", self.root);
+        Url::parse(&raw).map_err(|e| RegistryError::InvalidConfig(format!("bad URL {raw}: {e}")))
+    }
+}
+
+impl Answer {
+    fn header(&self, name: &str) -> Option<String> {
+        Some(self.headers.get(name)?.to_str().ok()?.trim().to_string())
+    }
+}
+
 impl Session<'_> {
     /// One request, with the session's token, else the configured credentials. A 401
-    /// with a Bearer challenge gets the session its token and is sent once more.
-    pub async fn send(
+    /// with a Bearer challenge gets the session its token and is sent once more. A
+    /// transport error sends it again too: a registry restart leaves dead pooled
+    /// connections, and every request here is idempotent.
+    async fn send(
         &mut self,
         method: Method,
         url: &Url,
         accept: &str,
-        op: &'static str,
+        op: Op,
     ) -> Result<Answer, RegistryError> {
-        let mut answer = self.send_once(&method, url, accept, op).await?;
-        if answer.status == 401
-            && self.token.is_none()
-            && let Some((realm, service)) = answer.challenge.take()
-        {
-            let token = self.fetch_token(&realm, service.as_deref(), url).await;
-            self.metrics.registry_call("token", outcome(&token, "ok"));
-            self.token = Some(token?);
-            answer = self.send_once(&method, url, accept, op).await?;
-        }
-        Ok(answer)
-    }
-
-    /// Sent twice on a transport error: a registry restart leaves dead pooled
-    /// connections, and every request here is idempotent.
-    async fn send_once(
-        &self,
-        method: &Method,
-        url: &Url,
-        accept: &str,
-        op: &'static str,
-    ) -> Result<Answer, RegistryError> {
-        match self.try_send(method, url, accept).await {
-            Err(e) if !e.is_timeout() => self.try_send(method, url, accept).await,
-            other => other,
-        }
-        .map_err(|e| RegistryError::transport(op, &e, self.budget))
-    }
-
-    async fn try_send(
-        &self,
-        method: &Method,
-        url: &Url,
-        accept: &str,
-    ) -> Result<Answer, reqwest::Error> {
-        let request = self.http.request(method.clone(), url.clone());
-        let request = match (&self.token, self.auth) {
-            (Some(token), _) | (None, RegistryAuth::Bearer { token }) => request.bearer_auth(token),
-            (None, RegistryAuth::Basic { username, password }) => {
-                request.basic_auth(username, Some(password))
+        loop {
+            let once = async || {
+                let request = self.http.client.request(method.clone(), url.clone());
+                let request = match (&self.token, &self.http.auth) {
+                    (Some(token), _) | (None, RegistryAuth::Bearer(token)) => {
+                        request.bearer_auth(token)
+                    }
+                    (None, RegistryAuth::Basic(user, pass)) => request.basic_auth(user, Some(pass)),
+                    (None, RegistryAuth::Anonymous) => request,
+                };
+                let response = request.header(header::ACCEPT, accept).send().await?;
+                let (status, headers) = (response.status().as_u16(), response.headers().clone());
+                let body = response.text().await?;
+                Ok::<_, reqwest::Error>(Answer {
+                    status,
+                    headers,
+                    body,
+                })
+            };
+            let answer = match once().await {
+                Err(e) if !e.is_timeout() => once().await,
+                other => other,
+            };
+            let answer = answer.map_err(|e| RegistryError::transport(op, &e, self.budget))?;
+            let challenge = (answer.headers.get_all(header::WWW_AUTHENTICATE).iter())
+                .filter_map(|v| v.to_str().ok())
+                .find_map(bearer_challenge);
+            match challenge {
+                Some((realm, service)) if answer.status == 401 && self.token.is_none() => {
+                    let token = self.fetch_token(&realm, service.as_deref(), url).await;
+                    self.token = Some(self.http.counted("token", token, |_| "ok")?);
+                }
+                _ => return Ok(answer),
             }
-            (None, RegistryAuth::Anonymous) => request,
-        };
-        let response = request.header(header::ACCEPT, accept).send().await?;
-        let headers = response.headers();
-        let text = |name| Some(headers.get(name)?.to_str().ok()?.trim().to_string());
-        let (digest, link) = (text("docker-content-digest"), text("link"));
-        let challenge = headers
-            .get_all(header::WWW_AUTHENTICATE)
-            .iter()
-            .filter_map(|v| v.to_str().ok())
-            .find_map(bearer_challenge);
-        Ok(Answer {
-            status: response.status().as_u16(),
-            digest,
-            link,
-            challenge,
-            body: response.text().await?,
-        })
+        }
     }
 
     /// GET `<realm>?service=…&scope=…`, with the basic credentials if any.
@@ -130,199 +152,157 @@ impl Session<'_> {
         service: Option<&str>,
         target: &Url,
     ) -> Result<String, RegistryError> {
-        const OP: &str = "token";
-        let protocol = |message| RegistryError::Protocol {
-            operation: OP,
-            message,
-        };
-        let mut url = Url::parse(realm)
-            .map_err(|e| protocol(format!("token realm {realm:?} is not a URL: {e}")))?;
+        const OP: Op = "token";
+        let realm_error = |why| RegistryError::protocol(OP, format!("token realm {realm:?} {why}"));
+        let mut url = Url::parse(realm).map_err(|e| realm_error(format!("is not a URL: {e}")))?;
         if target.scheme() == "https" && url.scheme() != "https" {
-            return Err(protocol(format!(
-                "token realm {realm:?} is not https; credentials are not sent in the clear"
-            )));
+            let why = "is not https; credentials are not sent in the clear";
+            return Err(realm_error(why.into()));
         }
         url.query_pairs_mut()
             .extend_pairs(service.map(|s| ("service", s)))
             .append_pair("scope", &self.scope);
-        let request = match self.auth {
-            RegistryAuth::Basic { username, password } => self
-                .http
-                .get(url.clone())
-                .basic_auth(username, Some(password)),
-            _ => self.http.get(url.clone()),
-        };
+        let mut request = self.http.client.get(url);
+        if let RegistryAuth::Basic(user, password) = &self.http.auth {
+            request = request.basic_auth(user, Some(password));
+        }
         let transport = |e: reqwest::Error| RegistryError::transport(OP, &e, self.budget);
         let response = request.send().await.map_err(transport)?;
         let status = response.status().as_u16();
         let body = response.text().await.map_err(transport)?;
-        if status != 200 {
+        match status {
+            200 => token_from_body(&body),
             // A token server that is down or throttling has not refused the credentials.
-            let detail = format!("token request failed: {}", answer_detail(status, &body));
-            return Err(RegistryError::from_status(OP, status, &detail));
+            _ => Err(RegistryError::from_status(OP, status, &body)),
         }
-        token_from_body(&body)
     }
 
-    /// HEAD a manifest: its digest, None on 404. Counted under `op`.
+    /// HEAD a manifest (`<repository>/manifests/<reference>`): its digest, None on 404.
+    /// Counted under `op`.
     pub async fn head_digest(
         &mut self,
-        url: &Url,
-        op: &'static str,
+        path: &str,
+        op: Op,
     ) -> Result<Option<String>, RegistryError> {
-        let result = async {
-            let answer = self.send(Method::HEAD, url, &manifest_accept(), op).await?;
-            match (answer.status, answer.digest) {
+        use oci_client::manifest::*;
+        // Every manifest type a snapshot may be stored as; without them a registry may
+        // answer with a converted manifest, whose digest is not the stored one.
+        let accept = [
+            OCI_IMAGE_MEDIA_TYPE,
+            OCI_IMAGE_INDEX_MEDIA_TYPE,
+            IMAGE_MANIFEST_MEDIA_TYPE,
+            IMAGE_MANIFEST_LIST_MEDIA_TYPE,
+        ];
+        let url = self.http.url(path)?;
+        let answer = self.send(Method::HEAD, &url, &accept.join(", "), op).await;
+        let result = answer.and_then(|answer| {
+            match (answer.status, answer.header("docker-content-digest")) {
                 (404, _) => Ok(None),
                 (200, Some(digest)) if valid_digest(&digest) => Ok(Some(digest)),
-                (200, digest) => Err(RegistryError::Protocol {
-                    operation: op,
-                    message: format!("the manifest HEAD answered the digest {digest:?}"),
-                }),
+                (200, digest) => {
+                    let message = format!("the manifest HEAD answered the digest {digest:?}");
+                    Err(RegistryError::protocol(op, message))
+                }
                 (status, _) => Err(RegistryError::from_status(op, status, &answer.body)),
             }
-        }
-        .await;
-        let present = matches!(result, Ok(Some(_)));
-        let label = if present { "present" } else { "absent" };
-        self.metrics.registry_call(op, outcome(&result, label));
-        result
+        });
+        let present = |digest: &Option<_>| {
+            if digest.is_some() {
+                "present"
+            } else {
+                "absent"
+            }
+        };
+        self.http.counted(op, result, present)
     }
 
-    /// Every entry of a paginated listing (`key` of each JSON page), each page read
-    /// once; None when the first page is 404. One call per page, counted under `op`.
+    /// Every entry of a paginated listing (`key` of each JSON page at `path`), each page
+    /// read once; None when the first page is 404. One call per page, counted under `op`.
     pub async fn list(
         &mut self,
-        mut url: Url,
+        path: &str,
         key: &str,
-        op: &'static str,
+        op: Op,
     ) -> Result<Option<Vec<String>>, RegistryError> {
+        let mut url = self.http.url(&format!("{path}?n={PAGE_SIZE}"))?;
         let (mut items, mut seen) = (Vec::new(), HashSet::new());
         for _ in 0..MAX_PAGES {
-            let page = self.page(&url, key, op).await;
-            let found = matches!(page, Ok(Some(_)));
-            self.metrics
-                .registry_call(op, outcome(&page, if found { "ok" } else { "absent" }));
-            let Some((page, link)) = page? else {
+            let answer = self.send(Method::GET, &url, "application/json", op).await;
+            let page = answer.and_then(|answer| match answer.status {
+                404 => Ok(None),
+                200 => Ok(Some((
+                    page_entries(&answer.body, key, op)?,
+                    answer.header("link"),
+                ))),
+                status => Err(RegistryError::from_status(op, status, &answer.body)),
+            });
+            let found = |page: &Option<_>| if page.is_some() { "ok" } else { "absent" };
+            let Some((page, link)) = self.http.counted(op, page, found)? else {
                 return Ok((!items.is_empty()).then_some(items));
             };
-            let (len, last) = (page.len(), page.last().cloned());
-            let mut new = 0;
-            for item in page {
-                if seen.insert(item.clone()) {
-                    items.push(item);
-                    new += 1;
-                }
-            }
-            match next_page(&url, link.as_deref(), len, new, last.as_deref()).map_err(
-                |message| RegistryError::Protocol {
-                    operation: op,
-                    message,
-                },
-            )? {
+            let (len, last, before) = (page.len(), page.last().cloned(), items.len());
+            items.extend(page.into_iter().filter(|item| seen.insert(item.clone())));
+            match next_page(
+                &url,
+                link.as_deref(),
+                len,
+                items.len() - before,
+                last.as_deref(),
+            )
+            .map_err(|message| RegistryError::protocol(op, message))?
+            {
                 Some(next) => url = next,
                 None => return Ok(Some(items)),
             }
         }
         let message = format!("the listing did not end within {MAX_PAGES} pages");
-        Err(RegistryError::Protocol {
-            operation: op,
-            message,
+        Err(RegistryError::protocol(op, message))
+    }
+
+    /// DELETE a manifest (`<repository>/manifests/<tag or digest>`), counted under `op`.
+    pub async fn delete(&mut self, path: &str, op: Op) -> Result<Deleted, RegistryError> {
+        let url = self.http.url(path)?;
+        let answer = self.send(Method::DELETE, &url, "*/*", op).await;
+        let result = answer.and_then(|answer| interpret_delete(answer.status, &answer.body, op));
+        self.http.counted(op, result, |deleted| match deleted {
+            Deleted::Yes => "deleted",
+            Deleted::NotFound => "absent",
+            Deleted::Unsupported { .. } => "unsupported",
         })
     }
-
-    async fn page(
-        &mut self,
-        url: &Url,
-        key: &str,
-        op: &'static str,
-    ) -> Result<Option<(Vec<String>, Option<String>)>, RegistryError> {
-        let answer = self.send(Method::GET, url, "application/json", op).await?;
-        match answer.status {
-            404 => return Ok(None),
-            200 => {}
-            status => return Err(RegistryError::from_status(op, status, &answer.body)),
-        }
-        let mut page: serde_json::Value =
-            serde_json::from_str(&answer.body).map_err(|e| RegistryError::Protocol {
-                operation: op,
-                message: format!("the listing is not JSON: {e}"),
-            })?;
-        // `null` (Distribution, for a repository without tags) lists nothing.
-        let entries = match page.get_mut(key).map(serde_json::Value::take) {
-            None | Some(serde_json::Value::Null) => Vec::new(),
-            Some(list) => serde_json::from_value(list).map_err(|e| RegistryError::Protocol {
-                operation: op,
-                message: format!("the listing's {key:?} is not a list of names: {e}"),
-            })?,
-        };
-        Ok(Some((entries, answer.link)))
-    }
-
-    /// DELETE a manifest (by tag or digest), counted under `op`.
-    pub async fn delete(&mut self, url: &Url, op: &'static str) -> Result<Deleted, RegistryError> {
-        let result = async {
-            let answer = self.send(Method::DELETE, url, "*/*", op).await?;
-            interpret_delete(answer.status, &answer.body, op)
-        }
-        .await;
-        let label = match &result {
-            Ok(Deleted::Yes) => "deleted",
-            Ok(Deleted::NotFound) => "absent",
-            _ => "unsupported",
-        };
-        self.metrics.registry_call(op, outcome(&result, label));
-        result
-    }
 }
 
-/// The `registry_calls_total` outcome: `ok` for a success, else error or timeout.
-fn outcome<T>(result: &Result<T, RegistryError>, ok: &'static str) -> &'static str {
-    match result {
-        Ok(_) => ok,
-        Err(RegistryError::Timeout { .. }) => "timeout",
-        Err(_) => "error",
-    }
-}
-
-/// Every manifest type a snapshot may be stored as; without them a registry may answer
-/// with a converted manifest, whose digest is not the stored one.
-fn manifest_accept() -> String {
-    use oci_client::manifest::*;
-    [
-        OCI_IMAGE_MEDIA_TYPE,
-        OCI_IMAGE_INDEX_MEDIA_TYPE,
-        IMAGE_MANIFEST_MEDIA_TYPE,
-        IMAGE_MANIFEST_LIST_MEDIA_TYPE,
-    ]
-    .join(", ")
-}
-
-/// What a DELETE status means. 404 is "already gone".
-pub(crate) fn interpret_delete(
-    status: u16,
-    body: &str,
-    op: &'static str,
-) -> Result<Deleted, RegistryError> {
-    match status {
-        200 | 202 | 204 => Ok(Deleted::Yes),
-        404 => Ok(Deleted::NotFound),
-        405 => Ok(Deleted::Unsupported {
-            status,
-            message: answer_detail(status, body),
+/// The `key` entries of a listing page; `null` (Distribution, for a repository without
+/// tags) lists nothing.
+fn page_entries(body: &str, key: &str, op: Op) -> Result<Vec<String>, RegistryError> {
+    let mut page: serde_json::Value = serde_json::from_str(body)
+        .map_err(|e| RegistryError::protocol(op, format!("the listing is not JSON: {e}")))?;
+    match page.get_mut(key).map(serde_json::Value::take) {
+        None | Some(serde_json::Value::Null) => Ok(Vec::new()),
+        Some(list) => serde_json::from_value(list).map_err(|e| {
+            let message = format!("the listing's {key:?} is not a list of names: {e}");
+            RegistryError::protocol(op, message)
         }),
-        400 if body.contains("DIGEST_INVALID") || body.contains("UNSUPPORTED") => {
-            Ok(Deleted::Unsupported {
-                status,
-                message: answer_detail(status, body),
-            })
-        }
-        _ => Err(RegistryError::from_status(op, status, body)),
     }
+}
+
+/// What a DELETE status means. 404 is "already gone"; 405, and 400 with the OCI error
+/// code DIGEST_INVALID or UNSUPPORTED, refuse this way of deleting.
+pub fn interpret_delete(status: u16, body: &str, op: Op) -> Result<Deleted, RegistryError> {
+    let refused = |code: &Code| matches!(code, Code::DigestInvalid | Code::Unsupported);
+    match status {
+        200 | 202 | 204 => return Ok(Deleted::Yes),
+        404 => return Ok(Deleted::NotFound),
+        405 => {}
+        400 if error_codes(body).iter().any(refused) => {}
+        _ => return Err(RegistryError::from_status(op, status, body)),
+    }
+    let message = answer_detail(status, body);
+    Ok(Deleted::Unsupported { status, message })
 }
 
 /// The realm and service of the first Bearer challenge in a `WWW-Authenticate` value.
-pub(crate) fn bearer_challenge(value: &str) -> Option<(String, Option<String>)> {
+pub fn bearer_challenge(value: &str) -> Option<(String, Option<String>)> {
     let challenge = http_auth::ChallengeParser::new(value)
         .filter_map(Result::ok)
         .find(|c| c.scheme.eq_ignore_ascii_case("bearer"))?;
@@ -337,11 +317,8 @@ pub(crate) fn bearer_challenge(value: &str) -> Option<(String, Option<String>)> 
 }
 
 /// Token servers answer `token` (Docker) or `access_token` (OAuth2), sometimes both.
-pub(crate) fn token_from_body(body: &str) -> Result<String, RegistryError> {
-    let protocol = |message: String| RegistryError::Protocol {
-        operation: "token",
-        message,
-    };
+pub fn token_from_body(body: &str) -> Result<String, RegistryError> {
+    let protocol = |message: String| RegistryError::protocol("token", message);
     let value: serde_json::Value = serde_json::from_str(body)
         .map_err(|e| protocol(format!("token answer is not JSON: {e}")))?;
     ["token", "access_token"]
@@ -378,38 +355,36 @@ pub(crate) fn next_page(
         return Ok(None);
     };
     let mut next = current.clone();
+    let n = PAGE_SIZE.to_string();
     next.query_pairs_mut()
         .clear()
-        .append_pair("n", &PAGE_SIZE.to_string())
+        .append_pair("n", &n)
         .append_pair("last", last);
     Ok(Some(next))
 }
 
 /// The target of the `rel="next"` link in a `Link` header (RFC 8288), if any.
-pub(crate) fn next_link(header: &str) -> Option<String> {
+pub fn next_link(header: &str) -> Option<String> {
     header.split(',').find_map(|link| {
         let (target, params) = link.trim().strip_prefix('<')?.split_once('>')?;
-        let next = params.split(';').any(|param| {
-            param.split_once('=').is_some_and(|(name, value)| {
-                name.trim().eq_ignore_ascii_case("rel")
-                    && value
-                        .trim()
-                        .trim_matches('"')
-                        .split_ascii_whitespace()
-                        .any(|rel| rel.eq_ignore_ascii_case("next"))
-            })
+        let rels = params.split(';').filter_map(|param| {
+            let (name, value) = param.split_once('=')?;
+            name.trim()
+                .eq_ignore_ascii_case("rel")
+                .then(|| value.trim().trim_matches('"'))
         });
-        next.then(|| target.trim().to_string())
+        let mut rels = rels.flat_map(str::split_ascii_whitespace);
+        rels.any(|rel| rel.eq_ignore_ascii_case("next"))
+            .then(|| target.trim().to_string())
     })
 }
 
 /// An OCI tag: `[a-zA-Z0-9_][a-zA-Z0-9._-]{0,127}`.
 pub(super) fn valid_tag(tag: &str) -> bool {
+    let tag_char = |b: u8| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-');
     tag.len() <= 128
         && tag.starts_with(|c: char| c.is_ascii_alphanumeric() || c == '_')
-        && tag
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+        && tag.bytes().all(tag_char)
 }
 
 /// An OCI digest `algorithm:encoded`; it goes into a DELETE's URL.
@@ -417,16 +392,15 @@ fn valid_digest(digest: &str) -> bool {
     let Some((algorithm, encoded)) = digest.split_once(':') else {
         return false;
     };
-    let lower = |c: &str| {
+    let component = |c: &str| {
         !c.is_empty()
             && c.bytes()
                 .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
     };
+    let encoded_char = |b: u8| b.is_ascii_alphanumeric() || matches!(b, b'=' | b'_' | b'-');
     !encoded.is_empty()
-        && encoded
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'=' | b'_' | b'-'))
-        && algorithm.split(['+', '.', '_', '-']).all(lower)
+        && encoded.bytes().all(encoded_char)
+        && algorithm.split(['+', '.', '_', '-']).all(component)
 }
 
 #[cfg(test)]

@@ -2,11 +2,10 @@
 //! `<base>/<vm>:hibernate` (H3, H4, W2, W3, G1, G2, S1, S5; metrics O1).
 //!
 //! [`RegistryClient`] (`client.rs`) is the store on a real registry: oci-client does the
-//! probe, with its own credential and token handling; `http.rs` is the one helper for
-//! what oci-client lacks, the DELETE and the token scope it needs, and carries a whole
-//! delete. Credentials: anonymous, basic, bearer, or a docker config.json with its
-//! credential helpers (`config.rs`); extra CAs; plain http only on request. Secrets never
-//! reach logs, errors or `Debug`.
+//! probe; `http.rs` is the one helper for what it lacks, a whole delete with its
+//! `pull,delete` token. Credentials: anonymous, basic, bearer, or a docker config.json
+//! with its credential helpers (`config.rs`); extra CAs; plain http only on request.
+//! Secrets never reach logs, errors or `Debug`.
 //!
 //! Each operation has one deadline, `--registry-timeout`, for all its requests (C2), and
 //! a delete no later than its caller's instant (S1). A registry that refuses a DELETE by
@@ -20,17 +19,23 @@ mod config;
 mod error;
 #[cfg(test)]
 pub(crate) mod fake;
-#[doc(hidden)]
-pub mod fuzzing;
 mod http;
 mod names;
 
 pub use client::RegistryClient;
-pub use config::{RegistryAuth, RegistryConfig};
+pub use config::{RegistryConfig, auth_from_docker_config};
 pub use error::RegistryError;
 pub use names::SNAPSHOT_TAG;
+pub use oci_client::secrets::RegistryAuth;
 
 use tokio::time::Instant;
+
+/// The parsers of registry answers, for the fuzz targets in `fuzz/`; not the product's API.
+#[doc(hidden)]
+pub mod fuzzing {
+    pub use super::error::{excerpt, from_envelope};
+    pub use super::http::{bearer_challenge, interpret_delete, next_link, token_from_body};
+}
 
 /// What a [`SnapshotStore`] call returns: boxed, so the trait is object-safe.
 pub type Fut<'a, T> = futures::future::BoxFuture<'a, Result<T, RegistryError>>;
