@@ -1,8 +1,8 @@
 //! [`RegistryClient`]: the [`SnapshotStore`] on a real registry.
 
 use super::config::RegistryConfig;
-use super::error::{RegistryError, describe_chain, from_oci};
-use super::http::{Deleted, Http, valid_tag};
+use super::error::{Op, RegistryError, Result, describe_chain, from_oci};
+use super::http::{Http, valid_tag};
 use super::names::{RegistryBase, SNAPSHOT_TAG};
 use super::{DeleteOutcome, Fut, SnapshotStore};
 use crate::metrics::Metrics;
@@ -26,10 +26,10 @@ pub(super) struct Inner {
     oci: oci_client::Client,
     pub http: Http,
     pub timeout: Duration,
-    /// Whether the registry deletes tags, once an answer showed it. Distribution refuses
-    /// (then deletes go straight to the digest path: three calls when the snapshot tag is
-    /// alone in its repository). Until it is known, one delete at a time asks, holding
-    /// the lock, so concurrent first wakes do not each pay for a refused DELETE.
+    /// Whether the registry deletes tags, once an answer showed it. Distribution refuses:
+    /// deletes then go straight to the digest path, three calls when the snapshot tag is
+    /// alone in its repository. Until it is known, one delete at a time asks, holding the
+    /// lock, so concurrent first wakes do not each pay for a refused DELETE.
     tag_deletes: tokio::sync::Mutex<Option<bool>>,
 }
 
@@ -46,7 +46,7 @@ impl std::fmt::Debug for RegistryClient {
 }
 
 impl RegistryClient {
-    pub fn new(config: RegistryConfig, metrics: Metrics) -> Result<Self, RegistryError> {
+    pub fn new(config: RegistryConfig, metrics: Metrics) -> Result<Self> {
         let base = RegistryBase::parse(&config.base)?;
         let invalid = |what: &str, e: &(dyn std::error::Error + 'static)| {
             RegistryError::InvalidConfig(format!("{what}: {}", describe_chain(e)))
@@ -64,13 +64,13 @@ impl RegistryClient {
             true => (ClientProtocol::Http, "http"),
             false => (ClientProtocol::Https, "https"),
         };
-        let der = |der: &CertificateDer| Certificate {
-            encoding: CertificateEncoding::Der,
-            data: der.to_vec(),
+        let certificate = |der: &CertificateDer| {
+            let (encoding, data) = (CertificateEncoding::Der, der.to_vec());
+            Certificate { encoding, data }
         };
         let oci = oci_client::Client::try_from(ClientConfig {
             protocol,
-            extra_root_certificates: ders.iter().map(der).collect(),
+            extra_root_certificates: ders.iter().map(certificate).collect(),
             read_timeout: Some(config.timeout),
             connect_timeout: Some(config.timeout),
             user_agent: USER_AGENT,
@@ -78,8 +78,7 @@ impl RegistryClient {
         })
         .map_err(|e| invalid("cannot build the OCI client", &e))?;
         let roots = ders.iter().map(|der| reqwest::Certificate::from_der(der));
-        let roots = roots
-            .collect::<Result<Vec<_>, _>>()
+        let roots: Vec<_> = (roots.collect::<reqwest::Result<_>>())
             .map_err(|e| invalid("unusable CA certificate", &e))?;
         let client = reqwest::Client::builder()
             .timeout(config.timeout)
@@ -91,27 +90,27 @@ impl RegistryClient {
             .build()
             .map_err(|e| invalid("cannot build the HTTP client", &e))?;
         let root = format!("{scheme}://{}/v2/", base.registry);
-        let auth = config.auth;
+        let (auth, timeout, tag_deletes) = (config.auth, config.timeout, Default::default());
         let http = Http {
             client,
             auth,
             metrics,
             root,
         };
-        let (timeout, tag_deletes) = (config.timeout, Default::default());
+        let inner = Inner {
+            base,
+            oci,
+            http,
+            timeout,
+            tag_deletes,
+        };
         Ok(Self {
-            inner: Arc::new(Inner {
-                base,
-                oci,
-                http,
-                timeout,
-                tag_deletes,
-            }),
+            inner: Arc::new(inner),
         })
     }
 
     /// Where a VM's snapshot lives, as users write it: `host[:port]/<prefix>/<vm>:hibernate`.
-    pub fn snapshot_location(&self, vm: &str) -> Result<String, RegistryError> {
+    pub fn snapshot_location(&self, vm: &str) -> Result<String> {
         Ok(self.inner.base.snapshot(vm)?.to_string())
     }
 
@@ -120,33 +119,34 @@ impl RegistryClient {
     /// nothing.
     async fn within<T>(
         &self,
-        op: &'static str,
+        op: Op,
         not_after: Option<Instant>,
-        call: impl AsyncFnOnce(Duration) -> Result<T, RegistryError>,
-    ) -> Result<T, RegistryError> {
+        call: impl AsyncFnOnce(Duration) -> Result<T>,
+    ) -> Result<T> {
         let now = Instant::now();
         // A timeout too large for an Instant means no bound of its own.
         let far = Duration::from_secs(365 * 24 * 3600);
         let own = now.checked_add(self.inner.timeout).unwrap_or(now + far);
         let at = not_after.map_or(own, |limit| own.min(limit));
         let after = at.saturating_duration_since(now);
-        let timeout = || RegistryError::Timeout {
-            operation: op,
-            after,
+        let timeout = || {
+            Err(RegistryError::Timeout {
+                operation: op,
+                after,
+            })
         };
         if after.is_zero() {
-            return Err(timeout());
+            return timeout();
         }
-        tokio::time::timeout_at(at, call(after))
-            .await
-            .unwrap_or_else(|_| {
-                self.inner.http.metrics.registry_call(op, "timeout");
-                Err(timeout())
-            })
+        let result = tokio::time::timeout_at(at, call(after)).await;
+        result.unwrap_or_else(|_| {
+            self.inner.http.metrics.registry_call(op, "timeout");
+            timeout()
+        })
     }
 
     /// HEAD `<vm>:hibernate` through oci-client, once more after a transport error.
-    async fn probe(&self, vm: &str, after: Duration) -> Result<Option<String>, RegistryError> {
+    async fn probe(&self, vm: &str, after: Duration) -> Result<Option<String>> {
         let Inner {
             base, oci, http, ..
         } = &*self.inner;
@@ -159,13 +159,14 @@ impl RegistryClient {
             Err(RegistryError::Transport { .. }) => head().await,
             other => other,
         };
-        let present = |d: &Option<_>| if d.is_some() { "present" } else { "absent" };
-        let result = http.counted("probe", result, present);
+        let result = http.counted("probe", result, |d| {
+            d.as_ref().map_or("absent", |_| "present")
+        });
         debug!(%reference, ?result, "registry probe");
         result
     }
 
-    async fn delete(&self, vm: &str, after: Duration) -> Result<DeleteOutcome, RegistryError> {
+    async fn delete(&self, vm: &str, after: Duration) -> Result<DeleteOutcome> {
         let inner = &self.inner;
         let snapshot = inner.base.snapshot(vm)?;
         let repository = snapshot.repository();
@@ -177,14 +178,14 @@ impl RegistryClient {
         // Only a delete that asks keeps the lock.
         let mut asking = known.is_none().then_some(state);
         if known != Some(false) {
-            match s.delete(&tagged, "delete").await? {
-                Deleted::Yes => {
+            match s.delete(&tagged, &snapshot.to_string(), "delete").await {
+                Ok(true) => {
                     asking.iter_mut().for_each(|state| **state = Some(true));
                     info!(repository, tag = SNAPSHOT_TAG, "deleted snapshot tag");
                     return Ok(DeleteOutcome::Deleted);
                 }
-                Deleted::NotFound => return Ok(DeleteOutcome::Absent),
-                Deleted::Unsupported { status, .. } => {
+                Ok(false) => return Ok(DeleteOutcome::Absent),
+                Err(RegistryError::DeleteRefused { status, .. }) => {
                     debug!(
                         repository,
                         status, "tag delete refused; by digest from now on"
@@ -194,6 +195,7 @@ impl RegistryClient {
                         None => *inner.tag_deletes.lock().await = Some(false),
                     }
                 }
+                Err(e) => return Err(e),
             }
         }
         drop(asking);
@@ -205,11 +207,10 @@ impl RegistryClient {
         let Some(digest) = s.head_digest(&tagged, "resolve").await? else {
             return Ok(DeleteOutcome::Absent);
         };
-        let list = format!("{repository}/tags/list");
         let tags = s
-            .list(&list, "tags", "list_tags")
-            .await?
-            .unwrap_or_default();
+            .list(&format!("{repository}/tags/list"), "tags", "list_tags")
+            .await?;
+        let tags = tags.unwrap_or_default();
         if !tags.iter().any(|t| t == SNAPSHOT_TAG) {
             info!(repository, %digest, "snapshot tag gone from the tag list; nothing deleted");
             return Ok(DeleteOutcome::Absent);
@@ -231,38 +232,40 @@ impl RegistryClient {
                 warn!(repository, %digest, other_tags = ?sharing,
                     "not deleting the snapshot: other tags share its manifest");
                 inner.http.metrics.snapshot_tags_kept.inc();
-                return Ok(DeleteOutcome::KeptSharedDigest {
-                    other_tags: sharing,
-                });
+                let other_tags = sharing;
+                return Ok(DeleteOutcome::KeptSharedDigest { other_tags });
             }
             match s.head_digest(&tagged, "recheck").await? {
                 None => return Ok(DeleteOutcome::Absent),
                 Some(found) if found != digest => {
                     warn!(repository, checked = %digest, %found, "snapshot moved; not deleting");
+                    let (reference, checked) = (snapshot.to_string(), digest);
                     return Err(RegistryError::SnapshotMoved {
-                        reference: snapshot.to_string(),
-                        checked: digest,
+                        reference,
+                        checked,
                         found,
                     });
                 }
                 Some(_) => {}
             }
         }
-        match s.delete(&manifest(&digest), "delete_digest").await? {
-            Deleted::Yes => {
+        let reference = format!("{}/{repository}@{digest}", snapshot.registry());
+        match s
+            .delete(&manifest(&digest), &reference, "delete_digest")
+            .await
+        {
+            Ok(true) => {
                 info!(repository, %digest, "deleted snapshot manifest by digest");
                 Ok(DeleteOutcome::DeletedByDigest)
             }
-            Deleted::NotFound => Ok(DeleteOutcome::Absent),
-            Deleted::Unsupported { status, message } => {
+            Ok(false) => Ok(DeleteOutcome::Absent),
+            Err(e) => {
                 // Deletes are off altogether, which says nothing about tags: once
                 // allowed again, a tag delete is tried first.
-                *inner.tag_deletes.lock().await = None;
-                Err(RegistryError::DeleteRefused {
-                    reference: format!("{}/{repository}@{digest}", snapshot.registry()),
-                    status,
-                    message,
-                })
+                if matches!(e, RegistryError::DeleteRefused { .. }) {
+                    *inner.tag_deletes.lock().await = None;
+                }
+                Err(e)
             }
         }
     }
@@ -273,24 +276,19 @@ impl SnapshotStore for RegistryClient {
         Box::pin(self.within("probe", None, async |after| self.probe(vm, after).await))
     }
 
-    fn delete_snapshot_before<'a>(
-        &'a self,
-        vm: &'a str,
-        not_after: Instant,
-    ) -> Fut<'a, DeleteOutcome> {
+    fn delete_snapshot_before<'a>(&'a self, vm: &'a str, at: Instant) -> Fut<'a, DeleteOutcome> {
         let delete = async |after| self.delete(vm, after).await;
-        Box::pin(self.within("delete", Some(not_after), delete))
+        Box::pin(self.within("delete", Some(at), delete))
     }
 }
 
 /// The certificates of each PEM; one without any is refused.
-fn parse_ca_pems(pems: &[Vec<u8>]) -> Result<Vec<CertificateDer<'static>>, RegistryError> {
+fn parse_ca_pems(pems: &[Vec<u8>]) -> Result<Vec<CertificateDer<'static>>> {
     let mut ders = Vec::new();
     for (index, pem) in pems.iter().enumerate() {
         let invalid =
             |why| RegistryError::InvalidConfig(format!("extra CA certificate #{index} {why}"));
-        let certs: Vec<_> = CertificateDer::pem_slice_iter(pem)
-            .collect::<Result<_, _>>()
+        let certs: Vec<_> = (CertificateDer::pem_slice_iter(pem).collect::<Result<_, _>>())
             .map_err(|e| invalid(format!("is not valid PEM: {e}")))?;
         if certs.is_empty() {
             return Err(invalid("holds no PEM CERTIFICATE block".into()));
@@ -299,6 +297,7 @@ fn parse_ca_pems(pems: &[Vec<u8>]) -> Result<Vec<CertificateDer<'static>>, Regis
     }
     Ok(ders)
 }
+
 #[cfg(test)]
 mod tests {
     use super::*;

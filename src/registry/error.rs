@@ -9,6 +9,8 @@ const MAX_DETAIL: usize = 300;
 /// The operation an error or a `registry_calls_total` count is about.
 pub(crate) type Op = &'static str;
 
+pub(crate) type Result<T, E = RegistryError> = std::result::Result<T, E>;
+
 #[derive(Debug, thiserror::Error)]
 pub enum RegistryError {
     #[error("invalid VM name {name:?} for an OCI repository: {reason}")]

@@ -5,9 +5,11 @@
 //! one token (`pull,delete`): its HEADs, its `tags/list` pages (whose `Link` pagination
 //! oci-client's `list_tags` hides) and its DELETEs.
 
-use super::error::{Op, RegistryError, answer_detail, error_codes};
+use super::error::{Op, RegistryError, Result, answer_detail, error_codes};
 use crate::metrics::Metrics;
 use oci_client::errors::OciErrorCode as Code;
+use oci_client::manifest::{IMAGE_MANIFEST_LIST_MEDIA_TYPE, IMAGE_MANIFEST_MEDIA_TYPE};
+use oci_client::manifest::{OCI_IMAGE_INDEX_MEDIA_TYPE, OCI_IMAGE_MEDIA_TYPE};
 use oci_client::secrets::RegistryAuth;
 use reqwest::{Method, Url, header};
 use std::collections::HashSet;
@@ -17,6 +19,14 @@ use std::time::Duration;
 const PAGE_SIZE: usize = 100;
 /// So a registry whose pages never end cannot loop us forever.
 const MAX_PAGES: usize = 10_000;
+/// Every manifest type a snapshot may be stored as, accepted by a HEAD: without them a
+/// registry may answer with a converted manifest, whose digest is not the stored one.
+const MANIFEST_TYPES: [&str; 4] = [
+    OCI_IMAGE_MEDIA_TYPE,
+    OCI_IMAGE_INDEX_MEDIA_TYPE,
+    IMAGE_MANIFEST_MEDIA_TYPE,
+    IMAGE_MANIFEST_LIST_MEDIA_TYPE,
+];
 
 /// The registry as the helper reaches it. The reqwest client is built next to
 /// oci-client's, from the same roots and settings (`client.rs`).
@@ -45,22 +55,11 @@ struct Answer {
     body: String,
 }
 
-/// How the registry answered a manifest DELETE.
-pub enum Deleted {
-    Yes,
-    NotFound,
-    /// Not this way: 405, or Distribution's 400 DIGEST_INVALID for a tag.
-    Unsupported {
-        status: u16,
-        message: String,
-    },
-}
-
 impl Http {
     pub fn session(&self, scope: String, budget: Duration) -> Session<'_> {
-        let token = None;
+        let (http, token) = (self, None);
         Session {
-            http: self,
+            http,
             scope,
             budget,
             token,
@@ -71,20 +70,20 @@ impl Http {
     pub fn counted<T>(
         &self,
         op: Op,
-        result: Result<T, RegistryError>,
+        result: Result<T>,
         ok: impl FnOnce(&T) -> &'static str,
-    ) -> Result<T, RegistryError> {
+    ) -> Result<T> {
         let outcome = match &result {
             Ok(value) => ok(value),
             Err(RegistryError::Timeout { .. }) => "timeout",
+            Err(RegistryError::DeleteRefused { .. }) => "unsupported",
             Err(_) => "error",
         };
         self.metrics.registry_call(op, outcome);
         result
     }
 
-    /// `<root><path>`.
-    fn url(&self, path: &str) -> Result<Url, RegistryError> {
+    fn url(&self, path: &str) -> Result<Url> {
         let raw = format!("{}{path}", self.root);
         Url::parse(&raw).map_err(|e| RegistryError::InvalidConfig(format!("bad URL {raw}: {e}")))
     }
@@ -101,38 +100,15 @@ impl Session<'_> {
     /// with a Bearer challenge gets the session its token and is sent once more. A
     /// transport error sends it again too: a registry restart leaves dead pooled
     /// connections, and every request here is idempotent.
-    async fn send(
-        &mut self,
-        method: Method,
-        url: &Url,
-        accept: &str,
-        op: Op,
-    ) -> Result<Answer, RegistryError> {
+    async fn send(&mut self, method: Method, url: &Url, op: Op) -> Result<Answer> {
         loop {
-            let once = async || {
-                let request = self.http.client.request(method.clone(), url.clone());
-                let request = match (&self.token, &self.http.auth) {
-                    (Some(token), _) | (None, RegistryAuth::Bearer(token)) => {
-                        request.bearer_auth(token)
-                    }
-                    (None, RegistryAuth::Basic(user, pass)) => request.basic_auth(user, Some(pass)),
-                    (None, RegistryAuth::Anonymous) => request,
-                };
-                let response = request.header(header::ACCEPT, accept).send().await?;
-                let (status, headers) = (response.status().as_u16(), response.headers().clone());
-                let body = response.text().await?;
-                Ok::<_, reqwest::Error>(Answer {
-                    status,
-                    headers,
-                    body,
-                })
-            };
-            let answer = match once().await {
-                Err(e) if !e.is_timeout() => once().await,
+            let answer = match self.try_send(&method, url).await {
+                Err(e) if !e.is_timeout() => self.try_send(&method, url).await,
                 other => other,
             };
             let answer = answer.map_err(|e| RegistryError::transport(op, &e, self.budget))?;
-            let challenge = (answer.headers.get_all(header::WWW_AUTHENTICATE).iter())
+            let challenges = answer.headers.get_all(header::WWW_AUTHENTICATE).iter();
+            let challenge = challenges
                 .filter_map(|v| v.to_str().ok())
                 .find_map(bearer_challenge);
             match challenge {
@@ -145,13 +121,35 @@ impl Session<'_> {
         }
     }
 
+    async fn try_send(&self, method: &Method, url: &Url) -> reqwest::Result<Answer> {
+        let accept = match *method {
+            Method::HEAD => MANIFEST_TYPES.join(", "),
+            Method::GET => "application/json".into(),
+            _ => "*/*".into(),
+        };
+        let request = self.http.client.request(method.clone(), url.clone());
+        let request = match (&self.token, &self.http.auth) {
+            (Some(token), _) | (None, RegistryAuth::Bearer(token)) => request.bearer_auth(token),
+            (None, RegistryAuth::Basic(user, pass)) => request.basic_auth(user, Some(pass)),
+            (None, RegistryAuth::Anonymous) => request,
+        };
+        let response = request.header(header::ACCEPT, accept).send().await?;
+        let (status, headers) = (response.status().as_u16(), response.headers().clone());
+        let body = response.text().await?;
+        Ok(Answer {
+            status,
+            headers,
+            body,
+        })
+    }
+
     /// GET `<realm>?service=…&scope=…`, with the basic credentials if any.
     async fn fetch_token(
         &self,
         realm: &str,
         service: Option<&str>,
         target: &Url,
-    ) -> Result<String, RegistryError> {
+    ) -> Result<String> {
         const OP: Op = "token";
         let realm_error = |why| RegistryError::protocol(OP, format!("token realm {realm:?} {why}"));
         let mut url = Url::parse(realm).map_err(|e| realm_error(format!("is not a URL: {e}")))?;
@@ -179,55 +177,28 @@ impl Session<'_> {
 
     /// HEAD a manifest (`<repository>/manifests/<reference>`): its digest, None on 404.
     /// Counted under `op`.
-    pub async fn head_digest(
-        &mut self,
-        path: &str,
-        op: Op,
-    ) -> Result<Option<String>, RegistryError> {
-        use oci_client::manifest::*;
-        // Every manifest type a snapshot may be stored as; without them a registry may
-        // answer with a converted manifest, whose digest is not the stored one.
-        let accept = [
-            OCI_IMAGE_MEDIA_TYPE,
-            OCI_IMAGE_INDEX_MEDIA_TYPE,
-            IMAGE_MANIFEST_MEDIA_TYPE,
-            IMAGE_MANIFEST_LIST_MEDIA_TYPE,
-        ];
-        let url = self.http.url(path)?;
-        let answer = self.send(Method::HEAD, &url, &accept.join(", "), op).await;
-        let result = answer.and_then(|answer| {
-            match (answer.status, answer.header("docker-content-digest")) {
-                (404, _) => Ok(None),
-                (200, Some(digest)) if valid_digest(&digest) => Ok(Some(digest)),
-                (200, digest) => {
-                    let message = format!("the manifest HEAD answered the digest {digest:?}");
-                    Err(RegistryError::protocol(op, message))
-                }
-                (status, _) => Err(RegistryError::from_status(op, status, &answer.body)),
+    pub async fn head_digest(&mut self, path: &str, op: Op) -> Result<Option<String>> {
+        let answer = self.send(Method::HEAD, &self.http.url(path)?, op).await;
+        let result = answer.and_then(|a| match (a.status, a.header("docker-content-digest")) {
+            (404, _) => Ok(None),
+            (200, Some(digest)) if valid_digest(&digest) => Ok(Some(digest)),
+            (200, digest) => {
+                let message = format!("the manifest HEAD answered the digest {digest:?}");
+                Err(RegistryError::protocol(op, message))
             }
+            (status, _) => Err(RegistryError::from_status(op, status, &a.body)),
         });
-        let present = |digest: &Option<_>| {
-            if digest.is_some() {
-                "present"
-            } else {
-                "absent"
-            }
-        };
-        self.http.counted(op, result, present)
+        self.http
+            .counted(op, result, |d| d.as_ref().map_or("absent", |_| "present"))
     }
 
     /// Every entry of a paginated listing (`key` of each JSON page at `path`), each page
     /// read once; None when the first page is 404. One call per page, counted under `op`.
-    pub async fn list(
-        &mut self,
-        path: &str,
-        key: &str,
-        op: Op,
-    ) -> Result<Option<Vec<String>>, RegistryError> {
+    pub async fn list(&mut self, path: &str, key: &str, op: Op) -> Result<Option<Vec<String>>> {
         let mut url = self.http.url(&format!("{path}?n={PAGE_SIZE}"))?;
         let (mut items, mut seen) = (Vec::new(), HashSet::new());
         for _ in 0..MAX_PAGES {
-            let answer = self.send(Method::GET, &url, "application/json", op).await;
+            let answer = self.send(Method::GET, &url, op).await;
             let page = answer.and_then(|answer| match answer.status {
                 404 => Ok(None),
                 200 => Ok(Some((
@@ -236,21 +207,17 @@ impl Session<'_> {
                 ))),
                 status => Err(RegistryError::from_status(op, status, &answer.body)),
             });
-            let found = |page: &Option<_>| if page.is_some() { "ok" } else { "absent" };
-            let Some((page, link)) = self.http.counted(op, page, found)? else {
+            let page = self
+                .http
+                .counted(op, page, |p| p.as_ref().map_or("absent", |_| "ok"));
+            let Some((page, link)) = page? else {
                 return Ok((!items.is_empty()).then_some(items));
             };
             let (len, last, before) = (page.len(), page.last().cloned(), items.len());
             items.extend(page.into_iter().filter(|item| seen.insert(item.clone())));
-            match next_page(
-                &url,
-                link.as_deref(),
-                len,
-                items.len() - before,
-                last.as_deref(),
-            )
-            .map_err(|message| RegistryError::protocol(op, message))?
-            {
+            let new = items.len() - before;
+            let next = next_page(&url, link.as_deref(), len, new, last.as_deref());
+            match next.map_err(|message| RegistryError::protocol(op, message))? {
                 Some(next) => url = next,
                 None => return Ok(Some(items)),
             }
@@ -259,22 +226,22 @@ impl Session<'_> {
         Err(RegistryError::protocol(op, message))
     }
 
-    /// DELETE a manifest (`<repository>/manifests/<tag or digest>`), counted under `op`.
-    pub async fn delete(&mut self, path: &str, op: Op) -> Result<Deleted, RegistryError> {
-        let url = self.http.url(path)?;
-        let answer = self.send(Method::DELETE, &url, "*/*", op).await;
-        let result = answer.and_then(|answer| interpret_delete(answer.status, &answer.body, op));
-        self.http.counted(op, result, |deleted| match deleted {
-            Deleted::Yes => "deleted",
-            Deleted::NotFound => "absent",
-            Deleted::Unsupported { .. } => "unsupported",
-        })
+    /// DELETE the manifest `<repository>/manifests/<tag or digest>` that users know as
+    /// `reference`: true once deleted, false when absent. Counted under `op`.
+    pub async fn delete(&mut self, path: &str, reference: &str, op: Op) -> Result<bool> {
+        let answer = self.send(Method::DELETE, &self.http.url(path)?, op).await;
+        let result = answer.and_then(|a| interpret_delete(a.status, &a.body, reference, op));
+        self.http.counted(
+            op,
+            result,
+            |&deleted| if deleted { "deleted" } else { "absent" },
+        )
     }
 }
 
 /// The `key` entries of a listing page; `null` (Distribution, for a repository without
 /// tags) lists nothing.
-fn page_entries(body: &str, key: &str, op: Op) -> Result<Vec<String>, RegistryError> {
+fn page_entries(body: &str, key: &str, op: Op) -> Result<Vec<String>> {
     let mut page: serde_json::Value = serde_json::from_str(body)
         .map_err(|e| RegistryError::protocol(op, format!("the listing is not JSON: {e}")))?;
     match page.get_mut(key).map(serde_json::Value::take) {
@@ -286,19 +253,24 @@ fn page_entries(body: &str, key: &str, op: Op) -> Result<Vec<String>, RegistryEr
     }
 }
 
-/// What a DELETE status means. 404 is "already gone"; 405, and 400 with the OCI error
-/// code DIGEST_INVALID or UNSUPPORTED, refuse this way of deleting.
-pub fn interpret_delete(status: u16, body: &str, op: Op) -> Result<Deleted, RegistryError> {
+/// What a DELETE answer means: true deleted, false already gone (404). 405, and 400 with
+/// the OCI error code DIGEST_INVALID or UNSUPPORTED (Distribution, for a tag), refuse
+/// this way of deleting.
+pub fn interpret_delete(status: u16, body: &str, reference: &str, op: Op) -> Result<bool> {
     let refused = |code: &Code| matches!(code, Code::DigestInvalid | Code::Unsupported);
     match status {
-        200 | 202 | 204 => return Ok(Deleted::Yes),
-        404 => return Ok(Deleted::NotFound),
-        405 => {}
-        400 if error_codes(body).iter().any(refused) => {}
-        _ => return Err(RegistryError::from_status(op, status, body)),
+        200 | 202 | 204 => Ok(true),
+        404 => Ok(false),
+        400 if !error_codes(body).iter().any(refused) => {
+            Err(RegistryError::from_status(op, status, body))
+        }
+        400 | 405 => Err(RegistryError::DeleteRefused {
+            reference: reference.to_string(),
+            status,
+            message: answer_detail(status, body),
+        }),
+        _ => Err(RegistryError::from_status(op, status, body)),
     }
-    let message = answer_detail(status, body);
-    Ok(Deleted::Unsupported { status, message })
 }
 
 /// The realm and service of the first Bearer challenge in a `WWW-Authenticate` value.
@@ -307,17 +279,15 @@ pub fn bearer_challenge(value: &str) -> Option<(String, Option<String>)> {
         .filter_map(Result::ok)
         .find(|c| c.scheme.eq_ignore_ascii_case("bearer"))?;
     let param = |name: &str| {
-        let (_, value) = challenge
-            .params
-            .iter()
-            .find(|(k, _)| k.eq_ignore_ascii_case(name))?;
+        let mut params = challenge.params.iter();
+        let (_, value) = params.find(|(k, _)| k.eq_ignore_ascii_case(name))?;
         Some(value.to_unescaped())
     };
     Some((param("realm")?, param("service")))
 }
 
 /// Token servers answer `token` (Docker) or `access_token` (OAuth2), sometimes both.
-pub fn token_from_body(body: &str) -> Result<String, RegistryError> {
+pub fn token_from_body(body: &str) -> Result<String> {
     let protocol = |message: String| RegistryError::protocol("token", message);
     let value: serde_json::Value = serde_json::from_str(body)
         .map_err(|e| protocol(format!("token answer is not JSON: {e}")))?;
@@ -341,9 +311,7 @@ pub(crate) fn next_page(
     last: Option<&str>,
 ) -> Result<Option<Url>, String> {
     if let Some(target) = link.and_then(next_link) {
-        let next = current
-            .join(&target)
-            .map_err(|e| format!("unusable Link {target:?}: {e}"))?;
+        let next = (current.join(&target)).map_err(|e| format!("unusable Link {target:?}: {e}"))?;
         if next.origin() != current.origin() || next == *current {
             return Err(format!(
                 "the Link {target:?} leaves the registry or stays put"
@@ -354,8 +322,7 @@ pub(crate) fn next_page(
     let Some(last) = last.filter(|_| len == PAGE_SIZE && new > 0) else {
         return Ok(None);
     };
-    let mut next = current.clone();
-    let n = PAGE_SIZE.to_string();
+    let (mut next, n) = (current.clone(), PAGE_SIZE.to_string());
     next.query_pairs_mut()
         .clear()
         .append_pair("n", &n)
@@ -381,10 +348,9 @@ pub fn next_link(header: &str) -> Option<String> {
 
 /// An OCI tag: `[a-zA-Z0-9_][a-zA-Z0-9._-]{0,127}`.
 pub(super) fn valid_tag(tag: &str) -> bool {
-    let tag_char = |b: u8| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-');
-    tag.len() <= 128
-        && tag.starts_with(|c: char| c.is_ascii_alphanumeric() || c == '_')
-        && tag.bytes().all(tag_char)
+    let first = |c: char| c.is_ascii_alphanumeric() || c == '_';
+    let other = |b: u8| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-');
+    tag.len() <= 128 && tag.starts_with(first) && tag.bytes().all(other)
 }
 
 /// An OCI digest `algorithm:encoded`; it goes into a DELETE's URL.
@@ -392,15 +358,11 @@ fn valid_digest(digest: &str) -> bool {
     let Some((algorithm, encoded)) = digest.split_once(':') else {
         return false;
     };
-    let component = |c: &str| {
-        !c.is_empty()
-            && c.bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
-    };
+    let lower = |b: u8| b.is_ascii_lowercase() || b.is_ascii_digit();
+    let component = |c: &str| !c.is_empty() && c.bytes().all(lower);
     let encoded_char = |b: u8| b.is_ascii_alphanumeric() || matches!(b, b'=' | b'_' | b'-');
-    !encoded.is_empty()
-        && encoded.bytes().all(encoded_char)
-        && algorithm.split(['+', '.', '_', '-']).all(component)
+    let encoded_ok = !encoded.is_empty() && encoded.bytes().all(encoded_char);
+    encoded_ok && algorithm.split(['+', '.', '_', '-']).all(component)
 }
 
 #[cfg(test)]
@@ -542,21 +504,18 @@ mod tests {
 
     #[test]
     fn w3_delete_statuses_map_to_outcomes_and_errors() {
-        let interpret = |status, body| interpret_delete(status, body, "delete");
-        assert!(matches!(interpret(202, ""), Ok(Deleted::Yes)));
-        assert!(matches!(interpret(200, ""), Ok(Deleted::Yes)));
-        assert!(matches!(
-            interpret(404, "MANIFEST_UNKNOWN"),
-            Ok(Deleted::NotFound)
-        ));
+        let interpret = |status, body| interpret_delete(status, body, "r", "delete");
+        assert!(matches!(interpret(202, ""), Ok(true)));
+        assert!(matches!(interpret(200, ""), Ok(true)));
+        assert!(matches!(interpret(404, "MANIFEST_UNKNOWN"), Ok(false)));
         let distribution = r#"{"errors":[{"code":"DIGEST_INVALID","message":"provided digest did not match uploaded content"}]}"#;
         assert!(matches!(
             interpret(400, distribution),
-            Ok(Deleted::Unsupported { status: 400, .. })
+            Err(RegistryError::DeleteRefused { status: 400, .. })
         ));
         assert!(matches!(
             interpret(405, r#"{"errors":[{"code":"UNSUPPORTED"}]}"#),
-            Ok(Deleted::Unsupported { status: 405, .. })
+            Err(RegistryError::DeleteRefused { status: 405, .. })
         ));
         assert!(matches!(
             interpret(400, r#"{"errors":[{"code":"NAME_INVALID"}]}"#),
