@@ -32,7 +32,7 @@ fuzz_target!(|data: &[u8]| {
                 rest.get(1).copied().unwrap_or(0),
             ]);
             let body = String::from_utf8_lossy(rest.get(2..).unwrap_or_default());
-            let _ = fuzzing::interpret_delete(status, &body, "delete");
+            let _ = fuzzing::interpret_delete(status, &body, "vm@sha256:0", "delete");
         }
         4 => {
             let _ = fuzzing::next_link(&text);

@@ -64,9 +64,9 @@ impl RegistryClient {
             true => (ClientProtocol::Http, "http"),
             false => (ClientProtocol::Https, "https"),
         };
-        let certificate = |der: &CertificateDer| {
-            let (encoding, data) = (CertificateEncoding::Der, der.to_vec());
-            Certificate { encoding, data }
+        let certificate = |der: &CertificateDer| Certificate {
+            encoding: CertificateEncoding::Der,
+            data: der.to_vec(),
         };
         let oci = oci_client::Client::try_from(ClientConfig {
             protocol,
@@ -89,20 +89,18 @@ impl RegistryClient {
             .user_agent(USER_AGENT)
             .build()
             .map_err(|e| invalid("cannot build the HTTP client", &e))?;
-        let root = format!("{scheme}://{}/v2/", base.registry);
-        let (auth, timeout, tag_deletes) = (config.auth, config.timeout, Default::default());
         let http = Http {
             client,
-            auth,
+            auth: config.auth,
             metrics,
-            root,
+            root: format!("{scheme}://{}/v2/", base.registry),
         };
         let inner = Inner {
             base,
             oci,
             http,
-            timeout,
-            tag_deletes,
+            timeout: config.timeout,
+            tag_deletes: Default::default(),
         };
         Ok(Self {
             inner: Arc::new(inner),
@@ -221,28 +219,26 @@ impl RegistryClient {
             return Err(RegistryError::protocol("list_tags", message));
         }
         if !others.is_empty() {
-            let mut sharing = Vec::new();
+            let mut other_tags = Vec::new();
             // Any lookup error aborts: the digest is not proven unshared without all.
             for tag in others {
                 if s.head_digest(&manifest(&tag), "resolve").await?.as_ref() == Some(&digest) {
-                    sharing.push(tag);
+                    other_tags.push(tag);
                 }
             }
-            if !sharing.is_empty() {
-                warn!(repository, %digest, other_tags = ?sharing,
+            if !other_tags.is_empty() {
+                warn!(repository, %digest, ?other_tags,
                     "not deleting the snapshot: other tags share its manifest");
                 inner.http.metrics.snapshot_tags_kept.inc();
-                let other_tags = sharing;
                 return Ok(DeleteOutcome::KeptSharedDigest { other_tags });
             }
             match s.head_digest(&tagged, "recheck").await? {
                 None => return Ok(DeleteOutcome::Absent),
                 Some(found) if found != digest => {
                     warn!(repository, checked = %digest, %found, "snapshot moved; not deleting");
-                    let (reference, checked) = (snapshot.to_string(), digest);
                     return Err(RegistryError::SnapshotMoved {
-                        reference,
-                        checked,
+                        reference: snapshot.to_string(),
+                        checked: digest,
                         found,
                     });
                 }

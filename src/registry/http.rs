@@ -57,12 +57,11 @@ struct Answer {
 
 impl Http {
     pub fn session(&self, scope: String, budget: Duration) -> Session<'_> {
-        let (http, token) = (self, None);
         Session {
-            http,
+            http: self,
             scope,
             budget,
-            token,
+            token: None,
         }
     }
 

@@ -1,17 +1,15 @@
 //! The OCI registry behind a [`SnapshotStore`]: probe and delete the snapshot tag
 //! `<base>/<vm>:hibernate` (H3, H4, W2, W3, G1, G2, S1, S5; metrics O1).
 //!
-//! [`RegistryClient`] (`client.rs`) is the store on a real registry: oci-client does the
-//! probe; `http.rs` is the one helper for what it lacks, a whole delete with its
-//! `pull,delete` token. Credentials: anonymous, basic, bearer, or a docker config.json
-//! with its credential helpers (`config.rs`); extra CAs; plain http only on request.
-//! Secrets never reach logs, errors or `Debug`.
-//!
-//! Each operation has one deadline, `--registry-timeout`, for all its requests (C2), and
-//! a delete no later than its caller's instant (S1). A registry that refuses a DELETE by
-//! tag (CNCF Distribution) is remembered, and later deletes take the digest path: HEAD,
-//! `tags/list`, DELETE by digest, unless another tag shares the digest (S5).
-//! [`RegistryError::is_permanent`] tells refusals from outages (S5).
+//! [`RegistryClient`] (`client.rs`): oci-client does the probe; `http.rs` is the one
+//! helper for what it lacks, a whole delete on one `pull,delete` token. Credentials are
+//! oci-client's [`RegistryAuth`], also read from a docker config.json with its credential
+//! helpers (`config.rs`); extra CAs; plain http only on request. Secrets never reach
+//! logs, errors or `Debug`. Each operation has one deadline, `--registry-timeout`, for
+//! all its requests (C2), and a delete ends no later than its caller's instant (S1). A
+//! registry that refuses a DELETE by tag (CNCF Distribution) is remembered: later deletes
+//! take the digest path, HEAD, `tags/list`, DELETE by digest, unless another tag shares
+//! the digest (S5). [`RegistryError::is_permanent`] tells refusals from outages (S5).
 
 mod catalog;
 mod client;
