@@ -4,7 +4,7 @@ use super::config::RegistryConfig;
 use super::error::{Op, RegistryError, Result, describe_chain, from_oci};
 use super::http::{Http, valid_tag};
 use super::names::{RegistryBase, SNAPSHOT_TAG};
-use super::{DeleteOutcome, Fut, SnapshotStore};
+use super::{DeleteOutcome, FAR, Fut, SnapshotStore};
 use crate::metrics::Metrics;
 use oci_client::client::{Certificate, CertificateEncoding, ClientConfig, ClientProtocol};
 use rustls::pki_types::CertificateDer;
@@ -123,8 +123,7 @@ impl RegistryClient {
     ) -> Result<T> {
         let now = Instant::now();
         // A timeout too large for an Instant means no bound of its own.
-        let far = Duration::from_secs(365 * 24 * 3600);
-        let own = now.checked_add(self.inner.timeout).unwrap_or(now + far);
+        let own = now.checked_add(self.inner.timeout).unwrap_or(now + FAR);
         let at = not_after.map_or(own, |limit| own.min(limit));
         let after = at.saturating_duration_since(now);
         let timeout = || {

@@ -256,14 +256,12 @@ fn page_entries(body: &str, key: &str, op: Op) -> Result<Vec<String>> {
 /// the OCI error code DIGEST_INVALID or UNSUPPORTED (Distribution, for a tag), refuse
 /// this way of deleting.
 pub fn interpret_delete(status: u16, body: &str, reference: &str, op: Op) -> Result<bool> {
-    let refused = |code: &Code| matches!(code, Code::DigestInvalid | Code::Unsupported);
+    let refusal = |code: &Code| matches!(code, Code::DigestInvalid | Code::Unsupported);
+    let refused = status == 405 || (status == 400 && error_codes(body).iter().any(refusal));
     match status {
         200 | 202 | 204 => Ok(true),
         404 => Ok(false),
-        400 if !error_codes(body).iter().any(refused) => {
-            Err(RegistryError::from_status(op, status, body))
-        }
-        400 | 405 => Err(RegistryError::DeleteRefused {
+        _ if refused => Err(RegistryError::DeleteRefused {
             reference: reference.to_string(),
             status,
             message: answer_detail(status, body),

@@ -26,7 +26,11 @@ pub use error::RegistryError;
 pub use names::SNAPSHOT_TAG;
 pub use oci_client::secrets::RegistryAuth;
 
+use std::time::Duration;
 use tokio::time::Instant;
+
+/// A deadline so far off that it bounds nothing.
+const FAR: Duration = Duration::from_secs(365 * 24 * 3600);
 
 /// The parsers of registry answers, for the fuzz targets in `fuzz/`; not the product's API.
 #[doc(hidden)]
@@ -73,7 +77,6 @@ pub trait SnapshotStore: Send + Sync {
 
     /// [`Self::delete_snapshot_before`] bounded by the timeout alone.
     fn delete_snapshot<'a>(&'a self, vm: &'a str) -> Fut<'a, DeleteOutcome> {
-        let far = Instant::now() + std::time::Duration::from_secs(365 * 24 * 3600);
-        self.delete_snapshot_before(vm, far)
+        self.delete_snapshot_before(vm, Instant::now() + FAR)
     }
 }

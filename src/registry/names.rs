@@ -28,10 +28,9 @@ impl RegistryBase {
                 "give host[:port][/path/prefix] without a scheme (plain_http selects http)",
             ));
         }
-        let (host, prefix) = match trimmed.split_once('/') {
-            Some((host, prefix)) => (host, Some(prefix)),
-            None => (trimmed, None),
-        };
+        let (host, prefix) = trimmed
+            .split_once('/')
+            .map_or((trimmed, None), |(h, p)| (h, Some(p)));
         // The URL parser checks the host and the port as reqwest will use them.
         if host.is_empty()
             || reqwest::Url::parse(&format!("http://{host}/")).is_err()
@@ -58,10 +57,7 @@ impl RegistryBase {
             reason,
         };
         validate_component(vm).map_err(invalid)?;
-        let repository = match &self.prefix {
-            Some(prefix) => format!("{prefix}/{vm}"),
-            None => vm.to_string(),
-        };
+        let repository = (self.prefix.as_ref()).map_or(vm.to_string(), |p| format!("{p}/{vm}"));
         if repository.len() > MAX_REPOSITORY_LEN {
             return Err(invalid("the repository name would exceed 255 characters"));
         }
