@@ -78,7 +78,8 @@ impl RegistryClient {
         })
         .map_err(|e| invalid("cannot build the OCI client", &e))?;
         let roots = ders.iter().map(|der| reqwest::Certificate::from_der(der));
-        let roots: Vec<_> = (roots.collect::<reqwest::Result<_>>())
+        let roots: Vec<_> = roots
+            .collect::<reqwest::Result<_>>()
             .map_err(|e| invalid("unusable CA certificate", &e))?;
         let client = reqwest::Client::builder()
             .timeout(config.timeout)
@@ -169,7 +170,9 @@ impl RegistryClient {
         let repository = snapshot.repository();
         let manifest = |reference: &str| format!("{repository}/manifests/{reference}");
         let tagged = manifest(SNAPSHOT_TAG);
-        let mut s = (inner.http).session(format!("repository:{repository}:pull,delete"), after);
+        let mut s = inner
+            .http
+            .session(format!("repository:{repository}:pull,delete"), after);
         let state = inner.tag_deletes.lock().await;
         let known = *state;
         // Only a delete that asks keeps the lock.
@@ -283,7 +286,8 @@ fn parse_ca_pems(pems: &[Vec<u8>]) -> Result<Vec<CertificateDer<'static>>> {
     for (index, pem) in pems.iter().enumerate() {
         let invalid =
             |why| RegistryError::InvalidConfig(format!("extra CA certificate #{index} {why}"));
-        let certs: Vec<_> = (CertificateDer::pem_slice_iter(pem).collect::<Result<_, _>>())
+        let certs: Vec<_> = CertificateDer::pem_slice_iter(pem)
+            .collect::<Result<_, _>>()
             .map_err(|e| invalid(format!("is not valid PEM: {e}")))?;
         if certs.is_empty() {
             return Err(invalid("holds no PEM CERTIFICATE block".into()));

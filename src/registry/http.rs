@@ -308,7 +308,9 @@ pub(crate) fn next_page(
     last: Option<&str>,
 ) -> Result<Option<Url>, String> {
     if let Some(target) = link.and_then(next_link) {
-        let next = (current.join(&target)).map_err(|e| format!("unusable Link {target:?}: {e}"))?;
+        let next = current
+            .join(&target)
+            .map_err(|e| format!("unusable Link {target:?}: {e}"))?;
         if next.origin() != current.origin() || next == *current {
             return Err(format!(
                 "the Link {target:?} leaves the registry or stays put"
@@ -319,10 +321,10 @@ pub(crate) fn next_page(
     let Some(last) = last.filter(|_| len == PAGE_SIZE && new > 0) else {
         return Ok(None);
     };
-    let (mut next, n) = (current.clone(), PAGE_SIZE.to_string());
+    let mut next = current.clone();
     next.query_pairs_mut()
         .clear()
-        .append_pair("n", &n)
+        .append_pair("n", &PAGE_SIZE.to_string())
         .append_pair("last", last);
     Ok(Some(next))
 }

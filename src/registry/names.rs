@@ -57,7 +57,10 @@ impl RegistryBase {
             reason,
         };
         validate_component(vm).map_err(invalid)?;
-        let repository = (self.prefix.as_ref()).map_or(vm.to_string(), |p| format!("{p}/{vm}"));
+        let repository = match &self.prefix {
+            Some(prefix) => format!("{prefix}/{vm}"),
+            None => vm.to_string(),
+        };
         if repository.len() > MAX_REPOSITORY_LEN {
             return Err(invalid("the repository name would exceed 255 characters"));
         }
@@ -66,8 +69,12 @@ impl RegistryBase {
 
     /// `<registry>/<prefix>/<vm>:hibernate`.
     pub fn snapshot(&self, vm: &str) -> Result<Reference, RegistryError> {
-        let (registry, tag) = (self.registry.clone(), SNAPSHOT_TAG.to_string());
-        Ok(Reference::with_tag(registry, self.repository(vm)?, tag))
+        let repository = self.repository(vm)?;
+        Ok(Reference::with_tag(
+            self.registry.clone(),
+            repository,
+            SNAPSHOT_TAG.into(),
+        ))
     }
 
     /// The VM a repository holds snapshots of: the one path component below the prefix.
