@@ -6,7 +6,7 @@ use crate::controller::{self, plan::Settings};
 use crate::error::{Error, Result};
 use crate::leader::Election;
 use crate::metrics::Metrics;
-use crate::registry::{RegistryAuth, RegistryClient, RegistryConfig};
+use crate::registry::{RegistryAuth, RegistryClient, RegistryConfig, auth_from_docker_config};
 use crate::webhook::{self, tls};
 use axum_server::tls_rustls::RustlsConfig;
 use std::sync::Arc;
@@ -208,10 +208,10 @@ pub fn registry_config(args: &RegistryArgs) -> Result<RegistryConfig> {
         .to_owned();
     let host = base.split('/').next().unwrap_or_default().to_owned();
     let auth = if let Some(user) = &args.registry_username {
-        RegistryAuth::Basic {
-            username: user.clone(),
-            password: args.registry_password.clone().unwrap_or_default(),
-        }
+        RegistryAuth::Basic(
+            user.clone(),
+            args.registry_password.clone().unwrap_or_default(),
+        )
     } else if let Some(path) = &args.registry_docker_config {
         let raw = std::fs::read(path).map_err(|e| {
             Error::Config(crate::config::ConfigError(format!(
@@ -219,7 +219,7 @@ pub fn registry_config(args: &RegistryArgs) -> Result<RegistryConfig> {
                 path.display()
             )))
         })?;
-        RegistryAuth::from_docker_config(&raw, &host)?
+        auth_from_docker_config(&raw, &host)?
     } else if let Some(path) = &args.registry_token_file {
         let token = std::fs::read_to_string(path).map_err(|e| {
             Error::Config(crate::config::ConfigError(format!(
@@ -227,9 +227,7 @@ pub fn registry_config(args: &RegistryArgs) -> Result<RegistryConfig> {
                 path.display()
             )))
         })?;
-        RegistryAuth::Bearer {
-            token: token.trim().to_owned(),
-        }
+        RegistryAuth::Bearer(token.trim().to_owned())
     } else {
         RegistryAuth::Anonymous
     };
@@ -297,9 +295,7 @@ mod tests {
         let cfg =
             registry_config(&args(&["--registry-docker-config", path.to_str().unwrap()])).unwrap();
         assert_eq!(cfg.base, "reg.example:5000/snapshots");
-        assert!(
-            matches!(cfg.auth, RegistryAuth::Basic { ref username, .. } if username == "alice")
-        );
+        assert!(matches!(cfg.auth, RegistryAuth::Basic(ref username, _) if username == "alice"));
     }
 
     /// SPEC S1: every non-watch call has connect, read and write timeouts; watches keep

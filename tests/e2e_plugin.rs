@@ -547,10 +547,7 @@ async fn registry_catalog_lists_snapshot_repositories_with_basic_and_token_auth(
         );
 
         let mut config = server.registry_config();
-        config.auth = RegistryAuth::Basic {
-            username: "audit".into(),
-            password: "wrong".into(),
-        };
+        config.auth = RegistryAuth::Basic("audit".into(), "wrong".into());
         let client = RegistryClient::new(config, Metrics::new()).expect("client");
         let err = client.catalog_vms().await.expect_err("refused credentials");
         assert!(

@@ -9,6 +9,7 @@ mod slow_proxy;
 use cocoon_hibernation::metrics::{Metrics, RegistryLabels};
 use cocoon_hibernation::registry::{
     DeleteOutcome, RegistryAuth, RegistryClient, RegistryConfig, RegistryError, SnapshotStore,
+    auth_from_docker_config,
 };
 use registry_server::{RegistryOptions, RegistryServer, install_crypto_provider};
 use slow_proxy::SlowProxy;
@@ -164,10 +165,7 @@ async fn h4_probe_with_bad_credentials_is_auth_error() {
     server.push_artifact(VM, "hibernate").await;
 
     let mut config = server.registry_config();
-    config.auth = RegistryAuth::Basic {
-        username: "alice".into(),
-        password: "wrong".into(),
-    };
+    config.auth = RegistryAuth::Basic("alice".into(), "wrong".into());
     let (client, _) = client_with(config);
     let err = client.snapshot_exists(VM).await.unwrap_err();
     assert!(
@@ -192,15 +190,8 @@ async fn h4_probe_with_bad_credentials_is_auth_error() {
 #[tokio::test]
 async fn w2_basic_auth_from_docker_config_probes_and_deletes() {
     let server = RegistryServer::launch(RegistryOptions::default().with_basic_auth("bob", "pa:ss"));
-    let auth =
-        RegistryAuth::from_docker_config(&server.docker_config_json(), &server.host()).unwrap();
-    assert_eq!(
-        auth,
-        RegistryAuth::Basic {
-            username: "bob".into(),
-            password: "pa:ss".into()
-        }
-    );
+    let auth = auth_from_docker_config(&server.docker_config_json(), &server.host()).unwrap();
+    assert_eq!(auth, RegistryAuth::Basic("bob".into(), "pa:ss".into()));
     let mut config = server.registry_config();
     config.auth = auth;
     let (client, _) = client_with(config);
@@ -256,10 +247,7 @@ async fn w2_token_auth_probe_and_delete_with_delete_scope() {
     // H4: refused credentials are auth errors on both paths.
     server.push_artifact(VM, "hibernate").await;
     let mut config = server.registry_config();
-    config.auth = RegistryAuth::Basic {
-        username: "carol".into(),
-        password: "wrong".into(),
-    };
+    config.auth = RegistryAuth::Basic("carol".into(), "wrong".into());
     let (refused, _) = client_with(config);
     let err = refused.snapshot_exists(VM).await.unwrap_err();
     assert!(matches!(err, RegistryError::Unauthorized { .. }), "{err:?}");

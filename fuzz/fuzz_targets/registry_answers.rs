@@ -17,12 +17,14 @@ fuzz_target!(|data: &[u8]| {
             }
         }
         1 => {
-            if let Ok(token) = fuzzing::token_body(&text) {
+            if let Ok(token) = fuzzing::token_from_body(&text) {
                 assert!(!token.is_empty());
             }
         }
         2 => {
-            let _ = fuzzing::oci_error_body(rest);
+            if let Ok(envelope) = serde_json::from_slice(rest) {
+                let _ = fuzzing::from_envelope(&envelope, "probe");
+            }
         }
         3 => {
             let status = u16::from_le_bytes([
@@ -30,7 +32,7 @@ fuzz_target!(|data: &[u8]| {
                 rest.get(1).copied().unwrap_or(0),
             ]);
             let body = String::from_utf8_lossy(rest.get(2..).unwrap_or_default());
-            let _ = fuzzing::delete_answer(status, &body);
+            let _ = fuzzing::interpret_delete(status, &body, "vm@sha256:0", "delete");
         }
         4 => {
             let _ = fuzzing::next_link(&text);

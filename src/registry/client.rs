@@ -1,16 +1,15 @@
 //! [`RegistryClient`]: the [`SnapshotStore`] on a real registry.
 
-use super::config::{RegistryAuth, RegistryConfig};
-use super::error::{RegistryError, describe_chain, from_oci};
-use super::http::{Deleted, PAGE_SIZE, Session, valid_tag};
+use super::config::RegistryConfig;
+use super::error::{Op, RegistryError, Result, describe_chain, from_oci};
+use super::http::{Http, valid_tag};
 use super::names::{RegistryBase, SNAPSHOT_TAG};
-use super::{DeleteOutcome, Fut, SnapshotStore};
+use super::{DeleteOutcome, FAR, Fut, SnapshotStore};
 use crate::metrics::Metrics;
 use oci_client::client::{Certificate, CertificateEncoding, ClientConfig, ClientProtocol};
 use rustls::pki_types::CertificateDer;
 use rustls::pki_types::pem::PemObject as _;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
@@ -19,42 +18,35 @@ const USER_AGENT: &str = concat!("cocoon-hibernation/", env!("CARGO_PKG_VERSION"
 
 #[derive(Clone)]
 pub struct RegistryClient {
-    inner: Arc<Inner>,
+    pub(super) inner: Arc<Inner>,
 }
 
-struct Inner {
-    base: RegistryBase,
-    scheme: &'static str,
-    auth: RegistryAuth,
-    oci_auth: oci_client::secrets::RegistryAuth,
+pub(super) struct Inner {
+    pub base: RegistryBase,
     oci: oci_client::Client,
-    http: reqwest::Client,
-    timeout: Duration,
-    metrics: Metrics,
-    /// The registry refused a DELETE by tag (Distribution): deletes go straight to the
-    /// digest path, three calls when the snapshot tag is alone in its repository.
-    tag_delete_refused: AtomicBool,
-    /// Whether the registry deletes tags is known (it did, or it refused).
-    tag_delete_known: AtomicBool,
-    /// Until then one delete at a time asks, so concurrent first wakes do not each pay
-    /// for a refused DELETE.
-    tag_delete_asking: tokio::sync::Mutex<()>,
+    pub http: Http,
+    pub timeout: Duration,
+    /// Whether the registry deletes tags, once an answer showed it. Distribution refuses:
+    /// deletes then go straight to the digest path, three calls when the snapshot tag is
+    /// alone in its repository. Until it is known, one delete at a time asks, holding the
+    /// lock, so concurrent first wakes do not each pay for a refused DELETE.
+    tag_deletes: tokio::sync::Mutex<Option<bool>>,
 }
 
 impl std::fmt::Debug for RegistryClient {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let inner = &self.inner;
+        let Inner { base, http, .. } = &*self.inner;
         f.debug_struct("RegistryClient")
-            .field("base", &inner.base)
-            .field("scheme", &inner.scheme)
-            .field("auth", &inner.auth)
-            .field("timeout", &inner.timeout)
-            .finish()
+            .field("base", base)
+            .field("root", &http.root)
+            .field("auth", &http.auth)
+            .field("timeout", &self.inner.timeout)
+            .finish_non_exhaustive()
     }
 }
 
 impl RegistryClient {
-    pub fn new(config: RegistryConfig, metrics: Metrics) -> Result<Self, RegistryError> {
+    pub fn new(config: RegistryConfig, metrics: Metrics) -> Result<Self> {
         let base = RegistryBase::parse(&config.base)?;
         let invalid = |what: &str, e: &(dyn std::error::Error + 'static)| {
             RegistryError::InvalidConfig(format!("{what}: {}", describe_chain(e)))
@@ -68,31 +60,28 @@ impl RegistryClient {
             let _ = rustls::crypto::ring::default_provider().install_default();
         }
         let ders = parse_ca_pems(&config.extra_ca_pems)?;
+        let (protocol, scheme) = match config.plain_http {
+            true => (ClientProtocol::Http, "http"),
+            false => (ClientProtocol::Https, "https"),
+        };
+        let certificate = |der: &CertificateDer| Certificate {
+            encoding: CertificateEncoding::Der,
+            data: der.to_vec(),
+        };
         let oci = oci_client::Client::try_from(ClientConfig {
-            protocol: if config.plain_http {
-                ClientProtocol::Http
-            } else {
-                ClientProtocol::Https
-            },
-            extra_root_certificates: ders
-                .iter()
-                .map(|der| Certificate {
-                    encoding: CertificateEncoding::Der,
-                    data: der.to_vec(),
-                })
-                .collect(),
+            protocol,
+            extra_root_certificates: ders.iter().map(certificate).collect(),
             read_timeout: Some(config.timeout),
             connect_timeout: Some(config.timeout),
             user_agent: USER_AGENT,
             ..ClientConfig::default()
         })
         .map_err(|e| invalid("cannot build the OCI client", &e))?;
-        let roots = ders
-            .iter()
-            .map(|der| reqwest::Certificate::from_der(der))
-            .collect::<Result<Vec<_>, _>>()
+        let roots = ders.iter().map(|der| reqwest::Certificate::from_der(der));
+        let roots: Vec<_> = roots
+            .collect::<reqwest::Result<_>>()
             .map_err(|e| invalid("unusable CA certificate", &e))?;
-        let http = reqwest::Client::builder()
+        let client = reqwest::Client::builder()
             .timeout(config.timeout)
             .connect_timeout(config.timeout)
             .tls_certs_merge(roots)
@@ -101,59 +90,27 @@ impl RegistryClient {
             .user_agent(USER_AGENT)
             .build()
             .map_err(|e| invalid("cannot build the HTTP client", &e))?;
+        let http = Http {
+            client,
+            auth: config.auth,
+            metrics,
+            root: format!("{scheme}://{}/v2/", base.registry),
+        };
+        let inner = Inner {
+            base,
+            oci,
+            http,
+            timeout: config.timeout,
+            tag_deletes: Default::default(),
+        };
         Ok(Self {
-            inner: Arc::new(Inner {
-                base,
-                scheme: if config.plain_http { "http" } else { "https" },
-                oci_auth: config.auth.to_oci(),
-                auth: config.auth,
-                oci,
-                http,
-                timeout: config.timeout,
-                metrics,
-                tag_delete_refused: AtomicBool::new(false),
-                tag_delete_known: AtomicBool::new(false),
-                tag_delete_asking: tokio::sync::Mutex::new(()),
-            }),
+            inner: Arc::new(inner),
         })
     }
 
     /// Where a VM's snapshot lives, as users write it: `host[:port]/<prefix>/<vm>:hibernate`.
-    pub fn snapshot_location(&self, vm: &str) -> Result<String, RegistryError> {
-        let base = &self.inner.base;
-        Ok(format!(
-            "{}/{}:{SNAPSHOT_TAG}",
-            base.registry,
-            base.repository(vm)?
-        ))
-    }
-
-    pub(super) fn timeout(&self) -> Duration {
-        self.inner.timeout
-    }
-
-    pub(super) fn base(&self) -> &RegistryBase {
-        &self.inner.base
-    }
-
-    /// `<scheme>://<registry>/v2/<path>`.
-    pub(super) fn url(&self, path: &str) -> Result<reqwest::Url, RegistryError> {
-        let inner = &self.inner;
-        let raw = format!("{}://{}/v2/{path}", inner.scheme, inner.base.registry);
-        reqwest::Url::parse(&raw)
-            .map_err(|e| RegistryError::InvalidConfig(format!("bad URL {raw}: {e}")))
-    }
-
-    pub(super) fn session(&self, scope: String, budget: Duration) -> Session<'_> {
-        let inner = &self.inner;
-        Session {
-            http: &inner.http,
-            auth: &inner.auth,
-            metrics: &inner.metrics,
-            scope,
-            budget,
-            token: None,
-        }
+    pub fn snapshot_location(&self, vm: &str) -> Result<String> {
+        Ok(self.inner.base.snapshot(vm)?.to_string())
     }
 
     /// Runs one operation within min(now + timeout, `not_after`) (C2, S1): no request
@@ -161,46 +118,38 @@ impl RegistryClient {
     /// nothing.
     async fn within<T>(
         &self,
-        op: &'static str,
+        op: Op,
         not_after: Option<Instant>,
-        call: impl AsyncFnOnce(Duration) -> Result<T, RegistryError>,
-    ) -> Result<T, RegistryError> {
+        call: impl AsyncFnOnce(Duration) -> Result<T>,
+    ) -> Result<T> {
         let now = Instant::now();
         // A timeout too large for an Instant means no bound of its own.
-        let far = Duration::from_secs(365 * 24 * 3600);
-        let own = now.checked_add(self.inner.timeout).unwrap_or(now + far);
+        let own = now.checked_add(self.inner.timeout).unwrap_or(now + FAR);
         let at = not_after.map_or(own, |limit| own.min(limit));
         let after = at.saturating_duration_since(now);
-        if after.is_zero() {
-            return Err(RegistryError::Timeout {
+        let timeout = || {
+            Err(RegistryError::Timeout {
                 operation: op,
                 after,
-            });
-        }
-        tokio::time::timeout_at(at, call(after))
-            .await
-            .unwrap_or_else(|_| {
-                self.inner.metrics.registry_call(op, "timeout");
-                Err(RegistryError::Timeout {
-                    operation: op,
-                    after,
-                })
             })
+        };
+        if after.is_zero() {
+            return timeout();
+        }
+        let result = tokio::time::timeout_at(at, call(after)).await;
+        result.unwrap_or_else(|_| {
+            self.inner.http.metrics.registry_call(op, "timeout");
+            timeout()
+        })
     }
 
     /// HEAD `<vm>:hibernate` through oci-client, once more after a transport error.
-    async fn probe(&self, vm: &str, after: Duration) -> Result<Option<String>, RegistryError> {
-        let inner = &self.inner;
-        let reference = oci_client::Reference::with_tag(
-            inner.base.registry.clone(),
-            inner.base.repository(vm)?,
-            SNAPSHOT_TAG.to_string(),
-        );
-        let head = async || match inner
-            .oci
-            .fetch_manifest_digest(&reference, &inner.oci_auth)
-            .await
-        {
+    async fn probe(&self, vm: &str, after: Duration) -> Result<Option<String>> {
+        let Inner {
+            base, oci, http, ..
+        } = &*self.inner;
+        let reference = base.snapshot(vm)?;
+        let head = async || match oci.fetch_manifest_digest(&reference, &http.auth).await {
             Ok(digest) => Ok(Some(digest)),
             Err(e) => from_oci(e, "probe", after).map_or(Ok(None), Err),
         };
@@ -208,44 +157,45 @@ impl RegistryClient {
             Err(RegistryError::Transport { .. }) => head().await,
             other => other,
         };
-        let outcome = match &result {
-            Ok(Some(_)) => "present",
-            Ok(None) => "absent",
-            Err(RegistryError::Timeout { .. }) => "timeout",
-            Err(_) => "error",
-        };
-        inner.metrics.registry_call("probe", outcome);
-        debug!(%reference, outcome, "registry probe");
+        let result = http.counted("probe", result, |d| {
+            d.as_ref().map_or("absent", |_| "present")
+        });
+        debug!(%reference, ?result, "registry probe");
         result
     }
 
-    async fn delete(&self, vm: &str, after: Duration) -> Result<DeleteOutcome, RegistryError> {
+    async fn delete(&self, vm: &str, after: Duration) -> Result<DeleteOutcome> {
         let inner = &self.inner;
-        let repository = inner.base.repository(vm)?;
-        let manifest = |reference: &str| self.url(&format!("{repository}/manifests/{reference}"));
-        let snapshot = manifest(SNAPSHOT_TAG)?;
-        let mut s = self.session(format!("repository:{repository}:pull,delete"), after);
-        let (refused, known) = (&inner.tag_delete_refused, &inner.tag_delete_known);
-        let asking = match known.load(Ordering::Acquire) {
-            true => None,
-            false => Some(inner.tag_delete_asking.lock().await),
-        };
-        if !refused.load(Ordering::Acquire) {
-            match s.delete(&snapshot, "delete").await? {
-                Deleted::Yes => {
-                    known.store(true, Ordering::Release);
+        let snapshot = inner.base.snapshot(vm)?;
+        let repository = snapshot.repository();
+        let manifest = |reference: &str| format!("{repository}/manifests/{reference}");
+        let tagged = manifest(SNAPSHOT_TAG);
+        let mut s = inner
+            .http
+            .session(format!("repository:{repository}:pull,delete"), after);
+        let state = inner.tag_deletes.lock().await;
+        let known = *state;
+        // Only a delete that asks keeps the lock.
+        let mut asking = known.is_none().then_some(state);
+        if known != Some(false) {
+            match s.delete(&tagged, &snapshot.to_string(), "delete").await {
+                Ok(true) => {
+                    asking.iter_mut().for_each(|state| **state = Some(true));
                     info!(repository, tag = SNAPSHOT_TAG, "deleted snapshot tag");
                     return Ok(DeleteOutcome::Deleted);
                 }
-                Deleted::NotFound => return Ok(DeleteOutcome::Absent),
-                Deleted::Unsupported { status, .. } => {
+                Ok(false) => return Ok(DeleteOutcome::Absent),
+                Err(RegistryError::DeleteRefused { status, .. }) => {
                     debug!(
                         repository,
                         status, "tag delete refused; by digest from now on"
                     );
-                    refused.store(true, Ordering::Release);
-                    known.store(true, Ordering::Release);
+                    match asking.as_mut() {
+                        Some(state) => **state = Some(false),
+                        None => *inner.tag_deletes.lock().await = Some(false),
+                    }
                 }
+                Err(e) => return Err(e),
             }
         }
         drop(asking);
@@ -254,11 +204,13 @@ impl RegistryClient {
         // manifest, which a DELETE by this digest leaves alone. Left open, as
         // Distribution has no conditional DELETE: a tag put on the digest after the
         // listing goes with it, and a byte-identical re-push cannot be told apart.
-        let Some(digest) = s.head_digest(&snapshot, "resolve").await? else {
+        let Some(digest) = s.head_digest(&tagged, "resolve").await? else {
             return Ok(DeleteOutcome::Absent);
         };
-        let list = self.url(&format!("{repository}/tags/list?n={PAGE_SIZE}"))?;
-        let tags = s.list(list, "tags", "list_tags").await?.unwrap_or_default();
+        let tags = s
+            .list(&format!("{repository}/tags/list"), "tags", "list_tags")
+            .await?;
+        let tags = tags.unwrap_or_default();
         if !tags.iter().any(|t| t == SNAPSHOT_TAG) {
             info!(repository, %digest, "snapshot tag gone from the tag list; nothing deleted");
             return Ok(DeleteOutcome::Absent);
@@ -266,34 +218,28 @@ impl RegistryClient {
         let others: Vec<String> = tags.into_iter().filter(|t| t != SNAPSHOT_TAG).collect();
         if let Some(bad) = others.iter().find(|t| !valid_tag(t)) {
             let message = format!("the tag list holds a malformed tag {bad:?}");
-            return Err(RegistryError::Protocol {
-                operation: "list_tags",
-                message,
-            });
+            return Err(RegistryError::protocol("list_tags", message));
         }
         if !others.is_empty() {
-            let mut sharing = Vec::new();
+            let mut other_tags = Vec::new();
             // Any lookup error aborts: the digest is not proven unshared without all.
             for tag in others {
-                if s.head_digest(&manifest(&tag)?, "resolve").await?.as_ref() == Some(&digest) {
-                    sharing.push(tag);
+                if s.head_digest(&manifest(&tag), "resolve").await?.as_ref() == Some(&digest) {
+                    other_tags.push(tag);
                 }
             }
-            if !sharing.is_empty() {
-                warn!(repository, %digest, other_tags = ?sharing,
+            if !other_tags.is_empty() {
+                warn!(repository, %digest, ?other_tags,
                     "not deleting the snapshot: other tags share its manifest");
-                self.inner.metrics.snapshot_tags_kept.inc();
-                return Ok(DeleteOutcome::KeptSharedDigest {
-                    other_tags: sharing,
-                });
+                inner.http.metrics.snapshot_tags_kept.inc();
+                return Ok(DeleteOutcome::KeptSharedDigest { other_tags });
             }
-            match s.head_digest(&snapshot, "recheck").await? {
+            match s.head_digest(&tagged, "recheck").await? {
                 None => return Ok(DeleteOutcome::Absent),
                 Some(found) if found != digest => {
                     warn!(repository, checked = %digest, %found, "snapshot moved; not deleting");
-                    let reference = format!("{}/{repository}:{SNAPSHOT_TAG}", self.base().registry);
                     return Err(RegistryError::SnapshotMoved {
-                        reference,
+                        reference: snapshot.to_string(),
                         checked: digest,
                         found,
                     });
@@ -301,23 +247,23 @@ impl RegistryClient {
                 Some(_) => {}
             }
         }
-        match s.delete(&manifest(&digest)?, "delete_digest").await? {
-            Deleted::Yes => {
+        let reference = format!("{}/{repository}@{digest}", snapshot.registry());
+        match s
+            .delete(&manifest(&digest), &reference, "delete_digest")
+            .await
+        {
+            Ok(true) => {
                 info!(repository, %digest, "deleted snapshot manifest by digest");
                 Ok(DeleteOutcome::DeletedByDigest)
             }
-            Deleted::NotFound => Ok(DeleteOutcome::Absent),
-            Deleted::Unsupported { status, message } => {
+            Ok(false) => Ok(DeleteOutcome::Absent),
+            Err(e) => {
                 // Deletes are off altogether, which says nothing about tags: once
                 // allowed again, a tag delete is tried first.
-                refused.store(false, Ordering::Release);
-                known.store(false, Ordering::Release);
-                let reference = format!("{}/{repository}@{digest}", self.base().registry);
-                Err(RegistryError::DeleteRefused {
-                    reference,
-                    status,
-                    message,
-                })
+                if matches!(e, RegistryError::DeleteRefused { .. }) {
+                    *inner.tag_deletes.lock().await = None;
+                }
+                Err(e)
             }
         }
     }
@@ -328,38 +274,33 @@ impl SnapshotStore for RegistryClient {
         Box::pin(self.within("probe", None, async |after| self.probe(vm, after).await))
     }
 
-    fn delete_snapshot_before<'a>(
-        &'a self,
-        vm: &'a str,
-        not_after: Instant,
-    ) -> Fut<'a, DeleteOutcome> {
+    fn delete_snapshot_before<'a>(&'a self, vm: &'a str, at: Instant) -> Fut<'a, DeleteOutcome> {
         let delete = async |after| self.delete(vm, after).await;
-        Box::pin(self.within("delete", Some(not_after), delete))
+        Box::pin(self.within("delete", Some(at), delete))
     }
 }
 
-fn parse_ca_pems(pems: &[Vec<u8>]) -> Result<Vec<CertificateDer<'static>>, RegistryError> {
+/// The certificates of each PEM; one without any is refused.
+fn parse_ca_pems(pems: &[Vec<u8>]) -> Result<Vec<CertificateDer<'static>>> {
     let mut ders = Vec::new();
     for (index, pem) in pems.iter().enumerate() {
-        let before = ders.len();
-        for cert in CertificateDer::pem_slice_iter(pem) {
-            ders.push(cert.map_err(|e| {
-                RegistryError::InvalidConfig(format!(
-                    "extra CA certificate #{index} is not valid PEM: {e}"
-                ))
-            })?);
+        let invalid =
+            |why| RegistryError::InvalidConfig(format!("extra CA certificate #{index} {why}"));
+        let certs: Vec<_> = CertificateDer::pem_slice_iter(pem)
+            .collect::<Result<_, _>>()
+            .map_err(|e| invalid(format!("is not valid PEM: {e}")))?;
+        if certs.is_empty() {
+            return Err(invalid("holds no PEM CERTIFICATE block".into()));
         }
-        if ders.len() == before {
-            return Err(RegistryError::InvalidConfig(format!(
-                "extra CA certificate #{index} holds no PEM CERTIFICATE block"
-            )));
-        }
+        ders.extend(certs);
     }
     Ok(ders)
 }
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::registry::RegistryAuth;
 
     /// The controller spawns these calls on a multi-threaded runtime (C2).
     #[allow(dead_code)]
@@ -381,10 +322,7 @@ mod tests {
             RegistryConfig {
                 base: "reg.example:5000/snap".into(),
                 plain_http: false,
-                auth: RegistryAuth::Basic {
-                    username: "alice".into(),
-                    password: "hunter2".into(),
-                },
+                auth: RegistryAuth::Basic("alice".into(), "hunter2".into()),
                 extra_ca_pems: vec![],
                 timeout: Duration::from_secs(3),
             },

@@ -1,7 +1,7 @@
 //! Registry configuration and credentials. Debug output never shows a secret.
 
 use super::error::RegistryError;
-use std::fmt;
+use oci_client::secrets::RegistryAuth;
 use std::time::Duration;
 
 pub struct RegistryConfig {
@@ -9,6 +9,7 @@ pub struct RegistryConfig {
     pub base: String,
     /// Plain http only when asked explicitly; https otherwise.
     pub plain_http: bool,
+    /// oci-client's credentials, whose Debug redacts the password and the token.
     pub auth: RegistryAuth,
     /// Extra PEM CA certificates trusted for https.
     pub extra_ca_pems: Vec<Vec<u8>>,
@@ -17,8 +18,8 @@ pub struct RegistryConfig {
     pub timeout: Duration,
 }
 
-impl fmt::Debug for RegistryConfig {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+impl std::fmt::Debug for RegistryConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RegistryConfig")
             .field("base", &self.base)
             .field("plain_http", &self.plain_http)
@@ -29,94 +30,52 @@ impl fmt::Debug for RegistryConfig {
     }
 }
 
-#[derive(Clone, PartialEq, Eq)]
-pub enum RegistryAuth {
-    Anonymous,
-    Basic { username: String, password: String },
-    Bearer { token: String },
-}
-
-impl fmt::Debug for RegistryAuth {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            RegistryAuth::Anonymous => f.write_str("Anonymous"),
-            RegistryAuth::Basic { username, .. } => f
-                .debug_struct("Basic")
-                .field("username", username)
-                .field("password", &"<redacted>")
-                .finish(),
-            RegistryAuth::Bearer { .. } => f
-                .debug_struct("Bearer")
-                .field("token", &"<redacted>")
-                .finish(),
-        }
+/// Credentials for `registry` (host[:port], or a whole base "host:port/prefix") from a
+/// docker config.json, read by `docker_credential`: `auths` entries (`auth`,
+/// username/password, `identitytoken` used as a bearer token), `credHelpers` and
+/// `credsStore` (the `docker-credential-<name>` program is run). The keys tried are the
+/// host as given and as `docker login` writes it (`https://host`, and
+/// `https://index.docker.io/v1/` for Docker Hub). No entry for the host = Anonymous.
+pub fn auth_from_docker_config(json: &[u8], registry: &str) -> Result<RegistryAuth, RegistryError> {
+    use docker_credential::{CredentialRetrievalError as E, DockerCredential as C};
+    let fail = |message| Err(RegistryError::DockerConfig(message));
+    let host = registry
+        .trim()
+        .split('/')
+        .next()
+        .unwrap_or_default()
+        .to_ascii_lowercase();
+    if host.is_empty() {
+        return fail("empty registry host".into());
     }
-}
-
-impl RegistryAuth {
-    pub(super) fn to_oci(&self) -> oci_client::secrets::RegistryAuth {
-        use oci_client::secrets::RegistryAuth as Oci;
-        match self.clone() {
-            RegistryAuth::Anonymous => Oci::Anonymous,
-            RegistryAuth::Basic { username, password } => Oci::Basic(username, password),
-            RegistryAuth::Bearer { token } => Oci::Bearer(token),
-        }
+    // The crate says only "Unable to read config"; serde_json says where it broke.
+    if let Err(e) = serde_json::from_slice::<serde::de::IgnoredAny>(json) {
+        return fail(format!("not valid JSON: {e}"));
     }
-
-    /// Credentials for `registry` (host[:port], or a whole base "host:port/prefix") from
-    /// a docker config.json, read by `docker_credential`: `auths` entries (`auth`,
-    /// username/password, `identitytoken` used as a bearer token), `credHelpers` and
-    /// `credsStore` (the `docker-credential-<name>` program is run). The keys tried are
-    /// the host as given and as `docker login` writes it (`https://host`, and
-    /// `https://index.docker.io/v1/` for Docker Hub). No entry for the host = Anonymous.
-    pub fn from_docker_config(json: &[u8], registry: &str) -> Result<RegistryAuth, RegistryError> {
-        use docker_credential::{CredentialRetrievalError as E, DockerCredential};
-        let host = registry
-            .trim()
-            .split('/')
-            .next()
-            .unwrap_or_default()
-            .to_ascii_lowercase();
-        if host.is_empty() {
-            return Err(RegistryError::DockerConfig("empty registry host".into()));
-        }
-        // The crate says only "Unable to read config"; serde_json says where it broke.
-        serde_json::from_slice::<serde::de::IgnoredAny>(json)
-            .map_err(|e| RegistryError::DockerConfig(format!("not valid JSON: {e}")))?;
-        let mut keys = vec![
-            host.clone(),
-            format!("https://{host}"),
-            format!("http://{host}"),
-        ];
-        if matches!(
-            host.as_str(),
-            "docker.io" | "index.docker.io" | "registry-1.docker.io"
-        ) {
-            keys.push("https://index.docker.io/v1/".into());
-        }
-        for key in &keys {
-            let found = docker_credential::get_credential_from_reader(json, key);
-            return match found {
-                Ok(DockerCredential::UsernamePassword(username, password)) => {
-                    Ok(RegistryAuth::Basic { username, password })
-                }
-                Ok(DockerCredential::IdentityToken(token)) => Ok(RegistryAuth::Bearer { token }),
-                Err(E::NoCredentialConfigured) => continue,
-                // The crate's messages carry no secret; a helper's stdout might, so it
-                // is left out.
-                Err(E::HelperFailure { helper, stderr, .. }) => {
-                    Err(RegistryError::DockerConfig(format!(
-                        "credential helper {helper} failed for {key}: {}",
-                        stderr.trim()
-                    )))
-                }
-                Err(e) => Err(RegistryError::DockerConfig(format!(
-                    "credentials for {key}: {e}"
-                ))),
-            };
-        }
-        Ok(RegistryAuth::Anonymous)
+    let hub = ["docker.io", "index.docker.io", "registry-1.docker.io"].contains(&host.as_str());
+    let hub = hub.then(|| "https://index.docker.io/v1/".to_string());
+    let keys = [
+        host.clone(),
+        format!("https://{host}"),
+        format!("http://{host}"),
+    ];
+    for key in keys.into_iter().chain(hub) {
+        return match docker_credential::get_credential_from_reader(json, &key) {
+            Ok(C::UsernamePassword(username, password)) => {
+                Ok(RegistryAuth::Basic(username, password))
+            }
+            Ok(C::IdentityToken(token)) => Ok(RegistryAuth::Bearer(token)),
+            Err(E::NoCredentialConfigured) => continue,
+            // The crate's messages carry no secret; a helper's stdout might, so it is
+            // left out.
+            Err(E::HelperFailure { helper, stderr, .. }) => fail(format!(
+                "credential helper {helper} failed for {key}: {}",
+                stderr.trim()
+            )),
+            Err(e) => fail(format!("credentials for {key}: {e}")),
+        };
     }
+    Ok(RegistryAuth::Anonymous)
 }
 
 #[cfg(test)]
@@ -134,14 +93,8 @@ mod tests {
             r#"{{"auths":{{"reg.example:5000":{{"auth":"{}"}}}}}}"#,
             b64("alice:s3:cret")
         );
-        let auth = RegistryAuth::from_docker_config(json.as_bytes(), "reg.example:5000").unwrap();
-        assert_eq!(
-            auth,
-            RegistryAuth::Basic {
-                username: "alice".into(),
-                password: "s3:cret".into()
-            }
-        );
+        let auth = auth_from_docker_config(json.as_bytes(), "reg.example:5000").unwrap();
+        assert_eq!(auth, RegistryAuth::Basic("alice".into(), "s3:cret".into()));
     }
 
     #[test]
@@ -151,34 +104,28 @@ mod tests {
             b64("a:b")
         );
         let auth =
-            RegistryAuth::from_docker_config(json.as_bytes(), "reg.example:5000/snapshots/team")
-                .unwrap();
-        assert!(matches!(auth, RegistryAuth::Basic { ref username, .. } if username == "a"));
+            auth_from_docker_config(json.as_bytes(), "reg.example:5000/snapshots/team").unwrap();
+        assert!(matches!(auth, RegistryAuth::Basic(ref username, _) if username == "a"));
         // Docker Hub aliases.
         let json = format!(
             r#"{{"auths":{{"https://index.docker.io/v1/":{{"auth":"{}"}}}}}}"#,
             b64("a:b")
         );
-        let auth = RegistryAuth::from_docker_config(json.as_bytes(), "docker.io").unwrap();
-        assert!(matches!(auth, RegistryAuth::Basic { .. }));
+        let auth = auth_from_docker_config(json.as_bytes(), "docker.io").unwrap();
+        assert!(matches!(auth, RegistryAuth::Basic(..)));
     }
 
     #[test]
     fn docker_config_username_password_and_tokens() {
         let json = br#"{"auths":{"r":{"username":"u","password":"p"}}}"#;
         assert_eq!(
-            RegistryAuth::from_docker_config(json, "r").unwrap(),
-            RegistryAuth::Basic {
-                username: "u".into(),
-                password: "p".into()
-            }
+            auth_from_docker_config(json, "r").unwrap(),
+            RegistryAuth::Basic("u".into(), "p".into())
         );
         let json = br#"{"auths":{"r":{"identitytoken":"tok"}}}"#;
         assert_eq!(
-            RegistryAuth::from_docker_config(json, "r").unwrap(),
-            RegistryAuth::Bearer {
-                token: "tok".into()
-            }
+            auth_from_docker_config(json, "r").unwrap(),
+            RegistryAuth::Bearer("tok".into())
         );
     }
 
@@ -186,47 +133,42 @@ mod tests {
     #[test]
     fn docker_config_credential_helpers_are_used() {
         let json = br#"{"credHelpers":{"r":"cocoon-test-missing"}}"#;
-        let err = RegistryAuth::from_docker_config(json, "r").unwrap_err();
+        let err = auth_from_docker_config(json, "r").unwrap_err();
         assert!(err.to_string().contains("credential helper"), "{err}");
         let json = br#"{"auths":{"other":{}},"credsStore":"cocoon-test-missing"}"#;
-        assert!(RegistryAuth::from_docker_config(json, "r").is_err());
+        assert!(auth_from_docker_config(json, "r").is_err());
     }
 
     #[test]
     fn docker_config_missing_host_is_anonymous() {
         let json = br#"{"auths":{"other":{"username":"u","password":"p"}}}"#;
         assert_eq!(
-            RegistryAuth::from_docker_config(json, "r").unwrap(),
+            auth_from_docker_config(json, "r").unwrap(),
             RegistryAuth::Anonymous
         );
         assert_eq!(
-            RegistryAuth::from_docker_config(b"{}", "r").unwrap(),
+            auth_from_docker_config(b"{}", "r").unwrap(),
             RegistryAuth::Anonymous
         );
     }
 
     #[test]
     fn docker_config_errors_are_clear_and_do_not_leak() {
-        let err = RegistryAuth::from_docker_config(b"not json", "r").unwrap_err();
+        let err = auth_from_docker_config(b"not json", "r").unwrap_err();
         assert!(err.to_string().contains("not valid JSON"), "{err}");
         let json = br#"{"auths":{"r":{"auth":"!!!secret!!!"}}}"#;
-        let err = RegistryAuth::from_docker_config(json, "r").unwrap_err();
+        let err = auth_from_docker_config(json, "r").unwrap_err();
         assert!(err.to_string().contains("decode"), "{err}");
         assert!(!err.to_string().contains("secret"), "{err}");
         let json = format!(r#"{{"auths":{{"r":{{"auth":"{}"}}}}}}"#, b64("nocolon"));
-        let err = RegistryAuth::from_docker_config(json.as_bytes(), "r").unwrap_err();
+        let err = auth_from_docker_config(json.as_bytes(), "r").unwrap_err();
         assert!(!err.to_string().contains("nocolon"), "{err}");
     }
 
     #[test]
     fn debug_redacts_secrets() {
-        let basic = RegistryAuth::Basic {
-            username: "alice".into(),
-            password: "hunter2".into(),
-        };
-        let bearer = RegistryAuth::Bearer {
-            token: "tok-abc".into(),
-        };
+        let basic = RegistryAuth::Basic("alice".into(), "hunter2".into());
+        let bearer = RegistryAuth::Bearer("tok-abc".into());
         let config = RegistryConfig {
             base: "reg:5000/p".into(),
             plain_http: false,

@@ -6,6 +6,11 @@ use std::time::Duration;
 /// Longest excerpt of a registry answer kept in an error message.
 const MAX_DETAIL: usize = 300;
 
+/// The operation an error or a `registry_calls_total` count is about.
+pub(crate) type Op = &'static str;
+
+pub(crate) type Result<T, E = RegistryError> = std::result::Result<T, E>;
+
 #[derive(Debug, thiserror::Error)]
 pub enum RegistryError {
     #[error("invalid VM name {name:?} for an OCI repository: {reason}")]
@@ -16,20 +21,14 @@ pub enum RegistryError {
     DockerConfig(String),
     /// The operation ran out of its budget (C2); `after` is that whole budget.
     #[error("registry {operation} timed out after {after:?}")]
-    Timeout {
-        operation: &'static str,
-        after: Duration,
-    },
+    Timeout { operation: Op, after: Duration },
     /// Connection refused, DNS, TLS or another transport failure.
     #[error("registry {operation} failed to reach the registry: {message}")]
-    Transport {
-        operation: &'static str,
-        message: String,
-    },
+    Transport { operation: Op, message: String },
     /// Credentials refused: 401/403, or by the token server.
     #[error("registry {operation} not authorized (HTTP {status}): {message}")]
     Unauthorized {
-        operation: &'static str,
+        operation: Op,
         status: u16,
         message: String,
     },
@@ -42,16 +41,13 @@ pub enum RegistryError {
     },
     #[error("registry {operation} failed (HTTP {status}): {message}")]
     Server {
-        operation: &'static str,
+        operation: Op,
         status: u16,
         message: String,
     },
     /// An OCI error code we do not handle (oci-client keeps no status).
     #[error("registry rejected {operation}: {message}")]
-    Rejected {
-        operation: &'static str,
-        message: String,
-    },
+    Rejected { operation: Op, message: String },
     /// `<vm>:hibernate` moved to another manifest while its delete was checked.
     #[error(
         "{reference} moved from {checked} to {found} while its delete was checked; nothing deleted"
@@ -62,10 +58,7 @@ pub enum RegistryError {
         found: String,
     },
     #[error("registry {operation} returned an unusable answer: {message}")]
-    Protocol {
-        operation: &'static str,
-        message: String,
-    },
+    Protocol { operation: Op, message: String },
 }
 
 impl RegistryError {
@@ -102,19 +95,17 @@ impl RegistryError {
         }
     }
 
-    /// An HTTP answer nobody expected: 401/403 refuse the credentials, TOOMANYREQUESTS
-    /// under any status is throttling.
-    pub(crate) fn from_status(operation: &'static str, status: u16, body: &str) -> Self {
-        let message = answer_detail(status, body);
+    pub(crate) fn protocol(operation: Op, message: impl Into<String>) -> Self {
+        let message = message.into();
+        RegistryError::Protocol { operation, message }
+    }
+
+    /// An answer with an HTTP status: 401/403 refuse the credentials.
+    fn answer(operation: Op, status: u16, message: String) -> Self {
         match status {
             401 | 403 => RegistryError::Unauthorized {
                 operation,
                 status,
-                message,
-            },
-            _ if body.contains("TOOMANYREQUESTS") => RegistryError::Server {
-                operation,
-                status: 429,
                 message,
             },
             _ => RegistryError::Server {
@@ -125,12 +116,21 @@ impl RegistryError {
         }
     }
 
+    /// An HTTP answer nobody expected. An OCI error body saying TOOMANYREQUESTS is
+    /// throttling under any status but 401/403.
+    pub(crate) fn from_status(operation: Op, status: u16, body: &str) -> Self {
+        let message = answer_detail(status, body);
+        let throttled = error_codes(body).contains(&Code::Toomanyrequests);
+        let status = if throttled && !matches!(status, 401 | 403) {
+            429
+        } else {
+            status
+        };
+        RegistryError::answer(operation, status, message)
+    }
+
     /// A reqwest failure; its own timeout reports the operation's budget `after`.
-    pub(crate) fn transport(
-        operation: &'static str,
-        err: &reqwest::Error,
-        after: Duration,
-    ) -> Self {
+    pub(crate) fn transport(operation: Op, err: &reqwest::Error, after: Duration) -> Self {
         match err.is_timeout() {
             true => RegistryError::Timeout { operation, after },
             false => RegistryError::Transport {
@@ -141,17 +141,15 @@ impl RegistryError {
     }
 }
 
+/// The codes of an OCI error body (`{"errors":[{"code":…}]}`); none if it is not one.
+pub(crate) fn error_codes(body: &str) -> Vec<Code> {
+    let envelope = serde_json::from_str::<OciEnvelope>(body).ok();
+    envelope.map_or_else(Vec::new, |e| e.errors.into_iter().map(|e| e.code).collect())
+}
+
 /// An oci-client failure; None when it means "not there" (H3).
-pub(crate) fn from_oci(
-    err: Oci,
-    operation: &'static str,
-    after: Duration,
-) -> Option<RegistryError> {
-    let unauthorized = |message| RegistryError::Unauthorized {
-        operation,
-        status: 401,
-        message,
-    };
+pub(crate) fn from_oci(err: Oci, operation: Op, after: Duration) -> Option<RegistryError> {
+    let unauthorized = |message| RegistryError::answer(operation, 401, message);
     Some(match err {
         Oci::RegistryError { envelope, .. } => return from_envelope(&envelope, operation),
         Oci::ImageManifestNotFoundError(_) | Oci::ServerError { code: 404, .. } => return None,
@@ -167,50 +165,42 @@ pub(crate) fn from_oci(
             operation,
             message: describe_chain(&e),
         },
-        other => RegistryError::Protocol {
-            operation,
-            message: describe_chain(&other),
-        },
+        other => RegistryError::protocol(operation, describe_chain(&other)),
     })
 }
 
 /// An OCI error body; None when it means "not there" (MANIFEST_UNKNOWN, NAME_UNKNOWN).
-pub(crate) fn from_envelope(
-    envelope: &OciEnvelope,
-    operation: &'static str,
-) -> Option<RegistryError> {
-    let has = |code: Code| envelope.errors.iter().any(|e| e.code == code);
+/// DENIED and UNAUTHORIZED refuse the credentials, TOOMANYREQUESTS is throttling.
+pub fn from_envelope(envelope: &OciEnvelope, operation: Op) -> Option<RegistryError> {
+    let has = |code: &Code| envelope.errors.iter().any(|e| e.code == *code);
     let message = excerpt(&envelope.to_string());
-    if has(Code::ManifestUnknown) || has(Code::NameUnknown) || has(Code::NotFound) {
-        None
-    } else if has(Code::Denied) || has(Code::Unauthorized) {
-        let status = if has(Code::Denied) { 403 } else { 401 };
-        Some(RegistryError::Unauthorized {
-            operation,
-            status,
-            message,
-        })
-    } else if has(Code::Toomanyrequests) {
-        Some(RegistryError::Server {
-            operation,
-            status: 429,
-            message,
-        })
-    } else {
-        Some(RegistryError::Rejected { operation, message })
+    if [Code::ManifestUnknown, Code::NameUnknown, Code::NotFound]
+        .iter()
+        .any(has)
+    {
+        return None;
     }
+    let statuses = [
+        (Code::Denied, 403),
+        (Code::Unauthorized, 401),
+        (Code::Toomanyrequests, 429),
+    ];
+    Some(match statuses.iter().find(|(code, _)| has(code)) {
+        Some(&(_, status)) => RegistryError::answer(operation, status, message),
+        None => RegistryError::Rejected { operation, message },
+    })
 }
 
 /// Shortens a registry answer for an error message, on a char boundary.
-pub(crate) fn excerpt(text: &str) -> String {
+pub fn excerpt(text: &str) -> String {
     let text = text.trim();
-    match (0..=MAX_DETAIL)
-        .rev()
-        .find(|&end| text.is_char_boundary(end))
-    {
-        Some(end) if text.len() > MAX_DETAIL => format!("{}…", &text[..end]),
-        _ => text.to_string(),
+    if text.len() <= MAX_DETAIL {
+        return text.to_string();
     }
+    let end = (0..=MAX_DETAIL)
+        .rev()
+        .find(|&end| text.is_char_boundary(end));
+    format!("{}…", &text[..end.unwrap_or(0)])
 }
 
 /// An answer for an error message: the body's start, or for an empty body the status's
@@ -228,13 +218,8 @@ pub(crate) fn answer_detail(status: u16, body: &str) -> String {
 /// An error with its chain of causes (reqwest hides e.g. "connection refused" in a
 /// source). URLs in it never carry credentials.
 pub(crate) fn describe_chain(err: &(dyn std::error::Error + 'static)) -> String {
-    let mut message = err.to_string();
-    let mut source = err.source();
-    while let Some(cause) = source {
-        message = format!("{message}: {cause}");
-        source = cause.source();
-    }
-    excerpt(&message)
+    let chain = std::iter::successors(Some(err), |e| e.source()).map(ToString::to_string);
+    excerpt(&chain.collect::<Vec<_>>().join(": "))
 }
 
 #[cfg(test)]

@@ -3,123 +3,142 @@
 //! pings `GET /v2/` before every request it holds no token for (each request on a
 //! registry without auth). So a whole delete runs here, on one [`Session`] and at most
 //! one token (`pull,delete`): its HEADs, its `tags/list` pages (whose `Link` pagination
-//! oci-client's `list_tags` hides) and its DELETEs. The reqwest client is built next to
-//! oci-client's, from the same roots and settings (`client.rs`).
+//! oci-client's `list_tags` hides) and its DELETEs.
 
-use super::config::RegistryAuth;
-use super::error::{RegistryError, answer_detail};
+use super::error::{Op, RegistryError, Result, answer_detail, error_codes};
 use crate::metrics::Metrics;
+use oci_client::errors::OciErrorCode as Code;
+use oci_client::manifest::{IMAGE_MANIFEST_LIST_MEDIA_TYPE, IMAGE_MANIFEST_MEDIA_TYPE};
+use oci_client::manifest::{OCI_IMAGE_INDEX_MEDIA_TYPE, OCI_IMAGE_MEDIA_TYPE};
+use oci_client::secrets::RegistryAuth;
 use reqwest::{Method, Url, header};
 use std::collections::HashSet;
 use std::time::Duration;
 
 /// Items asked for per page of a listing (Distribution refuses `n` above 1000).
-pub(super) const PAGE_SIZE: usize = 100;
+const PAGE_SIZE: usize = 100;
 /// So a registry whose pages never end cannot loop us forever.
 const MAX_PAGES: usize = 10_000;
+/// Every manifest type a snapshot may be stored as, accepted by a HEAD: without them a
+/// registry may answer with a converted manifest, whose digest is not the stored one.
+const MANIFEST_TYPES: [&str; 4] = [
+    OCI_IMAGE_MEDIA_TYPE,
+    OCI_IMAGE_INDEX_MEDIA_TYPE,
+    IMAGE_MANIFEST_MEDIA_TYPE,
+    IMAGE_MANIFEST_LIST_MEDIA_TYPE,
+];
 
-/// One operation's requests: its credentials, and the token the registry asked for,
-/// fetched at most once, with the scope of the whole operation.
+/// The registry as the helper reaches it. The reqwest client is built next to
+/// oci-client's, from the same roots and settings (`client.rs`).
+pub(super) struct Http {
+    pub client: reqwest::Client,
+    pub auth: RegistryAuth,
+    pub metrics: Metrics,
+    /// `<scheme>://<registry>/v2/`.
+    pub root: String,
+}
+
+/// One operation's requests, and the token the registry asked for: fetched at most once,
+/// with the scope of the whole operation (`repository:<repo>:pull,delete`, or the
+/// catalog's `registry:catalog:*`). `budget` is what a reqwest timeout reports.
 pub(super) struct Session<'a> {
-    pub http: &'a reqwest::Client,
-    pub auth: &'a RegistryAuth,
-    pub metrics: &'a Metrics,
-    /// `repository:<repo>:pull,delete`, or the catalog's `registry:catalog:*`.
-    pub scope: String,
-    /// Reported by a reqwest timeout: the budget of the operation.
-    pub budget: Duration,
-    pub token: Option<String>,
+    http: &'a Http,
+    scope: String,
+    budget: Duration,
+    token: Option<String>,
 }
 
-/// The parts of an answer a delete reads.
-pub(super) struct Answer {
-    pub status: u16,
-    /// `Docker-Content-Digest`.
-    pub digest: Option<String>,
-    pub link: Option<String>,
-    pub body: String,
-    challenge: Option<(String, Option<String>)>,
+/// The parts of an answer the helper reads.
+struct Answer {
+    status: u16,
+    headers: header::HeaderMap,
+    body: String,
 }
 
-/// How the registry answered a manifest DELETE.
-pub(super) enum Deleted {
-    Yes,
-    NotFound,
-    /// Not this way: 405, or Distribution's 400 DIGEST_INVALID for a tag.
-    Unsupported {
-        status: u16,
-        message: String,
-    },
+impl Http {
+    pub fn session(&self, scope: String, budget: Duration) -> Session<'_> {
+        Session {
+            http: self,
+            scope,
+            budget,
+            token: None,
+        }
+    }
+
+    /// Counts a call in `registry_calls_total`; `ok` names a success's outcome.
+    pub fn counted<T>(
+        &self,
+        op: Op,
+        result: Result<T>,
+        ok: impl FnOnce(&T) -> &'static str,
+    ) -> Result<T> {
+        let outcome = match &result {
+            Ok(value) => ok(value),
+            Err(RegistryError::Timeout { .. }) => "timeout",
+            Err(RegistryError::DeleteRefused { .. }) => "unsupported",
+            Err(_) => "error",
+        };
+        self.metrics.registry_call(op, outcome);
+        result
+    }
+
+    fn url(&self, path: &str) -> Result<Url> {
+        let raw = format!("{}{path}", self.root);
+        Url::parse(&raw).map_err(|e| RegistryError::InvalidConfig(format!("bad URL {raw}: {e}")))
+    }
+}
+
+impl Answer {
+    fn header(&self, name: &str) -> Option<String> {
+        Some(self.headers.get(name)?.to_str().ok()?.trim().to_string())
+    }
 }
 
 impl Session<'_> {
     /// One request, with the session's token, else the configured credentials. A 401
-    /// with a Bearer challenge gets the session its token and is sent once more.
-    pub async fn send(
-        &mut self,
-        method: Method,
-        url: &Url,
-        accept: &str,
-        op: &'static str,
-    ) -> Result<Answer, RegistryError> {
-        let mut answer = self.send_once(&method, url, accept, op).await?;
-        if answer.status == 401
-            && self.token.is_none()
-            && let Some((realm, service)) = answer.challenge.take()
-        {
-            let token = self.fetch_token(&realm, service.as_deref(), url).await;
-            self.metrics.registry_call("token", outcome(&token, "ok"));
-            self.token = Some(token?);
-            answer = self.send_once(&method, url, accept, op).await?;
-        }
-        Ok(answer)
-    }
-
-    /// Sent twice on a transport error: a registry restart leaves dead pooled
+    /// with a Bearer challenge gets the session its token and is sent once more. A
+    /// transport error sends it again too: a registry restart leaves dead pooled
     /// connections, and every request here is idempotent.
-    async fn send_once(
-        &self,
-        method: &Method,
-        url: &Url,
-        accept: &str,
-        op: &'static str,
-    ) -> Result<Answer, RegistryError> {
-        match self.try_send(method, url, accept).await {
-            Err(e) if !e.is_timeout() => self.try_send(method, url, accept).await,
-            other => other,
+    async fn send(&mut self, method: Method, url: &Url, op: Op) -> Result<Answer> {
+        loop {
+            let answer = match self.try_send(&method, url).await {
+                Err(e) if !e.is_timeout() => self.try_send(&method, url).await,
+                other => other,
+            };
+            let answer = answer.map_err(|e| RegistryError::transport(op, &e, self.budget))?;
+            let challenges = answer.headers.get_all(header::WWW_AUTHENTICATE).iter();
+            let challenge = challenges
+                .filter_map(|v| v.to_str().ok())
+                .find_map(bearer_challenge);
+            match challenge {
+                Some((realm, service)) if answer.status == 401 && self.token.is_none() => {
+                    let token = self.fetch_token(&realm, service.as_deref(), url).await;
+                    self.token = Some(self.http.counted("token", token, |_| "ok")?);
+                }
+                _ => return Ok(answer),
+            }
         }
-        .map_err(|e| RegistryError::transport(op, &e, self.budget))
     }
 
-    async fn try_send(
-        &self,
-        method: &Method,
-        url: &Url,
-        accept: &str,
-    ) -> Result<Answer, reqwest::Error> {
-        let request = self.http.request(method.clone(), url.clone());
-        let request = match (&self.token, self.auth) {
-            (Some(token), _) | (None, RegistryAuth::Bearer { token }) => request.bearer_auth(token),
-            (None, RegistryAuth::Basic { username, password }) => {
-                request.basic_auth(username, Some(password))
-            }
+    async fn try_send(&self, method: &Method, url: &Url) -> reqwest::Result<Answer> {
+        let accept = match *method {
+            Method::HEAD => MANIFEST_TYPES.join(", "),
+            Method::GET => "application/json".into(),
+            _ => "*/*".into(),
+        };
+        let request = self.http.client.request(method.clone(), url.clone());
+        let request = match (&self.token, &self.http.auth) {
+            (Some(token), _) | (None, RegistryAuth::Bearer(token)) => request.bearer_auth(token),
+            (None, RegistryAuth::Basic(user, pass)) => request.basic_auth(user, Some(pass)),
             (None, RegistryAuth::Anonymous) => request,
         };
         let response = request.header(header::ACCEPT, accept).send().await?;
-        let headers = response.headers();
-        let text = |name| Some(headers.get(name)?.to_str().ok()?.trim().to_string());
-        let (digest, link) = (text("docker-content-digest"), text("link"));
-        let challenge = headers
-            .get_all(header::WWW_AUTHENTICATE)
-            .iter()
-            .filter_map(|v| v.to_str().ok())
-            .find_map(bearer_challenge);
+        let (status, headers) = (response.status().as_u16(), response.headers().clone());
+        let body = response.text().await?;
         Ok(Answer {
-            status: response.status().as_u16(),
-            digest,
-            link,
-            challenge,
-            body: response.text().await?,
+            status,
+            headers,
+            body,
         })
     }
 
@@ -129,219 +148,144 @@ impl Session<'_> {
         realm: &str,
         service: Option<&str>,
         target: &Url,
-    ) -> Result<String, RegistryError> {
-        const OP: &str = "token";
-        let protocol = |message| RegistryError::Protocol {
-            operation: OP,
-            message,
-        };
-        let mut url = Url::parse(realm)
-            .map_err(|e| protocol(format!("token realm {realm:?} is not a URL: {e}")))?;
+    ) -> Result<String> {
+        const OP: Op = "token";
+        let realm_error = |why| RegistryError::protocol(OP, format!("token realm {realm:?} {why}"));
+        let mut url = Url::parse(realm).map_err(|e| realm_error(format!("is not a URL: {e}")))?;
         if target.scheme() == "https" && url.scheme() != "https" {
-            return Err(protocol(format!(
-                "token realm {realm:?} is not https; credentials are not sent in the clear"
-            )));
+            let why = "is not https; credentials are not sent in the clear";
+            return Err(realm_error(why.into()));
         }
         url.query_pairs_mut()
             .extend_pairs(service.map(|s| ("service", s)))
             .append_pair("scope", &self.scope);
-        let request = match self.auth {
-            RegistryAuth::Basic { username, password } => self
-                .http
-                .get(url.clone())
-                .basic_auth(username, Some(password)),
-            _ => self.http.get(url.clone()),
-        };
+        let mut request = self.http.client.get(url);
+        if let RegistryAuth::Basic(user, password) = &self.http.auth {
+            request = request.basic_auth(user, Some(password));
+        }
         let transport = |e: reqwest::Error| RegistryError::transport(OP, &e, self.budget);
         let response = request.send().await.map_err(transport)?;
         let status = response.status().as_u16();
         let body = response.text().await.map_err(transport)?;
-        if status != 200 {
+        match status {
+            200 => token_from_body(&body),
             // A token server that is down or throttling has not refused the credentials.
-            let detail = format!("token request failed: {}", answer_detail(status, &body));
-            return Err(RegistryError::from_status(OP, status, &detail));
+            _ => Err(RegistryError::from_status(OP, status, &body)),
         }
-        token_from_body(&body)
     }
 
-    /// HEAD a manifest: its digest, None on 404. Counted under `op`.
-    pub async fn head_digest(
-        &mut self,
-        url: &Url,
-        op: &'static str,
-    ) -> Result<Option<String>, RegistryError> {
-        let result = async {
-            let answer = self.send(Method::HEAD, url, &manifest_accept(), op).await?;
-            match (answer.status, answer.digest) {
-                (404, _) => Ok(None),
-                (200, Some(digest)) if valid_digest(&digest) => Ok(Some(digest)),
-                (200, digest) => Err(RegistryError::Protocol {
-                    operation: op,
-                    message: format!("the manifest HEAD answered the digest {digest:?}"),
-                }),
-                (status, _) => Err(RegistryError::from_status(op, status, &answer.body)),
+    /// HEAD a manifest (`<repository>/manifests/<reference>`): its digest, None on 404.
+    /// Counted under `op`.
+    pub async fn head_digest(&mut self, path: &str, op: Op) -> Result<Option<String>> {
+        let answer = self.send(Method::HEAD, &self.http.url(path)?, op).await;
+        let result = answer.and_then(|a| match (a.status, a.header("docker-content-digest")) {
+            (404, _) => Ok(None),
+            (200, Some(digest)) if valid_digest(&digest) => Ok(Some(digest)),
+            (200, digest) => {
+                let message = format!("the manifest HEAD answered the digest {digest:?}");
+                Err(RegistryError::protocol(op, message))
             }
-        }
-        .await;
-        let present = matches!(result, Ok(Some(_)));
-        let label = if present { "present" } else { "absent" };
-        self.metrics.registry_call(op, outcome(&result, label));
-        result
+            (status, _) => Err(RegistryError::from_status(op, status, &a.body)),
+        });
+        self.http
+            .counted(op, result, |d| d.as_ref().map_or("absent", |_| "present"))
     }
 
-    /// Every entry of a paginated listing (`key` of each JSON page), each page read
-    /// once; None when the first page is 404. One call per page, counted under `op`.
-    pub async fn list(
-        &mut self,
-        mut url: Url,
-        key: &str,
-        op: &'static str,
-    ) -> Result<Option<Vec<String>>, RegistryError> {
+    /// Every entry of a paginated listing (`key` of each JSON page at `path`), each page
+    /// read once; None when the first page is 404. One call per page, counted under `op`.
+    pub async fn list(&mut self, path: &str, key: &str, op: Op) -> Result<Option<Vec<String>>> {
+        let mut url = self.http.url(&format!("{path}?n={PAGE_SIZE}"))?;
         let (mut items, mut seen) = (Vec::new(), HashSet::new());
         for _ in 0..MAX_PAGES {
-            let page = self.page(&url, key, op).await;
-            let found = matches!(page, Ok(Some(_)));
-            self.metrics
-                .registry_call(op, outcome(&page, if found { "ok" } else { "absent" }));
+            let answer = self.send(Method::GET, &url, op).await;
+            let page = answer.and_then(|answer| match answer.status {
+                404 => Ok(None),
+                200 => Ok(Some((
+                    page_entries(&answer.body, key, op)?,
+                    answer.header("link"),
+                ))),
+                status => Err(RegistryError::from_status(op, status, &answer.body)),
+            });
+            let page = self
+                .http
+                .counted(op, page, |p| p.as_ref().map_or("absent", |_| "ok"));
             let Some((page, link)) = page? else {
                 return Ok((!items.is_empty()).then_some(items));
             };
-            let (len, last) = (page.len(), page.last().cloned());
-            let mut new = 0;
-            for item in page {
-                if seen.insert(item.clone()) {
-                    items.push(item);
-                    new += 1;
-                }
-            }
-            match next_page(&url, link.as_deref(), len, new, last.as_deref()).map_err(
-                |message| RegistryError::Protocol {
-                    operation: op,
-                    message,
-                },
-            )? {
+            let (len, last, before) = (page.len(), page.last().cloned(), items.len());
+            items.extend(page.into_iter().filter(|item| seen.insert(item.clone())));
+            let new = items.len() - before;
+            let next = next_page(&url, link.as_deref(), len, new, last.as_deref());
+            match next.map_err(|message| RegistryError::protocol(op, message))? {
                 Some(next) => url = next,
                 None => return Ok(Some(items)),
             }
         }
         let message = format!("the listing did not end within {MAX_PAGES} pages");
-        Err(RegistryError::Protocol {
-            operation: op,
-            message,
-        })
+        Err(RegistryError::protocol(op, message))
     }
 
-    async fn page(
-        &mut self,
-        url: &Url,
-        key: &str,
-        op: &'static str,
-    ) -> Result<Option<(Vec<String>, Option<String>)>, RegistryError> {
-        let answer = self.send(Method::GET, url, "application/json", op).await?;
-        match answer.status {
-            404 => return Ok(None),
-            200 => {}
-            status => return Err(RegistryError::from_status(op, status, &answer.body)),
-        }
-        let mut page: serde_json::Value =
-            serde_json::from_str(&answer.body).map_err(|e| RegistryError::Protocol {
-                operation: op,
-                message: format!("the listing is not JSON: {e}"),
-            })?;
-        // `null` (Distribution, for a repository without tags) lists nothing.
-        let entries = match page.get_mut(key).map(serde_json::Value::take) {
-            None | Some(serde_json::Value::Null) => Vec::new(),
-            Some(list) => serde_json::from_value(list).map_err(|e| RegistryError::Protocol {
-                operation: op,
-                message: format!("the listing's {key:?} is not a list of names: {e}"),
-            })?,
-        };
-        Ok(Some((entries, answer.link)))
-    }
-
-    /// DELETE a manifest (by tag or digest), counted under `op`.
-    pub async fn delete(&mut self, url: &Url, op: &'static str) -> Result<Deleted, RegistryError> {
-        let result = async {
-            let answer = self.send(Method::DELETE, url, "*/*", op).await?;
-            interpret_delete(answer.status, &answer.body, op)
-        }
-        .await;
-        let label = match &result {
-            Ok(Deleted::Yes) => "deleted",
-            Ok(Deleted::NotFound) => "absent",
-            _ => "unsupported",
-        };
-        self.metrics.registry_call(op, outcome(&result, label));
-        result
+    /// DELETE the manifest `<repository>/manifests/<tag or digest>` that users know as
+    /// `reference`: true once deleted, false when absent. Counted under `op`.
+    pub async fn delete(&mut self, path: &str, reference: &str, op: Op) -> Result<bool> {
+        let answer = self.send(Method::DELETE, &self.http.url(path)?, op).await;
+        let result = answer.and_then(|a| interpret_delete(a.status, &a.body, reference, op));
+        self.http.counted(
+            op,
+            result,
+            |&deleted| if deleted { "deleted" } else { "absent" },
+        )
     }
 }
 
-/// The `registry_calls_total` outcome: `ok` for a success, else error or timeout.
-fn outcome<T>(result: &Result<T, RegistryError>, ok: &'static str) -> &'static str {
-    match result {
-        Ok(_) => ok,
-        Err(RegistryError::Timeout { .. }) => "timeout",
-        Err(_) => "error",
+/// The `key` entries of a listing page; `null` (Distribution, for a repository without
+/// tags) lists nothing.
+fn page_entries(body: &str, key: &str, op: Op) -> Result<Vec<String>> {
+    let mut page: serde_json::Value = serde_json::from_str(body)
+        .map_err(|e| RegistryError::protocol(op, format!("the listing is not JSON: {e}")))?;
+    match page.get_mut(key).map(serde_json::Value::take) {
+        None | Some(serde_json::Value::Null) => Ok(Vec::new()),
+        Some(list) => serde_json::from_value(list).map_err(|e| {
+            let message = format!("the listing's {key:?} is not a list of names: {e}");
+            RegistryError::protocol(op, message)
+        }),
     }
 }
 
-/// Every manifest type a snapshot may be stored as; without them a registry may answer
-/// with a converted manifest, whose digest is not the stored one.
-fn manifest_accept() -> String {
-    use oci_client::manifest::*;
-    [
-        OCI_IMAGE_MEDIA_TYPE,
-        OCI_IMAGE_INDEX_MEDIA_TYPE,
-        IMAGE_MANIFEST_MEDIA_TYPE,
-        IMAGE_MANIFEST_LIST_MEDIA_TYPE,
-    ]
-    .join(", ")
-}
-
-/// What a DELETE status means. 404 is "already gone".
-pub(crate) fn interpret_delete(
-    status: u16,
-    body: &str,
-    op: &'static str,
-) -> Result<Deleted, RegistryError> {
+/// What a DELETE answer means: true deleted, false already gone (404). 405, and 400 with
+/// the OCI error code DIGEST_INVALID or UNSUPPORTED (Distribution, for a tag), refuse
+/// this way of deleting.
+pub fn interpret_delete(status: u16, body: &str, reference: &str, op: Op) -> Result<bool> {
+    let refusal = |code: &Code| matches!(code, Code::DigestInvalid | Code::Unsupported);
+    let refused = status == 405 || (status == 400 && error_codes(body).iter().any(refusal));
     match status {
-        200 | 202 | 204 => Ok(Deleted::Yes),
-        404 => Ok(Deleted::NotFound),
-        405 => Ok(Deleted::Unsupported {
+        200 | 202 | 204 => Ok(true),
+        404 => Ok(false),
+        _ if refused => Err(RegistryError::DeleteRefused {
+            reference: reference.to_string(),
             status,
             message: answer_detail(status, body),
         }),
-        400 if body.contains("DIGEST_INVALID") || body.contains("UNSUPPORTED") => {
-            Ok(Deleted::Unsupported {
-                status,
-                message: answer_detail(status, body),
-            })
-        }
         _ => Err(RegistryError::from_status(op, status, body)),
     }
 }
 
 /// The realm and service of the first Bearer challenge in a `WWW-Authenticate` value.
-pub(crate) fn bearer_challenge(value: &str) -> Option<(String, Option<String>)> {
+pub fn bearer_challenge(value: &str) -> Option<(String, Option<String>)> {
     let challenge = http_auth::ChallengeParser::new(value)
         .filter_map(Result::ok)
         .find(|c| c.scheme.eq_ignore_ascii_case("bearer"))?;
     let param = |name: &str| {
-        let (_, value) = challenge
-            .params
-            .iter()
-            .find(|(k, _)| k.eq_ignore_ascii_case(name))?;
+        let mut params = challenge.params.iter();
+        let (_, value) = params.find(|(k, _)| k.eq_ignore_ascii_case(name))?;
         Some(value.to_unescaped())
     };
     Some((param("realm")?, param("service")))
 }
 
 /// Token servers answer `token` (Docker) or `access_token` (OAuth2), sometimes both.
-pub(crate) fn token_from_body(body: &str) -> Result<String, RegistryError> {
-    let protocol = |message: String| RegistryError::Protocol {
-        operation: "token",
-        message,
-    };
+pub fn token_from_body(body: &str) -> Result<String> {
+    let protocol = |message: String| RegistryError::protocol("token", message);
     let value: serde_json::Value = serde_json::from_str(body)
         .map_err(|e| protocol(format!("token answer is not JSON: {e}")))?;
     ["token", "access_token"]
@@ -386,30 +330,26 @@ pub(crate) fn next_page(
 }
 
 /// The target of the `rel="next"` link in a `Link` header (RFC 8288), if any.
-pub(crate) fn next_link(header: &str) -> Option<String> {
+pub fn next_link(header: &str) -> Option<String> {
     header.split(',').find_map(|link| {
         let (target, params) = link.trim().strip_prefix('<')?.split_once('>')?;
-        let next = params.split(';').any(|param| {
-            param.split_once('=').is_some_and(|(name, value)| {
-                name.trim().eq_ignore_ascii_case("rel")
-                    && value
-                        .trim()
-                        .trim_matches('"')
-                        .split_ascii_whitespace()
-                        .any(|rel| rel.eq_ignore_ascii_case("next"))
-            })
+        let rels = params.split(';').filter_map(|param| {
+            let (name, value) = param.split_once('=')?;
+            name.trim()
+                .eq_ignore_ascii_case("rel")
+                .then(|| value.trim().trim_matches('"'))
         });
-        next.then(|| target.trim().to_string())
+        let mut rels = rels.flat_map(str::split_ascii_whitespace);
+        rels.any(|rel| rel.eq_ignore_ascii_case("next"))
+            .then(|| target.trim().to_string())
     })
 }
 
 /// An OCI tag: `[a-zA-Z0-9_][a-zA-Z0-9._-]{0,127}`.
 pub(super) fn valid_tag(tag: &str) -> bool {
-    tag.len() <= 128
-        && tag.starts_with(|c: char| c.is_ascii_alphanumeric() || c == '_')
-        && tag
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+    let first = |c: char| c.is_ascii_alphanumeric() || c == '_';
+    let other = |b: u8| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-');
+    tag.len() <= 128 && tag.starts_with(first) && tag.bytes().all(other)
 }
 
 /// An OCI digest `algorithm:encoded`; it goes into a DELETE's URL.
@@ -417,16 +357,11 @@ fn valid_digest(digest: &str) -> bool {
     let Some((algorithm, encoded)) = digest.split_once(':') else {
         return false;
     };
-    let lower = |c: &str| {
-        !c.is_empty()
-            && c.bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
-    };
-    !encoded.is_empty()
-        && encoded
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'=' | b'_' | b'-'))
-        && algorithm.split(['+', '.', '_', '-']).all(lower)
+    let lower = |b: u8| b.is_ascii_lowercase() || b.is_ascii_digit();
+    let component = |c: &str| !c.is_empty() && c.bytes().all(lower);
+    let encoded_char = |b: u8| b.is_ascii_alphanumeric() || matches!(b, b'=' | b'_' | b'-');
+    let encoded_ok = !encoded.is_empty() && encoded.bytes().all(encoded_char);
+    encoded_ok && algorithm.split(['+', '.', '_', '-']).all(component)
 }
 
 #[cfg(test)]
@@ -568,21 +503,18 @@ mod tests {
 
     #[test]
     fn w3_delete_statuses_map_to_outcomes_and_errors() {
-        let interpret = |status, body| interpret_delete(status, body, "delete");
-        assert!(matches!(interpret(202, ""), Ok(Deleted::Yes)));
-        assert!(matches!(interpret(200, ""), Ok(Deleted::Yes)));
-        assert!(matches!(
-            interpret(404, "MANIFEST_UNKNOWN"),
-            Ok(Deleted::NotFound)
-        ));
+        let interpret = |status, body| interpret_delete(status, body, "r", "delete");
+        assert!(matches!(interpret(202, ""), Ok(true)));
+        assert!(matches!(interpret(200, ""), Ok(true)));
+        assert!(matches!(interpret(404, "MANIFEST_UNKNOWN"), Ok(false)));
         let distribution = r#"{"errors":[{"code":"DIGEST_INVALID","message":"provided digest did not match uploaded content"}]}"#;
         assert!(matches!(
             interpret(400, distribution),
-            Ok(Deleted::Unsupported { status: 400, .. })
+            Err(RegistryError::DeleteRefused { status: 400, .. })
         ));
         assert!(matches!(
             interpret(405, r#"{"errors":[{"code":"UNSUPPORTED"}]}"#),
-            Ok(Deleted::Unsupported { status: 405, .. })
+            Err(RegistryError::DeleteRefused { status: 405, .. })
         ));
         assert!(matches!(
             interpret(400, r#"{"errors":[{"code":"NAME_INVALID"}]}"#),

@@ -1,18 +1,15 @@
 //! The OCI registry behind a [`SnapshotStore`]: probe and delete the snapshot tag
 //! `<base>/<vm>:hibernate` (H3, H4, W2, W3, G1, G2, S1, S5; metrics O1).
 //!
-//! [`RegistryClient`] (`client.rs`) is the store on a real registry: oci-client does the
-//! probe, with its own credential and token handling; `http.rs` is the one helper for
-//! what oci-client lacks, the DELETE and the token scope it needs, and carries a whole
-//! delete. Credentials: anonymous, basic, bearer, or a docker config.json with its
-//! credential helpers (`config.rs`); extra CAs; plain http only on request. Secrets never
-//! reach logs, errors or `Debug`.
-//!
-//! Each operation has one deadline, `--registry-timeout`, for all its requests (C2), and
-//! a delete no later than its caller's instant (S1). A registry that refuses a DELETE by
-//! tag (CNCF Distribution) is remembered, and later deletes take the digest path: HEAD,
-//! `tags/list`, DELETE by digest, unless another tag shares the digest (S5).
-//! [`RegistryError::is_permanent`] tells refusals from outages (S5).
+//! [`RegistryClient`] (`client.rs`): oci-client does the probe; `http.rs` is the one
+//! helper for what it lacks, a whole delete on one `pull,delete` token. Credentials are
+//! oci-client's [`RegistryAuth`], also read from a docker config.json with its credential
+//! helpers (`config.rs`); extra CAs; plain http only on request. Secrets never reach
+//! logs, errors or `Debug`. Each operation has one deadline, `--registry-timeout`, for
+//! all its requests (C2), and a delete ends no later than its caller's instant (S1). A
+//! registry that refuses a DELETE by tag (CNCF Distribution) is remembered: later deletes
+//! take the digest path, HEAD, `tags/list`, DELETE by digest, unless another tag shares
+//! the digest (S5). [`RegistryError::is_permanent`] tells refusals from outages (S5).
 
 mod catalog;
 mod client;
@@ -20,17 +17,27 @@ mod config;
 mod error;
 #[cfg(test)]
 pub(crate) mod fake;
-#[doc(hidden)]
-pub mod fuzzing;
 mod http;
 mod names;
 
 pub use client::RegistryClient;
-pub use config::{RegistryAuth, RegistryConfig};
+pub use config::{RegistryConfig, auth_from_docker_config};
 pub use error::RegistryError;
 pub use names::SNAPSHOT_TAG;
+pub use oci_client::secrets::RegistryAuth;
 
+use std::time::Duration;
 use tokio::time::Instant;
+
+/// A deadline so far off that it bounds nothing.
+const FAR: Duration = Duration::from_secs(365 * 24 * 3600);
+
+/// The parsers of registry answers, for the fuzz targets in `fuzz/`; not the product's API.
+#[doc(hidden)]
+pub mod fuzzing {
+    pub use super::error::{excerpt, from_envelope};
+    pub use super::http::{bearer_challenge, interpret_delete, next_link, token_from_body};
+}
 
 /// What a [`SnapshotStore`] call returns: boxed, so the trait is object-safe.
 pub type Fut<'a, T> = futures::future::BoxFuture<'a, Result<T, RegistryError>>;
@@ -70,7 +77,6 @@ pub trait SnapshotStore: Send + Sync {
 
     /// [`Self::delete_snapshot_before`] bounded by the timeout alone.
     fn delete_snapshot<'a>(&'a self, vm: &'a str) -> Fut<'a, DeleteOutcome> {
-        let far = Instant::now() + std::time::Duration::from_secs(365 * 24 * 3600);
-        self.delete_snapshot_before(vm, far)
+        self.delete_snapshot_before(vm, Instant::now() + FAR)
     }
 }

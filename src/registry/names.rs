@@ -1,6 +1,7 @@
 //! Registry base ("host[:port][/prefix]") and OCI repository names.
 
 use super::error::RegistryError;
+use oci_client::Reference;
 
 /// Tag that holds a VM's hibernation snapshot.
 pub const SNAPSHOT_TAG: &str = "hibernate";
@@ -27,10 +28,9 @@ impl RegistryBase {
                 "give host[:port][/path/prefix] without a scheme (plain_http selects http)",
             ));
         }
-        let (host, prefix) = match trimmed.split_once('/') {
-            Some((host, prefix)) => (host, Some(prefix)),
-            None => (trimmed, None),
-        };
+        let (host, prefix) = trimmed
+            .split_once('/')
+            .map_or((trimmed, None), |(h, p)| (h, Some(p)));
         // The URL parser checks the host and the port as reqwest will use them.
         if host.is_empty()
             || reqwest::Url::parse(&format!("http://{host}/")).is_err()
@@ -66,31 +66,47 @@ impl RegistryBase {
         }
         Ok(repository)
     }
+
+    /// `<registry>/<prefix>/<vm>:hibernate`.
+    pub fn snapshot(&self, vm: &str) -> Result<Reference, RegistryError> {
+        let repository = self.repository(vm)?;
+        Ok(Reference::with_tag(
+            self.registry.clone(),
+            repository,
+            SNAPSHOT_TAG.into(),
+        ))
+    }
+
+    /// The VM a repository holds snapshots of: the one path component below the prefix.
+    pub fn vm_of<'a>(&self, repository: &'a str) -> Option<&'a str> {
+        let vm = match &self.prefix {
+            Some(prefix) => repository
+                .strip_prefix(prefix.as_str())?
+                .strip_prefix('/')?,
+            None => repository,
+        };
+        validate_component(vm).ok().map(|()| vm)
+    }
 }
 
 /// One OCI path component: `[a-z0-9]+((\.|_|__|-+)[a-z0-9]+)*`.
-pub(crate) fn validate_component(name: &str) -> Result<(), &'static str> {
+fn validate_component(name: &str) -> Result<(), &'static str> {
     let alnum = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit();
+    let separator = |s: &str| matches!(s, "." | "_" | "__") || s.bytes().all(|b| b == b'-');
     if name.is_empty() {
-        return Err("must not be empty");
-    }
-    if !name
+        Err("must not be empty")
+    } else if !name
         .chars()
         .all(|c| alnum(c) || matches!(c, '.' | '_' | '-'))
     {
-        return Err("may only hold lowercase letters, digits, '.', '_' and '-'");
+        Err("may only hold lowercase letters, digits, '.', '_' and '-'")
+    } else if !name.starts_with(alnum) || !name.ends_with(alnum) {
+        Err("must start and end with a lowercase letter or digit")
+    } else if !name.split(alnum).all(separator) {
+        Err("separators must be '.', '_', '__' or a run of '-'")
+    } else {
+        Ok(())
     }
-    if !name.starts_with(alnum) || !name.ends_with(alnum) {
-        return Err("must start and end with a lowercase letter or digit");
-    }
-    let separators = name.split(alnum).filter(|s| !s.is_empty());
-    if !separators
-        .into_iter()
-        .all(|s| matches!(s, "." | "_" | "__") || s.chars().all(|c| c == '-'))
-    {
-        return Err("separators must be '.', '_', '__' or a run of '-'");
-    }
-    Ok(())
 }
 
 #[cfg(test)]
@@ -134,5 +150,19 @@ mod tests {
         let err = base.repository("Bad/Name").unwrap_err();
         assert!(err.to_string().contains("invalid VM name"), "{err}");
         assert!(base.repository(&"a".repeat(300)).is_err());
+    }
+
+    #[test]
+    fn only_one_component_below_the_prefix_is_a_snapshot_repository() {
+        let base = RegistryBase::parse("reg:5000/snap/team").unwrap();
+        assert_eq!(base.vm_of("snap/team/vm-1"), Some("vm-1"));
+        assert_eq!(base.vm_of("snap/team/a/b"), None, "nested deeper");
+        assert_eq!(base.vm_of("snap/team"), None, "the prefix itself");
+        assert_eq!(base.vm_of("snap/teamx/vm"), None, "a sibling prefix");
+        assert_eq!(base.vm_of("other/vm"), None);
+        let bare = RegistryBase::parse("reg:5000").unwrap();
+        assert_eq!(bare.vm_of("vm-1"), Some("vm-1"));
+        assert_eq!(bare.vm_of("snap/vm-1"), None);
+        assert_eq!(bare.vm_of("Bad"), None);
     }
 }

@@ -212,10 +212,9 @@ impl RegistryServer {
             base: self.host(),
             plain_http: !self.options.tls,
             auth: match &self.options.basic_auth {
-                Some((username, password)) => RegistryAuth::Basic {
-                    username: username.clone(),
-                    password: password.clone(),
-                },
+                Some((username, password)) => {
+                    RegistryAuth::Basic(username.clone(), password.clone())
+                }
                 None => RegistryAuth::Anonymous,
             },
             extra_ca_pems: self.ca_pem().into_iter().collect(),
