@@ -1,8 +1,10 @@
-//! A4: any pod (as JSON) reads into a PodView without panicking, and the view's
-//! derived answers agree with the annotations they come from.
+//! A4: any pod (as JSON) reads into a PodView without panicking, the cache's PodSlice
+//! reads the same view, and the view's derived answers agree with the annotations they
+//! come from.
 #![no_main]
 
 use cocoon_hibernation::api::annotations::{self, PodView};
+use cocoon_hibernation::api::pod::PodSlice;
 use k8s_openapi::api::core::v1::Pod;
 use libfuzzer_sys::fuzz_target;
 
@@ -17,7 +19,11 @@ fuzz_target!(|data: &[u8]| {
     let Ok(pod) = serde_json::from_slice::<Pod>(data) else {
         return;
     };
-    let view = PodView::from_pod(&pod);
+    let view = PodView::of(&pod);
+    // The cache decodes pods straight into a PodSlice: it must read the same view.
+    if let Ok(slice) = serde_json::from_slice::<PodSlice>(data) {
+        assert_eq!(PodView::from_pod(&slice), view);
+    }
     let ann = pod.metadata.annotations.clone().unwrap_or_default();
     let get = |k: &str| ann.get(k).map(String::as_str);
     assert_eq!(
@@ -42,8 +48,8 @@ fuzz_target!(|data: &[u8]| {
         ));
     }
     // The patches are built for any pod, and the set patch applies to the pod it saw.
-    let set = annotations::set_hibernate_patch(&pod);
-    let _ = annotations::clear_hibernate_patch(&pod);
+    let set = annotations::set_hibernate_patch(&pod.metadata);
+    let _ = annotations::clear_hibernate_patch(&pod.metadata);
     let mut doc = serde_json::to_value(&pod).expect("a pod serializes");
     if json_patch_applies(&mut doc, &set) {
         assert_eq!(
