@@ -74,28 +74,51 @@ mod tests {
     use super::*;
     use std::sync::atomic::{AtomicBool, Ordering};
 
-    /// C4: with every worker busy and others queued, an ending pass runs next.
-    #[tokio::test(start_paused = true)]
-    async fn c4_an_ending_pass_goes_before_queued_others() {
-        let turns = Turns::new(2);
-        let first = turns.take(|| false).await;
+    type Ending = Arc<dyn Fn() -> bool + Send + Sync>;
+
+    fn fixed(ending: bool) -> Ending {
+        Arc::new(move || ending)
+    }
+
+    /// Queues `passes` in this order while `held` keeps the workers busy, runs
+    /// `meanwhile`, lets `held` go, and returns the order in which the passes ran.
+    async fn run_order(
+        turns: &Turns,
+        held: Option<Turn>,
+        passes: Vec<(&'static str, Ending)>,
+        meanwhile: impl Future<Output = ()>,
+    ) -> Vec<&'static str> {
         let order = Arc::new(std::sync::Mutex::new(Vec::new()));
         let mut tasks = Vec::new();
-        for (name, ending) in [("other-1", false), ("other-2", false), ("ending", true)] {
+        for (name, ending) in passes {
             let (turns, order) = (turns.clone(), order.clone());
             tasks.push(tokio::spawn(async move {
-                let turn = turns.take(|| ending).await;
+                let turn = turns.take(|| ending()).await;
                 order.lock().map(|mut o| o.push(name)).ok();
                 tokio::time::sleep(Duration::from_millis(10)).await;
                 drop(turn);
             }));
             tokio::task::yield_now().await;
         }
-        drop(first);
+        meanwhile.await;
+        drop(held);
         for t in tasks {
             t.await.ok();
         }
-        let order = order.lock().map(|o| o.clone()).unwrap_or_default();
+        order.lock().map(|o| o.clone()).unwrap_or_default()
+    }
+
+    /// C4: with every worker busy and others queued, an ending pass runs next.
+    #[tokio::test(start_paused = true)]
+    async fn c4_an_ending_pass_goes_before_queued_others() {
+        let turns = Turns::new(2);
+        let held = turns.take(|| false).await;
+        let passes = vec![
+            ("other-1", fixed(false)),
+            ("other-2", fixed(false)),
+            ("ending", fixed(true)),
+        ];
+        let order = run_order(&turns, held, passes, async {}).await;
         assert_eq!(order, ["ending", "other-1", "other-2"]);
     }
 
@@ -103,53 +126,34 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn c4_passes_of_one_kind_are_first_come_first_served() {
         let turns = Turns::new(1);
-        let first = turns.take(|| true).await;
-        let order = Arc::new(std::sync::Mutex::new(Vec::new()));
-        let mut tasks = Vec::new();
-        for i in 0..5 {
-            let (turns, order) = (turns.clone(), order.clone());
-            tasks.push(tokio::spawn(async move {
-                let turn = turns.take(|| true).await;
-                order.lock().map(|mut o| o.push(i)).ok();
-                drop(turn);
-            }));
-            tokio::task::yield_now().await;
-        }
-        drop(first);
-        for t in tasks {
-            t.await.ok();
-        }
-        let order = order.lock().map(|o| o.clone()).unwrap_or_default();
-        assert_eq!(order, [0, 1, 2, 3, 4]);
+        let held = turns.take(|| true).await;
+        let names = ["p0", "p1", "p2", "p3", "p4"];
+        let passes = names.iter().map(|n| (*n, fixed(true))).collect();
+        let order = run_order(&turns, held, passes, async {}).await;
+        assert_eq!(order, names);
     }
 
     /// C4: a pass queued before its transition started moves up once it has.
     #[tokio::test(start_paused = true)]
     async fn c4_a_queued_pass_moves_up_when_its_transition_starts() {
         let turns = Turns::new(2);
-        let first = turns.take(|| false).await;
+        let held = turns.take(|| false).await;
         let started = Arc::new(AtomicBool::new(false));
-        let order = Arc::new(std::sync::Mutex::new(Vec::new()));
-        let mut tasks = Vec::new();
-        for name in ["other-1", "other-2", "late"] {
-            let (turns, order, started) = (turns.clone(), order.clone(), started.clone());
-            tasks.push(tokio::spawn(async move {
-                let ending = || name == "late" && started.load(Ordering::SeqCst);
-                let turn = turns.take(ending).await;
-                order.lock().map(|mut o| o.push(name)).ok();
-                tokio::time::sleep(Duration::from_millis(10)).await;
-                drop(turn);
-            }));
-            tokio::task::yield_now().await;
-        }
+        let late: Ending = {
+            let started = started.clone();
+            Arc::new(move || started.load(Ordering::SeqCst))
+        };
         // Every pass waits for the others' one permit, "late" last in line.
-        started.store(true, Ordering::SeqCst);
-        tokio::time::sleep(RECHECK * 2).await;
-        drop(first);
-        for t in tasks {
-            t.await.ok();
-        }
-        let order = order.lock().map(|o| o.clone()).unwrap_or_default();
+        let passes = vec![
+            ("other-1", fixed(false)),
+            ("other-2", fixed(false)),
+            ("late", late),
+        ];
+        let meanwhile = async {
+            started.store(true, Ordering::SeqCst);
+            tokio::time::sleep(RECHECK * 2).await;
+        };
+        let order = run_order(&turns, held, passes, meanwhile).await;
         assert_eq!(order[0], "late", "{order:?}");
     }
 }
