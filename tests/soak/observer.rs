@@ -496,7 +496,22 @@ pub fn judge(
                                 .iter()
                                 .rev()
                                 .find(|o| o.rev_after <= v.rv && !o.delete && o.after.is_some());
-                            if let Some(put) = put.filter(|o| o.rev_after <= start) {
+                            // A CR made for a pod vk had already hibernated (the CR
+                            // before it was deleted and its cleanup kept the tag, G2)
+                            // adopts that hibernation: the tag is current when vk has
+                            // reported the VM hibernated and gone ever since the push.
+                            let adopted = |put: &&TagOp| {
+                                world.pods.get(t.name.as_str()).is_some_and(|vs| {
+                                    let mut window = vs
+                                        .iter()
+                                        .filter(|p| p.rv > put.rev_after && p.rv <= v.rv)
+                                        .peekable();
+                                    window.peek().is_some() && window.all(|p| p.vk_done && !p.gap)
+                                })
+                            };
+                            if let Some(put) =
+                                put.filter(|o| o.rev_after <= start).filter(|o| !adopted(o))
+                            {
                                 h3.violations.push(format!(
                                     "CR {} (uid {}) entered Hibernated at revision {} on a tag pushed at revisions {}..{}, before its hibernate began (revision {start})",
                                     t.name, t.uid, v.rv, put.rev_before, put.rev_after
