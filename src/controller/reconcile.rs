@@ -172,7 +172,7 @@ async fn reconcile_inner(cr: Arc<CocoonHibernation>, ctx: &Context) -> Result<Ac
         view.as_ref(),
         &owner,
         &Probe::NotProbed,
-        now.clone(),
+        now,
         &ctx.settings,
     );
     if plan.needs_probe {
