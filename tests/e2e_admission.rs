@@ -7,6 +7,8 @@
 
 #[path = "support/cluster.rs"]
 mod cluster;
+#[path = "support/ports.rs"]
+mod ports;
 #[path = "support/product.rs"]
 mod product;
 

@@ -5,6 +5,8 @@
 mod cluster;
 #[path = "support/lease_log.rs"]
 mod lease_log;
+#[path = "support/ports.rs"]
+mod ports;
 #[path = "support/product.rs"]
 mod product;
 #[path = "support/vk_sim.rs"]

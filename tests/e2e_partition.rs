@@ -6,6 +6,8 @@
 mod cluster;
 #[path = "support/lease_log.rs"]
 mod lease_log;
+#[path = "support/ports.rs"]
+mod ports;
 #[path = "support/product.rs"]
 mod product;
 #[path = "support/tcp_proxy.rs"]

@@ -10,6 +10,8 @@
 
 #[path = "support/cluster.rs"]
 mod cluster;
+#[path = "support/ports.rs"]
+mod ports;
 #[path = "support/product.rs"]
 mod product;
 #[path = "support/registry_server.rs"]

@@ -5,6 +5,8 @@
 mod cluster;
 #[path = "support/env.rs"]
 mod env;
+#[path = "support/ports.rs"]
+mod ports;
 #[path = "support/product.rs"]
 mod product;
 #[path = "support/registry_server.rs"]

@@ -1,6 +1,8 @@
 //! The registry client against a real CNCF Distribution 2.8 (`docker-registry`); nothing
 //! is mocked at the HTTP level. Each test names the SPEC rule it proves.
 
+#[path = "support/ports.rs"]
+mod ports;
 #[path = "support/registry_server.rs"]
 mod registry_server;
 #[path = "support/slow_proxy.rs"]

@@ -1,6 +1,8 @@
 //! The real-registry harness itself, as other test files use it: included alone, only a
 //! few of its helpers used (so it must stay warning-free when mostly unused).
 
+#[path = "support/ports.rs"]
+mod ports;
 #[path = "support/registry_server.rs"]
 mod registry_server;
 

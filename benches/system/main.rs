@@ -21,6 +21,8 @@
 mod cluster;
 #[path = "../../tests/support/env.rs"]
 mod env;
+#[path = "../../tests/support/ports.rs"]
+mod ports;
 #[path = "../../tests/support/product.rs"]
 mod product;
 #[path = "../../tests/support/vk_sim.rs"]

@@ -30,6 +30,8 @@ mod bench_report;
 #[path = "../support/cluster.rs"]
 mod cluster;
 mod observer;
+#[path = "../support/ports.rs"]
+mod ports;
 #[path = "../support/product.rs"]
 mod product;
 mod proxy;

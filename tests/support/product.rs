@@ -1,7 +1,7 @@
 //! Test support: runs the real `cocoon-hibernation` binary against the local control
 //! plane, installs the CRD and a ValidatingWebhookConfiguration pointing at it, and
 //! offers polling helpers. Include with `#[path = "support/product.rs"] mod product;`
-//! next to `cluster.rs`.
+//! next to `cluster.rs` and `ports.rs`.
 //!
 //! The binary runs under the Helm chart's RBAC, not as admin (P5): the chart's
 //! ServiceAccount, ClusterRole and bindings are rendered with `helm template` and applied
@@ -80,12 +80,7 @@ pub struct Product {
     starts: u32,
 }
 
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("free loopback port")
-}
+pub use super::ports::free_port;
 
 impl Product {
     /// Starts the binary and waits until /readyz answers 200 (both caches synced).

@@ -1,6 +1,6 @@
 //! A real CNCF Distribution registry (Debian's `docker-registry`) for tests.
 //!
-//! Include it from any test file, with no other support module needed:
+//! Include it from any test file next to `ports.rs`:
 //! `#[path = "support/registry_server.rs"] mod registry_server;`
 //!
 //! It listens on 127.0.0.1 only, keeps its storage in a tempdir, can stop and start again
@@ -590,12 +590,7 @@ fn read_some(stream: &mut impl Read, out: &mut Vec<u8>) -> bool {
     }
 }
 
-fn free_port() -> u16 {
-    TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("find a free loopback port")
-}
+use super::ports::free_port;
 
 const ISSUER: &str = "registry-test-issuer";
 const SERVICE: &str = "registry-test";
