@@ -100,11 +100,13 @@ async fn e2e_o2_o4_status_and_kubectl_wait_for_both_desires() {
     assert_eq!(s.attempts, Some(1), "a flipped desire starts at 1");
     assert_eq!(s.snapshot, None, "the tag is gone, and so is its digest");
     assert_eq!(condition_status(&cr, READY).as_deref(), Some("True"));
-    let reaction = env.product.get("/metrics").unwrap().1;
-    assert!(
-        reaction.contains(r#"cocoon_hibernation_reaction_seconds_count{transition="wake"} 1"#),
-        "{reaction}"
-    );
+    // The metric is recorded once the status write returns, which kubectl may see first.
+    eventually("the wake's reaction is recorded", LONG, || async {
+        let text = env.product.get("/metrics").ok()?.1;
+        text.contains(r#"cocoon_hibernation_reaction_seconds_count{transition="wake"} 1"#)
+            .then_some(())
+    })
+    .await;
 }
 
 /// O3 H5 O2 F2: a CR's own 3s hibernate timeout trips long before the flag's 60s; the

@@ -136,11 +136,16 @@ async fn run_term(
                 let now = ctx.cache.cr(&ns, &name);
                 now.is_some_and(|cr| plan::may_end_a_transition(&cr))
             };
+            let queued = std::time::Instant::now();
             let Some(_turn) = turns.take(ending).await else {
                 return Ok(kube::runtime::controller::Action::await_change());
             };
+            let (waited, started) = (queued.elapsed(), std::time::Instant::now());
             // Boxed, so a pass waiting for its turn holds two Arcs, not a whole pass.
-            Box::pin(reconcile::reconcile(cr, ctx)).await
+            let result = Box::pin(reconcile::reconcile(cr, ctx)).await;
+            tracing::debug!(cr = %format_args!("{ns}/{name}"), waited_ms = waited.as_millis(),
+                ran_ms = started.elapsed().as_millis(), "pass done");
+            result
         }
     };
     Controller::for_stream(futures::stream::pending(), store)

@@ -176,9 +176,11 @@ async fn reconcile_inner(cr: Arc<CocoonHibernation>, ctx: &Context) -> Result<Ac
         &ctx.settings,
     );
     if plan.needs_probe {
+        let asked = std::time::Instant::now();
         let Some(_slot) = ctx.registry_slot().await else {
             return Ok(ctx.defer("registry_busy", REGISTRY_BUSY_RETRY));
         };
+        let slot_wait = asked.elapsed();
         // The timeouts are judged at the probe's time, after any wait for the slot.
         let now = Time(jiff::Timestamp::now());
         let mut digest = None;
@@ -194,6 +196,11 @@ async fn reconcile_inner(cr: Arc<CocoonHibernation>, ctx: &Context) -> Result<Ac
             Ok(None) => Probe::Absent,
             Err(e) => Probe::Failed(e.to_string()),
         };
+        tracing::debug!(
+            slot_wait_ms = slot_wait.as_millis(),
+            probe_ms = (asked.elapsed() - slot_wait).as_millis(),
+            "probed"
+        );
         plan = plan::plan(&cr, view.as_ref(), &owner, &probe, now, &ctx.settings);
         plan::record_digest(&mut plan, digest);
     }
@@ -285,11 +292,12 @@ async fn execute(
             "status updated"
         );
     }
-    for ev in &plan.events {
-        publish(ctx, cr, ev.kind, ev.reason, &ev.note).await;
-    }
+    // Recorded before the events are sent: the terminal status is already visible.
     if let Some(done) = plan.finished {
         record_finished(ctx, cr, done);
+    }
+    for ev in &plan.events {
+        publish(ctx, cr, ev.kind, ev.reason, &ev.note).await;
     }
     if let Some(then) = after_write {
         return then;
