@@ -187,6 +187,7 @@ pub fn context(
         locks: locks::VmLocks::default(),
         failures: Default::default(),
         registry_slots: Arc::new(tokio::sync::Semaphore::new(settings_slots)),
+        event_slots: Arc::new(tokio::sync::Semaphore::new(reconcile::EVENTS_IN_FLIGHT)),
         owed: Default::default(),
         refusals: Default::default(),
         superseded: Default::default(),

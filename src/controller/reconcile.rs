@@ -1,7 +1,9 @@
 //! The thin async layer: fetch what a plan needs, carry out what it says.
 
 use super::locks::VmLocks;
-use super::plan::{self, Cleanup, Debt, DeleteResult, EventKind, Plan, PodPatch, Probe, Settings};
+use super::plan::{
+    self, Cleanup, Debt, DeleteResult, EventKind, Plan, PlannedEvent, PodPatch, Probe, Settings,
+};
 use crate::api::annotations::{self, PodView};
 use crate::api::pod::PodSlice;
 use crate::api::{CocoonHibernation, FINALIZER, Phase};
@@ -11,6 +13,7 @@ use crate::metrics::Metrics;
 use crate::registry::{DeleteOutcome, RegistryError, SnapshotStore};
 use json_patch::{AddOperation, PatchOperation, ReplaceOperation, TestOperation};
 use jsonptr::PointerBuf;
+use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::Action;
@@ -38,6 +41,8 @@ pub struct Context {
     /// C2: registry calls hold fewer slots than there are workers, so a slow registry
     /// never holds every worker; a pass waits for one briefly, then requeues.
     pub registry_slots: Arc<Semaphore>,
+    /// Event writes sent after their pass ended, still in flight.
+    pub event_slots: Arc<Semaphore>,
     /// S5: CRs whose tag delete is still owed, for the gauge.
     pub owed: Mutex<HashSet<ObjectRef<CocoonHibernation>>>,
     /// S5: consecutive refusals-for-good of each CR's tag delete, for the slow backoff.
@@ -52,6 +57,9 @@ pub struct Context {
     /// version our annotation patch replaced would send that patch again.
     pub superseded_pods: Mutex<HashMap<(String, String), String>>,
 }
+
+/// Event writes that may be in flight after their passes ended.
+pub const EVENTS_IN_FLIGHT: usize = 64;
 
 /// How soon a pass deferred because the pod cache has not seen our own patch looks
 /// again; the watch event of that patch usually comes first.
@@ -296,9 +304,7 @@ async fn execute(
     if let Some(done) = plan.finished {
         record_finished(ctx, cr, done);
     }
-    for ev in &plan.events {
-        publish(ctx, cr, ev.kind, ev.reason, &ev.note).await;
-    }
+    publish_after_pass(ctx, cr, &plan.events).await;
     if let Some(then) = after_write {
         return then;
     }
@@ -664,6 +670,49 @@ async fn write_status(
 }
 
 async fn publish(ctx: &Context, cr: &CocoonHibernation, kind: EventKind, reason: &str, note: &str) {
+    send_event(
+        &ctx.recorder,
+        &cr.object_ref(&()),
+        &key(cr),
+        kind,
+        reason,
+        note,
+    )
+    .await;
+}
+
+/// Sends a finished pass's events without holding its worker: an event write took about
+/// a third of a hibernate's last pass under load. Up to `EVENTS_IN_FLIGHT` go out in the
+/// background, beyond that inline, so a slow apiserver slows passes down instead of
+/// piling up tasks.
+async fn publish_after_pass(ctx: &Context, cr: &CocoonHibernation, events: &[PlannedEvent]) {
+    if events.is_empty() {
+        return;
+    }
+    let (recorder, reference, cr_key) = (ctx.recorder.clone(), cr.object_ref(&()), key(cr));
+    let events = events.to_vec();
+    let send = async move {
+        for ev in events {
+            send_event(&recorder, &reference, &cr_key, ev.kind, ev.reason, &ev.note).await;
+        }
+    };
+    match ctx.event_slots.clone().try_acquire_owned() {
+        Ok(slot) => drop(tokio::spawn(async move {
+            send.await;
+            drop(slot);
+        })),
+        Err(_) => send.await,
+    }
+}
+
+async fn send_event(
+    recorder: &Recorder,
+    reference: &ObjectReference,
+    cr_key: &str,
+    kind: EventKind,
+    reason: &str,
+    note: &str,
+) {
     let event = Event {
         type_: match kind {
             EventKind::Normal => EventType::Normal,
@@ -675,8 +724,8 @@ async fn publish(ctx: &Context, cr: &CocoonHibernation, kind: EventKind, reason:
         secondary: None,
     };
     // An event that cannot be written must not undo or repeat the pass.
-    if let Err(e) = ctx.recorder.publish(&event, &cr.object_ref(&())).await {
-        tracing::warn!(cr = %key(cr), reason, error = %e, "could not publish event");
+    if let Err(e) = recorder.publish(&event, reference).await {
+        tracing::warn!(cr = %cr_key, reason, error = %e, "could not publish event");
     }
 }
 
