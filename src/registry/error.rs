@@ -65,17 +65,17 @@ impl RegistryError {
     /// Low-cardinality label for metrics and reconcile error counters.
     pub fn metric_label(&self) -> &'static str {
         match self {
-            RegistryError::InvalidVmName { .. } => "registry_invalid_name",
-            RegistryError::InvalidConfig(_) => "registry_config",
-            RegistryError::DockerConfig(_) => "registry_docker_config",
-            RegistryError::Timeout { .. } => "registry_timeout",
-            RegistryError::Transport { .. } => "registry_transport",
-            RegistryError::Unauthorized { .. } => "registry_unauthorized",
-            RegistryError::DeleteRefused { .. } => "registry_delete_refused",
-            RegistryError::Server { .. } => "registry_server",
-            RegistryError::Rejected { .. } => "registry_rejected",
-            RegistryError::SnapshotMoved { .. } => "registry_snapshot_moved",
-            RegistryError::Protocol { .. } => "registry_protocol",
+            Self::InvalidVmName { .. } => "registry_invalid_name",
+            Self::InvalidConfig(_) => "registry_config",
+            Self::DockerConfig(_) => "registry_docker_config",
+            Self::Timeout { .. } => "registry_timeout",
+            Self::Transport { .. } => "registry_transport",
+            Self::Unauthorized { .. } => "registry_unauthorized",
+            Self::DeleteRefused { .. } => "registry_delete_refused",
+            Self::Server { .. } => "registry_server",
+            Self::Rejected { .. } => "registry_rejected",
+            Self::SnapshotMoved { .. } => "registry_snapshot_moved",
+            Self::Protocol { .. } => "registry_protocol",
         }
     }
 
@@ -85,59 +85,44 @@ impl RegistryError {
     /// server's failure without its status, so that reads as a refusal.
     pub fn is_permanent(&self) -> bool {
         match self {
-            RegistryError::Timeout { .. }
-            | RegistryError::Transport { .. }
-            | RegistryError::SnapshotMoved { .. } => false,
-            RegistryError::Server { status, .. } => {
-                !(*status >= 500 || matches!(status, 408 | 429))
-            }
+            Self::Timeout { .. } | Self::Transport { .. } | Self::SnapshotMoved { .. } => false,
+            Self::Server { status, .. } => *status < 500 && !matches!(status, 408 | 429),
             _ => true,
         }
     }
 
     pub(crate) fn protocol(operation: Op, message: impl Into<String>) -> Self {
         let message = message.into();
-        RegistryError::Protocol { operation, message }
+        Self::Protocol { operation, message }
     }
 
-    /// An answer with an HTTP status: 401/403 refuse the credentials.
-    fn answer(operation: Op, status: u16, message: String) -> Self {
-        match status {
-            401 | 403 => RegistryError::Unauthorized {
-                operation,
-                status,
-                message,
-            },
-            _ => RegistryError::Server {
-                operation,
-                status,
-                message,
-            },
-        }
-    }
-
-    /// An HTTP answer nobody expected. An OCI error body saying TOOMANYREQUESTS is
-    /// throttling under any status but 401/403.
+    /// An HTTP answer nobody expected: 401/403 refuse the credentials, and an OCI error
+    /// body saying TOOMANYREQUESTS is throttling under any other status.
     pub(crate) fn from_status(operation: Op, status: u16, body: &str) -> Self {
         let message = answer_detail(status, body);
+        if matches!(status, 401 | 403) {
+            return Self::Unauthorized {
+                operation,
+                status,
+                message,
+            };
+        }
         let throttled = error_codes(body).contains(&Code::Toomanyrequests);
-        let status = if throttled && !matches!(status, 401 | 403) {
-            429
-        } else {
-            status
-        };
-        RegistryError::answer(operation, status, message)
+        let status = if throttled { 429 } else { status };
+        Self::Server {
+            operation,
+            status,
+            message,
+        }
     }
 
     /// A reqwest failure; its own timeout reports the operation's budget `after`.
     pub(crate) fn transport(operation: Op, err: &reqwest::Error, after: Duration) -> Self {
-        match err.is_timeout() {
-            true => RegistryError::Timeout { operation, after },
-            false => RegistryError::Transport {
-                operation,
-                message: describe_chain(err),
-            },
+        if err.is_timeout() {
+            return Self::Timeout { operation, after };
         }
+        let message = describe_chain(err);
+        Self::Transport { operation, message }
     }
 }
 
@@ -149,22 +134,20 @@ pub(crate) fn error_codes(body: &str) -> Vec<Code> {
 
 /// An oci-client failure; None when it means "not there" (H3).
 pub(crate) fn from_oci(err: Oci, operation: Op, after: Duration) -> Option<RegistryError> {
-    let unauthorized = |message| RegistryError::answer(operation, 401, message);
+    let refused = |message: &str| RegistryError::from_status(operation, 401, message);
     Some(match err {
         Oci::RegistryError { envelope, .. } => return from_envelope(&envelope, operation),
         Oci::ImageManifestNotFoundError(_) | Oci::ServerError { code: 404, .. } => return None,
         Oci::ServerError { code, message, .. } => {
             RegistryError::from_status(operation, code, &message)
         }
-        Oci::UnauthorizedError { .. } => unauthorized("credentials missing or refused".into()),
-        Oci::AuthenticationFailure(why) => {
-            unauthorized(format!("token request refused: {}", excerpt(&why)))
-        }
+        Oci::UnauthorizedError { .. } => refused("credentials missing or refused"),
+        Oci::AuthenticationFailure(why) => refused(&format!("token request refused: {why}")),
         Oci::RequestError(e) => RegistryError::transport(operation, &e, after),
-        Oci::IoError(e) => RegistryError::Transport {
-            operation,
-            message: describe_chain(&e),
-        },
+        Oci::IoError(e) => {
+            let message = describe_chain(&e);
+            RegistryError::Transport { operation, message }
+        }
         other => RegistryError::protocol(operation, describe_chain(&other)),
     })
 }
@@ -173,11 +156,8 @@ pub(crate) fn from_oci(err: Oci, operation: Op, after: Duration) -> Option<Regis
 /// DENIED and UNAUTHORIZED refuse the credentials, TOOMANYREQUESTS is throttling.
 pub fn from_envelope(envelope: &OciEnvelope, operation: Op) -> Option<RegistryError> {
     let has = |code: &Code| envelope.errors.iter().any(|e| e.code == *code);
-    let message = excerpt(&envelope.to_string());
-    if [Code::ManifestUnknown, Code::NameUnknown, Code::NotFound]
-        .iter()
-        .any(has)
-    {
+    let absent = [Code::ManifestUnknown, Code::NameUnknown, Code::NotFound];
+    if absent.iter().any(has) {
         return None;
     }
     let statuses = [
@@ -185,8 +165,9 @@ pub fn from_envelope(envelope: &OciEnvelope, operation: Op) -> Option<RegistryEr
         (Code::Unauthorized, 401),
         (Code::Toomanyrequests, 429),
     ];
+    let message = excerpt(&envelope.to_string());
     Some(match statuses.iter().find(|(code, _)| has(code)) {
-        Some(&(_, status)) => RegistryError::answer(operation, status, message),
+        Some(&(_, status)) => RegistryError::from_status(operation, status, &message),
         None => RegistryError::Rejected { operation, message },
     })
 }
@@ -197,9 +178,7 @@ pub fn excerpt(text: &str) -> String {
     if text.len() <= MAX_DETAIL {
         return text.to_string();
     }
-    let end = (0..=MAX_DETAIL)
-        .rev()
-        .find(|&end| text.is_char_boundary(end));
+    let end = (0..=MAX_DETAIL).rfind(|&end| text.is_char_boundary(end));
     format!("{}…", &text[..end.unwrap_or(0)])
 }
 
@@ -209,9 +188,8 @@ pub(crate) fn answer_detail(status: u16, body: &str) -> String {
     if !body.trim().is_empty() {
         return excerpt(body);
     }
-    let name = http::StatusCode::from_u16(status)
-        .ok()
-        .and_then(|s| s.canonical_reason());
+    let name = http::StatusCode::from_u16(status).ok();
+    let name = name.and_then(|s| s.canonical_reason());
     format!("{}, empty body", name.unwrap_or("unknown status"))
 }
 
