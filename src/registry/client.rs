@@ -19,10 +19,9 @@ pub struct RegistryClient {
     oci: oci_client::Client,
     http: Http,
     timeout: Duration,
-    /// Whether the registry deletes tags, once an answer showed it. Distribution refuses:
-    /// deletes then go straight to the digest path, three calls when the snapshot tag is
-    /// alone in its repository. Until it is known, one delete at a time asks, holding the
-    /// lock, so concurrent first wakes do not each pay for a refused DELETE.
+    /// Whether the registry deletes tags, once an answer showed it (Distribution does not:
+    /// deletes then take the digest path at once). Until it is known, one delete at a time
+    /// asks, holding the lock, so concurrent first wakes do not each pay for a refusal.
     tag_deletes: Arc<tokio::sync::Mutex<Option<bool>>>,
 }
 
@@ -108,9 +107,8 @@ impl RegistryClient {
         Ok(self.base.snapshot(vm)?.to_string())
     }
 
-    /// The VMs whose repository `<base>/<vm>` the catalog (`GET /v2/_catalog`) lists,
-    /// sorted, each once; whether `<vm>:hibernate` exists is not checked. Every page is read
-    /// once, each within the timeout, on one token (scope `registry:catalog:*`).
+    /// The VMs whose repository `<base>/<vm>` the catalog lists, sorted, each once (the
+    /// tag is not checked). Each page is read once, within the timeout, on one token.
     pub async fn catalog_vms(&self) -> Result<Vec<String>> {
         let mut session = self.http.session("registry:catalog:*".into(), self.timeout);
         let Some(repositories) = session.list("_catalog", "catalog").await? else {
@@ -122,9 +120,8 @@ impl RegistryClient {
         Ok(vms.map(str::to_string).collect())
     }
 
-    /// Runs one operation within min(now + timeout, `not_after`) (C2, S1): no request
-    /// starts after it, and one still running is dropped. A deadline already past sends
-    /// nothing.
+    /// Runs one operation within min(now + timeout, `not_after`) (C2, S1): no request starts
+    /// after it, one still running is dropped, and a deadline already past sends nothing.
     async fn within<T>(
         &self,
         operation: Op,
@@ -196,11 +193,10 @@ impl RegistryClient {
             }
         }
         drop(asking);
-        // The digest path (S5, G1). The HEAD comes first: the digest deleted is the
-        // snapshot the caller decided about, and a push during the listing is another
-        // manifest, which a DELETE by this digest leaves alone. Left open, as
-        // Distribution has no conditional DELETE: a tag put on the digest after the
-        // listing goes with it, and a byte-identical re-push cannot be told apart.
+        // The digest path (S5, G1). The HEAD comes first: the digest deleted is the snapshot
+        // the caller decided about; a push during the listing is another manifest, which
+        // this DELETE leaves alone. Left open (Distribution has no conditional DELETE): a
+        // tag put on the digest after the listing goes with it.
         let Some(digest) = s.head_digest(&tagged, "resolve").await? else {
             return Ok(DeleteOutcome::Absent);
         };

@@ -1,7 +1,6 @@
-//! What oci-client lacks: manifest DELETE, and a token with the scope a delete needs
-//! (oci-client asks for `pull` or `pull,push`, and pings `GET /v2/` before each request
-//! it holds no token for). A whole delete runs on one [`Session`] and at most one token:
-//! its HEADs, its `Link`-paged `tags/list` and its DELETEs.
+//! What oci-client lacks: manifest DELETE, and a token with the `pull,delete` scope
+//! (oci-client asks for `pull` or `pull,push`). A whole delete runs on one [`Session`]:
+//! its HEADs, its `Link`-paged `tags/list` and its DELETEs, on at most one token.
 
 use super::error::{Op, RegistryError, Result, answer_detail, error_codes};
 use crate::metrics::Metrics;
@@ -39,8 +38,8 @@ pub(super) struct Http {
     pub root: String,
 }
 
-/// One operation's requests, and the token the registry asked for: fetched at most once,
-/// with the scope of the whole operation. `budget` is what a reqwest timeout reports.
+/// One operation's requests, and the token (at most one, for the whole operation's scope).
+/// `budget` is what a reqwest timeout reports.
 pub(super) struct Session<'a> {
     http: &'a Http,
     scope: String,
@@ -61,12 +60,11 @@ struct Page {
 
 impl Http {
     pub fn session(&self, scope: String, budget: Duration) -> Session<'_> {
-        let token = None;
         Session {
             http: self,
             scope,
             budget,
-            token,
+            token: None,
         }
     }
 
@@ -94,10 +92,9 @@ impl Session<'_> {
         Url::parse(&raw).map_err(|e| RegistryError::InvalidConfig(format!("bad URL {raw}: {e}")))
     }
 
-    /// One request, with the session's token, else the configured credentials. A 401
-    /// with a Bearer challenge gets the session its token and is sent once more. A
-    /// transport error sends it again too: a registry restart leaves dead pooled
-    /// connections, and every request here is idempotent.
+    /// One request, with the session's token, else the configured credentials. A 401 with
+    /// a Bearer challenge gets the session its token and is sent again, and so is one that
+    /// met a transport error (dead pooled connections; every request here is idempotent).
     async fn send(&mut self, method: Method, url: &Url, op: Op) -> Result<Answer> {
         loop {
             let answer = match self.try_send(&method, url).await {
@@ -158,8 +155,7 @@ impl Session<'_> {
         }
     }
 
-    /// HEAD a manifest (`<repository>/manifests/<reference>`): its digest, None on 404.
-    /// Counted under `op`.
+    /// HEAD `<repository>/manifests/<reference>`: its digest, None on 404.
     pub async fn head_digest(&mut self, path: &str, op: Op) -> Result<Option<String>> {
         let answer = self.send(Method::HEAD, &self.url(path)?, op).await;
         let result = answer.and_then(|(status, headers, body)| {
@@ -176,8 +172,8 @@ impl Session<'_> {
         self.http.counted(op, result, presence)
     }
 
-    /// Every entry of a paginated listing at `path`, each page read once; None when the
-    /// first page is 404. One call per page, counted under `op`.
+    /// Every entry of the listing at `path`, each page read once; None when the first
+    /// page is 404.
     pub async fn list(&mut self, path: &str, op: Op) -> Result<Option<BTreeSet<String>>> {
         let mut url = self.url(&format!("{path}?n={PAGE_SIZE}"))?;
         let mut items = BTreeSet::new();
@@ -212,8 +208,7 @@ impl Session<'_> {
         Err(RegistryError::protocol(op, message))
     }
 
-    /// DELETE the manifest `<repository>/manifests/<tag or digest>` that users know as
-    /// `reference`: true once deleted, false when absent. Counted under `op`.
+    /// DELETE `<repository>/manifests/<tag or digest>`: true once deleted, false if absent.
     pub async fn delete(&mut self, path: &str, reference: &str, op: Op) -> Result<bool> {
         let answer = self.send(Method::DELETE, &self.url(path)?, op).await;
         let result =

@@ -1,12 +1,9 @@
 //! The OCI registry behind a [`SnapshotStore`]: probe and delete the snapshot tag
-//! `<base>/<vm>:hibernate` (H3, H4, W2, W3, G1, G2, S1, S5; metrics O1).
-//!
-//! oci-client does the probe (`client.rs`); `http.rs` does a whole delete on one
-//! `pull,delete` token. Credentials are oci-client's [`RegistryAuth`], also from a docker
-//! config.json (`config.rs`); secrets never reach logs, errors or `Debug`. Each operation
-//! has one deadline for all its requests (C2, S1). A registry that refuses a DELETE by tag
-//! (CNCF Distribution) is remembered: later deletes go by digest, unless another tag
-//! shares it (S5).
+//! `<base>/<vm>:hibernate` (H3, H4, W2, W3, G1, G2, S1, S5; metrics O1). oci-client does
+//! the probe, `http.rs` a whole delete on one `pull,delete` token. Secrets never reach
+//! logs, errors or `Debug`. Each operation has one deadline (C2, S1). A registry that
+//! refuses DELETE by tag (Distribution) is remembered; later deletes go by digest unless
+//! another tag shares it (S5).
 
 mod client;
 mod config;
