@@ -2,12 +2,11 @@
 //! only the orphan audit (`kubectl cocoon orphans`) reads.
 
 use super::config::RegistryConfig;
-use super::error::{Op, RegistryError, Result, describe_chain, from_oci};
-use super::http::{Http, presence, valid_tag};
+use super::error::{Op, RegistryError, Result, describe_chain};
+use super::http::{Http, valid_tag};
 use super::names::{RegistryBase, SNAPSHOT_TAG};
 use super::{DeleteOutcome, FAR, Fut, SnapshotStore};
 use crate::{USER_AGENT, metrics::Metrics};
-use oci_client::client::{Certificate, CertificateEncoding, ClientConfig, ClientProtocol};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
@@ -16,7 +15,6 @@ use tracing::debug;
 #[derive(Clone)]
 pub struct RegistryClient {
     base: RegistryBase,
-    oci: oci_client::Client,
     http: Http,
     timeout: Duration,
     /// Whether the registry deletes tags, once an answer showed it (Distribution does not:
@@ -57,22 +55,7 @@ impl RegistryClient {
             }
             roots.extend(certs);
         }
-        let (protocol, scheme) = match config.plain_http {
-            true => (ClientProtocol::Http, "http"),
-            false => (ClientProtocol::Https, "https"),
-        };
-        let pem = |data: &Vec<u8>| Certificate {
-            encoding: CertificateEncoding::Pem,
-            data: data.clone(),
-        };
-        let oci = oci_client::Client::try_from(ClientConfig {
-            protocol,
-            extra_root_certificates: config.extra_ca_pems.iter().map(pem).collect(),
-            read_timeout: Some(config.timeout),
-            connect_timeout: Some(config.timeout),
-            user_agent: USER_AGENT,
-            ..ClientConfig::default()
-        });
+        let scheme = if config.plain_http { "http" } else { "https" };
         let client = reqwest::Client::builder()
             .timeout(config.timeout)
             .connect_timeout(config.timeout)
@@ -81,20 +64,14 @@ impl RegistryClient {
             .https_only(!config.plain_http)
             .user_agent(USER_AGENT)
             .build();
-        let unbuilt = |what: &str, e: &(dyn std::error::Error + 'static)| {
-            invalid(format!(
-                "cannot build the {what} client: {}",
-                describe_chain(e)
-            ))
-        };
+        let client = client.map_err(|e| invalid(format!("HTTP client: {}", describe_chain(&e))))?;
         let http = Http {
-            client: client.map_err(|e| unbuilt("HTTP", &e))?,
+            client,
             auth: config.auth,
             metrics,
             root: format!("{scheme}://{}/v2/", base.registry),
         };
         Ok(Self {
-            oci: oci.map_err(|e| unbuilt("OCI", &e))?,
             base,
             http,
             timeout: config.timeout,
@@ -144,23 +121,16 @@ impl RegistryClient {
         })
     }
 
-    /// HEAD `<vm>:hibernate` through oci-client, once more after a transport error.
+    /// HEAD `<vm>:hibernate` (H3, H4): one request on a registry without auth, where
+    /// oci-client would send `GET /v2/` before every HEAD.
     async fn probe(&self, vm: &str, after: Duration) -> Result<Option<String>> {
-        let reference = self.base.snapshot(vm)?;
-        let head = async || match self
-            .oci
-            .fetch_manifest_digest(&reference, &self.http.auth)
-            .await
-        {
-            Ok(digest) => Ok(Some(digest)),
-            Err(e) => from_oci(e, "probe", after).map_or(Ok(None), Err),
-        };
-        let result = match head().await {
-            Err(RegistryError::Transport { .. }) => head().await,
-            other => other,
-        };
-        let result = self.http.counted("probe", result, presence);
-        debug!(%reference, ?result, "registry probe");
+        let snapshot = self.base.snapshot(vm)?;
+        let repository = snapshot.repository();
+        let scope = format!("repository:{repository}:pull");
+        let path = format!("{repository}/manifests/{SNAPSHOT_TAG}");
+        let mut session = self.http.session(scope, after);
+        let result = session.head_digest(&path, "probe").await;
+        debug!(%snapshot, ?result, "registry probe");
         result
     }
 

@@ -1,6 +1,6 @@
 //! Registry errors, and which of them are permanent (S5). Messages never carry secrets.
 
-use oci_client::errors::{OciDistributionError as Oci, OciEnvelope, OciErrorCode as Code};
+use oci_client::errors::{OciEnvelope, OciErrorCode as Code};
 use std::time::Duration;
 
 /// Longest excerpt of a registry answer kept in an error message.
@@ -45,9 +45,6 @@ pub enum RegistryError {
         status: u16,
         message: String,
     },
-    /// An OCI error code we do not handle (oci-client keeps no status).
-    #[error("registry rejected {operation}: {message}")]
-    Rejected { operation: Op, message: String },
     /// `<vm>:hibernate` moved to another manifest while its delete was checked.
     #[error(
         "{reference} moved from {checked} to {found} while its delete was checked; nothing deleted"
@@ -73,7 +70,6 @@ impl RegistryError {
             Self::Unauthorized { .. } => "registry_unauthorized",
             Self::DeleteRefused { .. } => "registry_delete_refused",
             Self::Server { .. } => "registry_server",
-            Self::Rejected { .. } => "registry_rejected",
             Self::SnapshotMoved { .. } => "registry_snapshot_moved",
             Self::Protocol { .. } => "registry_protocol",
         }
@@ -81,8 +77,7 @@ impl RegistryError {
 
     /// True when a retry cannot succeed until someone changes the configuration, the
     /// credentials or the registry (S5). Transient: timeouts, transport failures, 5xx,
-    /// 408, 429 (and TOOMANYREQUESTS), a snapshot that moved. oci-client reports a token
-    /// server's failure without its status, so that reads as a refusal.
+    /// 408, 429 (and TOOMANYREQUESTS), a snapshot that moved.
     pub fn is_permanent(&self) -> bool {
         match self {
             Self::Timeout { .. } | Self::Transport { .. } | Self::SnapshotMoved { .. } => false,
@@ -127,49 +122,9 @@ impl RegistryError {
 }
 
 /// The codes of an OCI error body (`{"errors":[{"code":…}]}`); none if it is not one.
-pub(crate) fn error_codes(body: &str) -> Vec<Code> {
+pub fn error_codes(body: &str) -> Vec<Code> {
     let envelope = serde_json::from_str::<OciEnvelope>(body).ok();
     envelope.map_or_else(Vec::new, |e| e.errors.into_iter().map(|e| e.code).collect())
-}
-
-/// An oci-client failure; None when it means "not there" (H3).
-pub(crate) fn from_oci(err: Oci, operation: Op, after: Duration) -> Option<RegistryError> {
-    let refused = |message: &str| RegistryError::from_status(operation, 401, message);
-    Some(match err {
-        Oci::RegistryError { envelope, .. } => return from_envelope(&envelope, operation),
-        Oci::ImageManifestNotFoundError(_) | Oci::ServerError { code: 404, .. } => return None,
-        Oci::ServerError { code, message, .. } => {
-            RegistryError::from_status(operation, code, &message)
-        }
-        Oci::UnauthorizedError { .. } => refused("credentials missing or refused"),
-        Oci::AuthenticationFailure(why) => refused(&format!("token request refused: {why}")),
-        Oci::RequestError(e) => RegistryError::transport(operation, &e, after),
-        Oci::IoError(e) => {
-            let message = describe_chain(&e);
-            RegistryError::Transport { operation, message }
-        }
-        other => RegistryError::protocol(operation, describe_chain(&other)),
-    })
-}
-
-/// An OCI error body; None when it means "not there" (MANIFEST_UNKNOWN, NAME_UNKNOWN).
-/// DENIED and UNAUTHORIZED refuse the credentials, TOOMANYREQUESTS is throttling.
-pub fn from_envelope(envelope: &OciEnvelope, operation: Op) -> Option<RegistryError> {
-    let has = |code: &Code| envelope.errors.iter().any(|e| e.code == *code);
-    let absent = [Code::ManifestUnknown, Code::NameUnknown, Code::NotFound];
-    if absent.iter().any(has) {
-        return None;
-    }
-    let statuses = [
-        (Code::Denied, 403),
-        (Code::Unauthorized, 401),
-        (Code::Toomanyrequests, 429),
-    ];
-    let message = excerpt(&envelope.to_string());
-    Some(match statuses.iter().find(|(code, _)| has(code)) {
-        Some(&(_, status)) => RegistryError::from_status(operation, status, &message),
-        None => RegistryError::Rejected { operation, message },
-    })
 }
 
 /// Shortens a registry answer for an error message, on a char boundary.
@@ -259,10 +214,6 @@ mod tests {
             },
             server(400),
             server(404),
-            RegistryError::Rejected {
-                operation: "probe",
-                message: "NAME_INVALID".into(),
-            },
             RegistryError::Protocol {
                 operation: "token",
                 message: "not JSON".into(),
@@ -323,74 +274,35 @@ mod tests {
         );
     }
 
-    const T: Duration = Duration::from_secs(1);
-
-    fn envelope(code: &str) -> Oci {
-        let envelope = serde_json::from_value(serde_json::json!({
-            "errors": [{ "code": code, "message": "m" }]
-        }))
-        .unwrap();
-        Oci::RegistryError {
-            envelope,
-            url: "u".into(),
-        }
-    }
-
-    fn server(code: u16) -> Oci {
-        Oci::ServerError {
-            code,
-            url: "u".into(),
-            message: "body".into(),
-        }
-    }
-
-    #[test]
-    fn h3_not_found_answers_are_absent() {
-        for err in [
-            envelope("MANIFEST_UNKNOWN"),
-            envelope("NAME_UNKNOWN"),
-            envelope("NOT_FOUND"),
-            server(404),
-        ] {
-            assert!(from_oci(err, "probe", T).is_none());
-        }
+    fn codes(code: &str) -> String {
+        serde_json::json!({ "errors": [{ "code": code, "message": "m" }] }).to_string()
     }
 
     #[test]
     fn h4_auth_server_and_other_failures_are_errors() {
-        let error = |err| from_oci(err, "probe", T).expect("an error, not absent");
+        let error = |status, body: &str| RegistryError::from_status("probe", status, body);
         assert!(matches!(
-            error(Oci::UnauthorizedError { url: "u".into() }),
+            error(401, ""),
             RegistryError::Unauthorized { status: 401, .. }
         ));
         assert!(matches!(
-            error(envelope("DENIED")),
+            error(403, &codes("DENIED")),
             RegistryError::Unauthorized { status: 403, .. }
         ));
         assert!(matches!(
-            error(server(403)),
-            RegistryError::Unauthorized { status: 403, .. }
-        ));
-        assert!(matches!(
-            error(server(503)),
+            error(503, "down"),
             RegistryError::Server { status: 503, .. }
         ));
-        assert!(matches!(
-            error(envelope("NAME_INVALID")),
-            RegistryError::Rejected { .. }
-        ));
+        let invalid = error(400, &codes("NAME_INVALID"));
+        assert!(matches!(invalid, RegistryError::Server { status: 400, .. }));
+        assert!(invalid.is_permanent());
         // S5: throttling is transient, as a 429 is.
-        let throttled = error(envelope("TOOMANYREQUESTS"));
+        let throttled = error(400, &codes("TOOMANYREQUESTS"));
         assert!(
             matches!(throttled, RegistryError::Server { status: 429, .. }),
             "{throttled:?}"
         );
         assert!(!throttled.is_permanent());
-        let io = error(Oci::IoError(std::io::Error::other("reset")));
-        assert!(matches!(io, RegistryError::Transport { .. }), "{io:?}");
-        assert!(matches!(
-            error(Oci::RegistryNoDigestError),
-            RegistryError::Protocol { .. }
-        ));
+        assert_eq!(error_codes("not json"), []);
     }
 }

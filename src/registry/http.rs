@@ -1,6 +1,8 @@
-//! What oci-client lacks: manifest DELETE, and a token with the `pull,delete` scope
-//! (oci-client asks for `pull` or `pull,push`). A whole delete runs on one [`Session`]:
-//! its HEADs, its `Link`-paged `tags/list` and its DELETEs, on at most one token.
+//! Every registry request, on one reqwest client. oci-client lacks manifest DELETE and a
+//! token with the `pull,delete` scope (it asks for `pull` or `pull,push`), and sends
+//! `GET /v2/` before every request on a registry without auth. An operation runs on one
+//! [`Session`]: a probe's HEAD, or a delete's HEADs, `Link`-paged `tags/list` and
+//! DELETEs, on at most one token.
 
 use super::error::{Op, RegistryError, Result, answer_detail, error_codes};
 use crate::metrics::Metrics;
@@ -27,8 +29,7 @@ const MANIFEST_TYPES: [&str; 4] = [
     IMAGE_MANIFEST_LIST_MEDIA_TYPE,
 ];
 
-/// The registry as the helper reaches it: a reqwest client built next to oci-client's,
-/// from the same roots and settings (`client.rs`).
+/// The registry as every request reaches it (built in `client.rs`).
 #[derive(Clone)]
 pub(super) struct Http {
     pub client: reqwest::Client,
@@ -79,11 +80,6 @@ impl Http {
         self.metrics.registry_call(op, outcome);
         result
     }
-}
-
-/// The outcome of a lookup: "present" or "absent".
-pub(super) fn presence(digest: &Option<String>) -> &'static str {
-    digest.as_ref().map_or("absent", |_| "present")
 }
 
 impl Session<'_> {
@@ -169,7 +165,11 @@ impl Session<'_> {
                 (status, _) => Err(RegistryError::from_status(op, status, &body)),
             }
         });
-        self.http.counted(op, result, presence)
+        self.http.counted(
+            op,
+            result,
+            |d| if d.is_some() { "present" } else { "absent" },
+        )
     }
 
     /// Every entry of the listing at `path`, each page read once; None when the first

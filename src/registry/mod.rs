@@ -1,6 +1,7 @@
 //! The OCI registry behind a [`SnapshotStore`]: probe and delete the snapshot tag
-//! `<base>/<vm>:hibernate` (H3, H4, W2, W3, G1, G2, S1, S5; metrics O1). oci-client does
-//! the probe, `http.rs` a whole delete on one `pull,delete` token. Secrets never reach
+//! `<base>/<vm>:hibernate` (H3, H4, W2, W3, G1, G2, S1, S5; metrics O1), on oci-client's
+//! references, credentials and error codes, and one reqwest client (`http.rs`) for what
+//! oci-client lacks or does at twice the cost. Secrets never reach
 //! logs, errors or `Debug`. Each operation has one deadline (C2, S1). A registry that
 //! refuses DELETE by tag (Distribution) is remembered; later deletes go by digest unless
 //! another tag shares it (S5).
@@ -26,7 +27,7 @@ const FAR: Duration = Duration::from_secs(365 * 24 * 3600);
 /// The parsers of registry answers, for the fuzz targets in `fuzz/`; not the product's API.
 #[doc(hidden)]
 pub mod fuzzing {
-    pub use super::error::{excerpt, from_envelope};
+    pub use super::error::{error_codes, excerpt};
     pub use super::http::{bearer_challenge, interpret_delete, next_link, token_from_body};
 }
 
