@@ -1,33 +1,22 @@
-//! Registry configuration and credentials. Debug output never shows a secret.
+//! Registry configuration and credentials. Debug output never shows a secret: oci-client's
+//! [`RegistryAuth`] redacts the password and the token.
 
 use super::error::RegistryError;
 use oci_client::secrets::RegistryAuth;
 use std::time::Duration;
 
+#[derive(Debug)]
 pub struct RegistryConfig {
     /// "host[:port][/path/prefix]"; the snapshot repository is "<base>/<vm>", tag "hibernate".
     pub base: String,
     /// Plain http only when asked explicitly; https otherwise.
     pub plain_http: bool,
-    /// oci-client's credentials, whose Debug redacts the password and the token.
     pub auth: RegistryAuth,
     /// Extra PEM CA certificates trusted for https.
     pub extra_ca_pems: Vec<Vec<u8>>,
     /// Budget of one whole operation (C2): a probe, or a delete with its digest fallback
     /// (every request, token and tag page included). Per-request timeouts are the same.
     pub timeout: Duration,
-}
-
-impl std::fmt::Debug for RegistryConfig {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RegistryConfig")
-            .field("base", &self.base)
-            .field("plain_http", &self.plain_http)
-            .field("auth", &self.auth)
-            .field("extra_ca_pems", &self.extra_ca_pems.len())
-            .field("timeout", &self.timeout)
-            .finish()
-    }
 }
 
 /// Credentials for `registry` (host[:port], or a whole base "host:port/prefix") from a

@@ -1,6 +1,6 @@
 //! Registry errors, and which of them are permanent (S5). Messages never carry secrets.
 
-use oci_client::errors::{OciDistributionError as Oci, OciEnvelope, OciErrorCode as Code};
+use oci_client::errors::{OciEnvelope, OciErrorCode as Code};
 use std::time::Duration;
 
 /// Longest excerpt of a registry answer kept in an error message.
@@ -45,9 +45,6 @@ pub enum RegistryError {
         status: u16,
         message: String,
     },
-    /// An OCI error code we do not handle (oci-client keeps no status).
-    #[error("registry rejected {operation}: {message}")]
-    Rejected { operation: Op, message: String },
     /// `<vm>:hibernate` moved to another manifest while its delete was checked.
     #[error(
         "{reference} moved from {checked} to {found} while its delete was checked; nothing deleted"
@@ -65,130 +62,69 @@ impl RegistryError {
     /// Low-cardinality label for metrics and reconcile error counters.
     pub fn metric_label(&self) -> &'static str {
         match self {
-            RegistryError::InvalidVmName { .. } => "registry_invalid_name",
-            RegistryError::InvalidConfig(_) => "registry_config",
-            RegistryError::DockerConfig(_) => "registry_docker_config",
-            RegistryError::Timeout { .. } => "registry_timeout",
-            RegistryError::Transport { .. } => "registry_transport",
-            RegistryError::Unauthorized { .. } => "registry_unauthorized",
-            RegistryError::DeleteRefused { .. } => "registry_delete_refused",
-            RegistryError::Server { .. } => "registry_server",
-            RegistryError::Rejected { .. } => "registry_rejected",
-            RegistryError::SnapshotMoved { .. } => "registry_snapshot_moved",
-            RegistryError::Protocol { .. } => "registry_protocol",
+            Self::InvalidVmName { .. } => "registry_invalid_name",
+            Self::InvalidConfig(_) => "registry_config",
+            Self::DockerConfig(_) => "registry_docker_config",
+            Self::Timeout { .. } => "registry_timeout",
+            Self::Transport { .. } => "registry_transport",
+            Self::Unauthorized { .. } => "registry_unauthorized",
+            Self::DeleteRefused { .. } => "registry_delete_refused",
+            Self::Server { .. } => "registry_server",
+            Self::SnapshotMoved { .. } => "registry_snapshot_moved",
+            Self::Protocol { .. } => "registry_protocol",
         }
     }
 
     /// True when a retry cannot succeed until someone changes the configuration, the
     /// credentials or the registry (S5). Transient: timeouts, transport failures, 5xx,
-    /// 408, 429 (and TOOMANYREQUESTS), a snapshot that moved. oci-client reports a token
-    /// server's failure without its status, so that reads as a refusal.
+    /// 408, 429 (and TOOMANYREQUESTS), a snapshot that moved.
     pub fn is_permanent(&self) -> bool {
         match self {
-            RegistryError::Timeout { .. }
-            | RegistryError::Transport { .. }
-            | RegistryError::SnapshotMoved { .. } => false,
-            RegistryError::Server { status, .. } => {
-                !(*status >= 500 || matches!(status, 408 | 429))
-            }
+            Self::Timeout { .. } | Self::Transport { .. } | Self::SnapshotMoved { .. } => false,
+            Self::Server { status, .. } => *status < 500 && !matches!(status, 408 | 429),
             _ => true,
         }
     }
 
     pub(crate) fn protocol(operation: Op, message: impl Into<String>) -> Self {
         let message = message.into();
-        RegistryError::Protocol { operation, message }
+        Self::Protocol { operation, message }
     }
 
-    /// An answer with an HTTP status: 401/403 refuse the credentials.
-    fn answer(operation: Op, status: u16, message: String) -> Self {
-        match status {
-            401 | 403 => RegistryError::Unauthorized {
-                operation,
-                status,
-                message,
-            },
-            _ => RegistryError::Server {
-                operation,
-                status,
-                message,
-            },
-        }
-    }
-
-    /// An HTTP answer nobody expected. An OCI error body saying TOOMANYREQUESTS is
-    /// throttling under any status but 401/403.
+    /// An HTTP answer nobody expected: 401/403 refuse the credentials, and an OCI error
+    /// body saying TOOMANYREQUESTS is throttling under any other status.
     pub(crate) fn from_status(operation: Op, status: u16, body: &str) -> Self {
         let message = answer_detail(status, body);
+        if matches!(status, 401 | 403) {
+            return Self::Unauthorized {
+                operation,
+                status,
+                message,
+            };
+        }
         let throttled = error_codes(body).contains(&Code::Toomanyrequests);
-        let status = if throttled && !matches!(status, 401 | 403) {
-            429
-        } else {
-            status
-        };
-        RegistryError::answer(operation, status, message)
+        let status = if throttled { 429 } else { status };
+        Self::Server {
+            operation,
+            status,
+            message,
+        }
     }
 
     /// A reqwest failure; its own timeout reports the operation's budget `after`.
     pub(crate) fn transport(operation: Op, err: &reqwest::Error, after: Duration) -> Self {
-        match err.is_timeout() {
-            true => RegistryError::Timeout { operation, after },
-            false => RegistryError::Transport {
-                operation,
-                message: describe_chain(err),
-            },
+        if err.is_timeout() {
+            return Self::Timeout { operation, after };
         }
+        let message = describe_chain(err);
+        Self::Transport { operation, message }
     }
 }
 
 /// The codes of an OCI error body (`{"errors":[{"code":…}]}`); none if it is not one.
-pub(crate) fn error_codes(body: &str) -> Vec<Code> {
+pub fn error_codes(body: &str) -> Vec<Code> {
     let envelope = serde_json::from_str::<OciEnvelope>(body).ok();
     envelope.map_or_else(Vec::new, |e| e.errors.into_iter().map(|e| e.code).collect())
-}
-
-/// An oci-client failure; None when it means "not there" (H3).
-pub(crate) fn from_oci(err: Oci, operation: Op, after: Duration) -> Option<RegistryError> {
-    let unauthorized = |message| RegistryError::answer(operation, 401, message);
-    Some(match err {
-        Oci::RegistryError { envelope, .. } => return from_envelope(&envelope, operation),
-        Oci::ImageManifestNotFoundError(_) | Oci::ServerError { code: 404, .. } => return None,
-        Oci::ServerError { code, message, .. } => {
-            RegistryError::from_status(operation, code, &message)
-        }
-        Oci::UnauthorizedError { .. } => unauthorized("credentials missing or refused".into()),
-        Oci::AuthenticationFailure(why) => {
-            unauthorized(format!("token request refused: {}", excerpt(&why)))
-        }
-        Oci::RequestError(e) => RegistryError::transport(operation, &e, after),
-        Oci::IoError(e) => RegistryError::Transport {
-            operation,
-            message: describe_chain(&e),
-        },
-        other => RegistryError::protocol(operation, describe_chain(&other)),
-    })
-}
-
-/// An OCI error body; None when it means "not there" (MANIFEST_UNKNOWN, NAME_UNKNOWN).
-/// DENIED and UNAUTHORIZED refuse the credentials, TOOMANYREQUESTS is throttling.
-pub fn from_envelope(envelope: &OciEnvelope, operation: Op) -> Option<RegistryError> {
-    let has = |code: &Code| envelope.errors.iter().any(|e| e.code == *code);
-    let message = excerpt(&envelope.to_string());
-    if [Code::ManifestUnknown, Code::NameUnknown, Code::NotFound]
-        .iter()
-        .any(has)
-    {
-        return None;
-    }
-    let statuses = [
-        (Code::Denied, 403),
-        (Code::Unauthorized, 401),
-        (Code::Toomanyrequests, 429),
-    ];
-    Some(match statuses.iter().find(|(code, _)| has(code)) {
-        Some(&(_, status)) => RegistryError::answer(operation, status, message),
-        None => RegistryError::Rejected { operation, message },
-    })
 }
 
 /// Shortens a registry answer for an error message, on a char boundary.
@@ -197,9 +133,7 @@ pub fn excerpt(text: &str) -> String {
     if text.len() <= MAX_DETAIL {
         return text.to_string();
     }
-    let end = (0..=MAX_DETAIL)
-        .rev()
-        .find(|&end| text.is_char_boundary(end));
+    let end = (0..=MAX_DETAIL).rfind(|&end| text.is_char_boundary(end));
     format!("{}…", &text[..end.unwrap_or(0)])
 }
 
@@ -209,9 +143,8 @@ pub(crate) fn answer_detail(status: u16, body: &str) -> String {
     if !body.trim().is_empty() {
         return excerpt(body);
     }
-    let name = http::StatusCode::from_u16(status)
-        .ok()
-        .and_then(|s| s.canonical_reason());
+    let name = http::StatusCode::from_u16(status).ok();
+    let name = name.and_then(|s| s.canonical_reason());
     format!("{}, empty body", name.unwrap_or("unknown status"))
 }
 
@@ -281,10 +214,6 @@ mod tests {
             },
             server(400),
             server(404),
-            RegistryError::Rejected {
-                operation: "probe",
-                message: "NAME_INVALID".into(),
-            },
             RegistryError::Protocol {
                 operation: "token",
                 message: "not JSON".into(),
@@ -345,74 +274,35 @@ mod tests {
         );
     }
 
-    const T: Duration = Duration::from_secs(1);
-
-    fn envelope(code: &str) -> Oci {
-        let envelope = serde_json::from_value(serde_json::json!({
-            "errors": [{ "code": code, "message": "m" }]
-        }))
-        .unwrap();
-        Oci::RegistryError {
-            envelope,
-            url: "u".into(),
-        }
-    }
-
-    fn server(code: u16) -> Oci {
-        Oci::ServerError {
-            code,
-            url: "u".into(),
-            message: "body".into(),
-        }
-    }
-
-    #[test]
-    fn h3_not_found_answers_are_absent() {
-        for err in [
-            envelope("MANIFEST_UNKNOWN"),
-            envelope("NAME_UNKNOWN"),
-            envelope("NOT_FOUND"),
-            server(404),
-        ] {
-            assert!(from_oci(err, "probe", T).is_none());
-        }
+    fn codes(code: &str) -> String {
+        serde_json::json!({ "errors": [{ "code": code, "message": "m" }] }).to_string()
     }
 
     #[test]
     fn h4_auth_server_and_other_failures_are_errors() {
-        let error = |err| from_oci(err, "probe", T).expect("an error, not absent");
+        let error = |status, body: &str| RegistryError::from_status("probe", status, body);
         assert!(matches!(
-            error(Oci::UnauthorizedError { url: "u".into() }),
+            error(401, ""),
             RegistryError::Unauthorized { status: 401, .. }
         ));
         assert!(matches!(
-            error(envelope("DENIED")),
+            error(403, &codes("DENIED")),
             RegistryError::Unauthorized { status: 403, .. }
         ));
         assert!(matches!(
-            error(server(403)),
-            RegistryError::Unauthorized { status: 403, .. }
-        ));
-        assert!(matches!(
-            error(server(503)),
+            error(503, "down"),
             RegistryError::Server { status: 503, .. }
         ));
-        assert!(matches!(
-            error(envelope("NAME_INVALID")),
-            RegistryError::Rejected { .. }
-        ));
+        let invalid = error(400, &codes("NAME_INVALID"));
+        assert!(matches!(invalid, RegistryError::Server { status: 400, .. }));
+        assert!(invalid.is_permanent());
         // S5: throttling is transient, as a 429 is.
-        let throttled = error(envelope("TOOMANYREQUESTS"));
+        let throttled = error(400, &codes("TOOMANYREQUESTS"));
         assert!(
             matches!(throttled, RegistryError::Server { status: 429, .. }),
             "{throttled:?}"
         );
         assert!(!throttled.is_permanent());
-        let io = error(Oci::IoError(std::io::Error::other("reset")));
-        assert!(matches!(io, RegistryError::Transport { .. }), "{io:?}");
-        assert!(matches!(
-            error(Oci::RegistryNoDigestError),
-            RegistryError::Protocol { .. }
-        ));
+        assert_eq!(error_codes("not json"), []);
     }
 }

@@ -1,9 +1,8 @@
-//! The one helper for what oci-client lacks: manifest DELETE, and a token with the scope
-//! a delete needs. oci-client asks token servers for `pull` or `pull,push` only, and
-//! pings `GET /v2/` before every request it holds no token for (each request on a
-//! registry without auth). So a whole delete runs here, on one [`Session`] and at most
-//! one token (`pull,delete`): its HEADs, its `tags/list` pages (whose `Link` pagination
-//! oci-client's `list_tags` hides) and its DELETEs.
+//! Every registry request, on one reqwest client. oci-client lacks manifest DELETE and a
+//! token with the `pull,delete` scope (it asks for `pull` or `pull,push`), and sends
+//! `GET /v2/` before every request on a registry without auth. An operation runs on one
+//! [`Session`]: a probe's HEAD, or a delete's HEADs, `Link`-paged `tags/list` and
+//! DELETEs, on at most one token.
 
 use super::error::{Op, RegistryError, Result, answer_detail, error_codes};
 use crate::metrics::Metrics;
@@ -11,8 +10,10 @@ use oci_client::errors::OciErrorCode as Code;
 use oci_client::manifest::{IMAGE_MANIFEST_LIST_MEDIA_TYPE, IMAGE_MANIFEST_MEDIA_TYPE};
 use oci_client::manifest::{OCI_IMAGE_INDEX_MEDIA_TYPE, OCI_IMAGE_MEDIA_TYPE};
 use oci_client::secrets::RegistryAuth;
-use reqwest::{Method, Url, header};
-use std::collections::HashSet;
+use oci_spec::image::Digest;
+use reqwest::header::{ACCEPT, HeaderMap, WWW_AUTHENTICATE};
+use reqwest::{Method, RequestBuilder, Url};
+use std::collections::BTreeSet;
 use std::time::Duration;
 
 /// Items asked for per page of a listing (Distribution refuses `n` above 1000).
@@ -28,8 +29,8 @@ const MANIFEST_TYPES: [&str; 4] = [
     IMAGE_MANIFEST_LIST_MEDIA_TYPE,
 ];
 
-/// The registry as the helper reaches it. The reqwest client is built next to
-/// oci-client's, from the same roots and settings (`client.rs`).
+/// The registry as every request reaches it (built in `client.rs`).
+#[derive(Clone)]
 pub(super) struct Http {
     pub client: reqwest::Client,
     pub auth: RegistryAuth,
@@ -38,9 +39,8 @@ pub(super) struct Http {
     pub root: String,
 }
 
-/// One operation's requests, and the token the registry asked for: fetched at most once,
-/// with the scope of the whole operation (`repository:<repo>:pull,delete`, or the
-/// catalog's `registry:catalog:*`). `budget` is what a reqwest timeout reports.
+/// One operation's requests, and the token (at most one, for the whole operation's scope).
+/// `budget` is what a reqwest timeout reports.
 pub(super) struct Session<'a> {
     http: &'a Http,
     scope: String,
@@ -48,11 +48,15 @@ pub(super) struct Session<'a> {
     token: Option<String>,
 }
 
-/// The parts of an answer the helper reads.
-struct Answer {
-    status: u16,
-    headers: header::HeaderMap,
-    body: String,
+/// An answer's status, headers and body.
+type Answer = (u16, HeaderMap, String);
+
+/// A listing page: `tags` (`tags/list`) or `repositories` (`_catalog`); Distribution
+/// sends `null` for a repository without tags.
+#[derive(serde::Deserialize)]
+struct Page {
+    #[serde(alias = "repositories")]
+    tags: Option<Vec<String>>,
 }
 
 impl Http {
@@ -66,12 +70,7 @@ impl Http {
     }
 
     /// Counts a call in `registry_calls_total`; `ok` names a success's outcome.
-    pub fn counted<T>(
-        &self,
-        op: Op,
-        result: Result<T>,
-        ok: impl FnOnce(&T) -> &'static str,
-    ) -> Result<T> {
+    pub fn counted<T>(&self, op: Op, result: Result<T>, ok: fn(&T) -> &'static str) -> Result<T> {
         let outcome = match &result {
             Ok(value) => ok(value),
             Err(RegistryError::Timeout { .. }) => "timeout",
@@ -81,24 +80,17 @@ impl Http {
         self.metrics.registry_call(op, outcome);
         result
     }
-
-    fn url(&self, path: &str) -> Result<Url> {
-        let raw = format!("{}{path}", self.root);
-        Url::parse(&raw).map_err(|e| RegistryError::InvalidConfig(format!("bad URL {raw}: {e}")))
-    }
-}
-
-impl Answer {
-    fn header(&self, name: &str) -> Option<String> {
-        Some(self.headers.get(name)?.to_str().ok()?.trim().to_string())
-    }
 }
 
 impl Session<'_> {
-    /// One request, with the session's token, else the configured credentials. A 401
-    /// with a Bearer challenge gets the session its token and is sent once more. A
-    /// transport error sends it again too: a registry restart leaves dead pooled
-    /// connections, and every request here is idempotent.
+    fn url(&self, path: &str) -> Result<Url> {
+        let raw = format!("{}{path}", self.http.root);
+        Url::parse(&raw).map_err(|e| RegistryError::InvalidConfig(format!("bad URL {raw}: {e}")))
+    }
+
+    /// One request, with the session's token, else the configured credentials. A 401 with
+    /// a Bearer challenge gets the session its token and is sent again, and so is one that
+    /// met a transport error (dead pooled connections; every request here is idempotent).
     async fn send(&mut self, method: Method, url: &Url, op: Op) -> Result<Answer> {
         loop {
             let answer = match self.try_send(&method, url).await {
@@ -106,13 +98,13 @@ impl Session<'_> {
                 other => other,
             };
             let answer = answer.map_err(|e| RegistryError::transport(op, &e, self.budget))?;
-            let challenges = answer.headers.get_all(header::WWW_AUTHENTICATE).iter();
+            let challenges = answer.1.get_all(WWW_AUTHENTICATE).iter();
             let challenge = challenges
                 .filter_map(|v| v.to_str().ok())
                 .find_map(bearer_challenge);
             match challenge {
-                Some((realm, service)) if answer.status == 401 && self.token.is_none() => {
-                    let token = self.fetch_token(&realm, service.as_deref(), url).await;
+                Some((realm, service)) if answer.0 == 401 && self.token.is_none() => {
+                    let token = self.fetch_token(&realm, service.as_deref()).await;
                     self.token = Some(self.http.counted("token", token, |_| "ok")?);
                 }
                 _ => return Ok(answer),
@@ -132,27 +124,15 @@ impl Session<'_> {
             (None, RegistryAuth::Basic(user, pass)) => request.basic_auth(user, Some(pass)),
             (None, RegistryAuth::Anonymous) => request,
         };
-        let response = request.header(header::ACCEPT, accept).send().await?;
-        let (status, headers) = (response.status().as_u16(), response.headers().clone());
-        let body = response.text().await?;
-        Ok(Answer {
-            status,
-            headers,
-            body,
-        })
+        read(request.header(ACCEPT, accept)).await
     }
 
     /// GET `<realm>?service=…&scope=…`, with the basic credentials if any.
-    async fn fetch_token(
-        &self,
-        realm: &str,
-        service: Option<&str>,
-        target: &Url,
-    ) -> Result<String> {
+    async fn fetch_token(&self, realm: &str, service: Option<&str>) -> Result<String> {
         const OP: Op = "token";
         let realm_error = |why| RegistryError::protocol(OP, format!("token realm {realm:?} {why}"));
         let mut url = Url::parse(realm).map_err(|e| realm_error(format!("is not a URL: {e}")))?;
-        if target.scheme() == "https" && url.scheme() != "https" {
+        if self.http.root.starts_with("https:") && url.scheme() != "https" {
             let why = "is not https; credentials are not sent in the clear";
             return Err(realm_error(why.into()));
         }
@@ -163,57 +143,60 @@ impl Session<'_> {
         if let RegistryAuth::Basic(user, password) = &self.http.auth {
             request = request.basic_auth(user, Some(password));
         }
-        let transport = |e: reqwest::Error| RegistryError::transport(OP, &e, self.budget);
-        let response = request.send().await.map_err(transport)?;
-        let status = response.status().as_u16();
-        let body = response.text().await.map_err(transport)?;
-        match status {
-            200 => token_from_body(&body),
+        let answer = read(request).await;
+        match answer.map_err(|e| RegistryError::transport(OP, &e, self.budget))? {
+            (200, _, body) => token_from_body(&body),
             // A token server that is down or throttling has not refused the credentials.
-            _ => Err(RegistryError::from_status(OP, status, &body)),
+            (status, _, body) => Err(RegistryError::from_status(OP, status, &body)),
         }
     }
 
-    /// HEAD a manifest (`<repository>/manifests/<reference>`): its digest, None on 404.
-    /// Counted under `op`.
+    /// HEAD `<repository>/manifests/<reference>`: its digest, None on 404.
     pub async fn head_digest(&mut self, path: &str, op: Op) -> Result<Option<String>> {
-        let answer = self.send(Method::HEAD, &self.http.url(path)?, op).await;
-        let result = answer.and_then(|a| match (a.status, a.header("docker-content-digest")) {
-            (404, _) => Ok(None),
-            (200, Some(digest)) if valid_digest(&digest) => Ok(Some(digest)),
-            (200, digest) => {
-                let message = format!("the manifest HEAD answered the digest {digest:?}");
-                Err(RegistryError::protocol(op, message))
+        let answer = self.send(Method::HEAD, &self.url(path)?, op).await;
+        let result = answer.and_then(|(status, headers, body)| {
+            match (status, header(&headers, "docker-content-digest")) {
+                (404, _) => Ok(None),
+                (200, Some(digest)) if digest.parse::<Digest>().is_ok() => Ok(Some(digest)),
+                (200, digest) => {
+                    let message = format!("the manifest HEAD answered the digest {digest:?}");
+                    Err(RegistryError::protocol(op, message))
+                }
+                (status, _) => Err(RegistryError::from_status(op, status, &body)),
             }
-            (status, _) => Err(RegistryError::from_status(op, status, &a.body)),
         });
-        self.http
-            .counted(op, result, |d| d.as_ref().map_or("absent", |_| "present"))
+        self.http.counted(
+            op,
+            result,
+            |d| if d.is_some() { "present" } else { "absent" },
+        )
     }
 
-    /// Every entry of a paginated listing (`key` of each JSON page at `path`), each page
-    /// read once; None when the first page is 404. One call per page, counted under `op`.
-    pub async fn list(&mut self, path: &str, key: &str, op: Op) -> Result<Option<Vec<String>>> {
-        let mut url = self.http.url(&format!("{path}?n={PAGE_SIZE}"))?;
-        let (mut items, mut seen) = (Vec::new(), HashSet::new());
+    /// Every entry of the listing at `path`, each page read once; None when the first
+    /// page is 404.
+    pub async fn list(&mut self, path: &str, op: Op) -> Result<Option<BTreeSet<String>>> {
+        let mut url = self.url(&format!("{path}?n={PAGE_SIZE}"))?;
+        let mut items = BTreeSet::new();
+        let unusable = |e| RegistryError::protocol(op, format!("the listing is unusable: {e}"));
         for _ in 0..MAX_PAGES {
             let answer = self.send(Method::GET, &url, op).await;
-            let page = answer.and_then(|answer| match answer.status {
+            let page = answer.and_then(|(status, headers, body)| match status {
                 404 => Ok(None),
-                200 => Ok(Some((
-                    page_entries(&answer.body, key, op)?,
-                    answer.header("link"),
-                ))),
-                status => Err(RegistryError::from_status(op, status, &answer.body)),
+                200 => {
+                    let page: Page = serde_json::from_str(&body).map_err(unusable)?;
+                    let link = header(&headers, "link");
+                    Ok(Some((page.tags.unwrap_or_default(), link)))
+                }
+                status => Err(RegistryError::from_status(op, status, &body)),
             });
             let page = self
                 .http
-                .counted(op, page, |p| p.as_ref().map_or("absent", |_| "ok"));
+                .counted(op, page, |p| if p.is_some() { "ok" } else { "absent" });
             let Some((page, link)) = page? else {
                 return Ok((!items.is_empty()).then_some(items));
             };
             let (len, last, before) = (page.len(), page.last().cloned(), items.len());
-            items.extend(page.into_iter().filter(|item| seen.insert(item.clone())));
+            items.extend(page);
             let new = items.len() - before;
             let next = next_page(&url, link.as_deref(), len, new, last.as_deref());
             match next.map_err(|message| RegistryError::protocol(op, message))? {
@@ -225,31 +208,24 @@ impl Session<'_> {
         Err(RegistryError::protocol(op, message))
     }
 
-    /// DELETE the manifest `<repository>/manifests/<tag or digest>` that users know as
-    /// `reference`: true once deleted, false when absent. Counted under `op`.
+    /// DELETE `<repository>/manifests/<tag or digest>`: true once deleted, false if absent.
     pub async fn delete(&mut self, path: &str, reference: &str, op: Op) -> Result<bool> {
-        let answer = self.send(Method::DELETE, &self.http.url(path)?, op).await;
-        let result = answer.and_then(|a| interpret_delete(a.status, &a.body, reference, op));
-        self.http.counted(
-            op,
-            result,
-            |&deleted| if deleted { "deleted" } else { "absent" },
-        )
+        let answer = self.send(Method::DELETE, &self.url(path)?, op).await;
+        let result =
+            answer.and_then(|(status, _, body)| interpret_delete(status, &body, reference, op));
+        self.http
+            .counted(op, result, |&d| if d { "deleted" } else { "absent" })
     }
 }
 
-/// The `key` entries of a listing page; `null` (Distribution, for a repository without
-/// tags) lists nothing.
-fn page_entries(body: &str, key: &str, op: Op) -> Result<Vec<String>> {
-    let mut page: serde_json::Value = serde_json::from_str(body)
-        .map_err(|e| RegistryError::protocol(op, format!("the listing is not JSON: {e}")))?;
-    match page.get_mut(key).map(serde_json::Value::take) {
-        None | Some(serde_json::Value::Null) => Ok(Vec::new()),
-        Some(list) => serde_json::from_value(list).map_err(|e| {
-            let message = format!("the listing's {key:?} is not a list of names: {e}");
-            RegistryError::protocol(op, message)
-        }),
-    }
+async fn read(request: RequestBuilder) -> reqwest::Result<Answer> {
+    let response = request.send().await?;
+    let (status, headers) = (response.status().as_u16(), response.headers().clone());
+    Ok((status, headers, response.text().await?))
+}
+
+fn header(headers: &HeaderMap, name: &str) -> Option<String> {
+    Some(headers.get(name)?.to_str().ok()?.trim().to_string())
 }
 
 /// What a DELETE answer means: true deleted, false already gone (404). 405, and 400 with
@@ -308,23 +284,20 @@ pub(crate) fn next_page(
     last: Option<&str>,
 ) -> Result<Option<Url>, String> {
     if let Some(target) = link.and_then(next_link) {
-        let next = current
-            .join(&target)
-            .map_err(|e| format!("unusable Link {target:?}: {e}"))?;
-        if next.origin() != current.origin() || next == *current {
-            return Err(format!(
-                "the Link {target:?} leaves the registry or stays put"
-            ));
-        }
-        return Ok(Some(next));
+        return match current.join(&target) {
+            Ok(next) if next.origin() == current.origin() && next != *current => Ok(Some(next)),
+            Ok(_) => Err(format!("the Link {target:?} leaves the registry or loops")),
+            Err(e) => Err(format!("unusable Link {target:?}: {e}")),
+        };
     }
     let Some(last) = last.filter(|_| len == PAGE_SIZE && new > 0) else {
         return Ok(None);
     };
     let mut next = current.clone();
+    let n = PAGE_SIZE.to_string();
     next.query_pairs_mut()
         .clear()
-        .append_pair("n", &PAGE_SIZE.to_string())
+        .append_pair("n", &n)
         .append_pair("last", last);
     Ok(Some(next))
 }
@@ -350,18 +323,6 @@ pub(super) fn valid_tag(tag: &str) -> bool {
     let first = |c: char| c.is_ascii_alphanumeric() || c == '_';
     let other = |b: u8| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-');
     tag.len() <= 128 && tag.starts_with(first) && tag.bytes().all(other)
-}
-
-/// An OCI digest `algorithm:encoded`; it goes into a DELETE's URL.
-fn valid_digest(digest: &str) -> bool {
-    let Some((algorithm, encoded)) = digest.split_once(':') else {
-        return false;
-    };
-    let lower = |b: u8| b.is_ascii_lowercase() || b.is_ascii_digit();
-    let component = |c: &str| !c.is_empty() && c.bytes().all(lower);
-    let encoded_char = |b: u8| b.is_ascii_alphanumeric() || matches!(b, b'=' | b'_' | b'-');
-    let encoded_ok = !encoded.is_empty() && encoded.bytes().all(encoded_char);
-    encoded_ok && algorithm.split(['+', '.', '_', '-']).all(component)
 }
 
 #[cfg(test)]
@@ -442,6 +403,7 @@ mod tests {
         ] {
             assert!(!valid_tag(bad), "{bad}");
         }
+        let valid_digest = |digest: &str| digest.parse::<Digest>().is_ok();
         let sha = "sha256:a66f6444bae425ddb05bd47d1ed7576fcd89634f9c92e131b38dfd2372bbeba1";
         assert!(valid_digest(sha));
         assert!(valid_digest("sha512+b64u:abc-_="));
@@ -528,5 +490,48 @@ mod tests {
             interpret(503, "down"),
             Err(RegistryError::Server { status: 503, .. })
         ));
+    }
+
+    #[test]
+    fn catalog_pages_end_without_an_extra_request() {
+        let first = url("http://r:5000/v2/_catalog?n=100");
+        assert_eq!(next_page(&first, None, 3, 3, Some("c")).unwrap(), None);
+        assert_eq!(next_page(&first, None, 0, 0, None).unwrap(), None);
+        assert_eq!(next_page(&first, None, 250, 250, Some("z")).unwrap(), None);
+        let next = next_page(&first, None, 100, 100, Some("r099"))
+            .unwrap()
+            .unwrap();
+        assert_eq!(next.as_str(), "http://r:5000/v2/_catalog?n=100&last=r099");
+        assert_eq!(next_page(&next, None, 100, 0, Some("r099")).unwrap(), None);
+        let linked = next_page(
+            &first,
+            Some(r#"</v2/_catalog?last=r1&n=100>; rel="next""#),
+            100,
+            100,
+            Some("r1"),
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(linked.as_str(), "http://r:5000/v2/_catalog?last=r1&n=100");
+        assert!(
+            next_page(
+                &first,
+                Some(r#"<http://evil/v2/_catalog>; rel="next""#),
+                100,
+                100,
+                None
+            )
+            .is_err()
+        );
+        assert!(
+            next_page(
+                &first,
+                Some(r#"</v2/_catalog?n=100>; rel="next""#),
+                100,
+                100,
+                None
+            )
+            .is_err()
+        );
     }
 }

@@ -1,22 +1,14 @@
 //! The OCI registry behind a [`SnapshotStore`]: probe and delete the snapshot tag
-//! `<base>/<vm>:hibernate` (H3, H4, W2, W3, G1, G2, S1, S5; metrics O1).
-//!
-//! [`RegistryClient`] (`client.rs`): oci-client does the probe; `http.rs` is the one
-//! helper for what it lacks, a whole delete on one `pull,delete` token. Credentials are
-//! oci-client's [`RegistryAuth`], also read from a docker config.json with its credential
-//! helpers (`config.rs`); extra CAs; plain http only on request. Secrets never reach
-//! logs, errors or `Debug`. Each operation has one deadline, `--registry-timeout`, for
-//! all its requests (C2), and a delete ends no later than its caller's instant (S1). A
-//! registry that refuses a DELETE by tag (CNCF Distribution) is remembered: later deletes
-//! take the digest path, HEAD, `tags/list`, DELETE by digest, unless another tag shares
-//! the digest (S5). [`RegistryError::is_permanent`] tells refusals from outages (S5).
+//! `<base>/<vm>:hibernate` (H3, H4, W2, W3, G1, G2, S1, S5; metrics O1), on oci-client's
+//! references, credentials and error codes, and one reqwest client (`http.rs`) for what
+//! oci-client lacks or does at twice the cost. Secrets never reach
+//! logs, errors or `Debug`. Each operation has one deadline (C2, S1). A registry that
+//! refuses DELETE by tag (Distribution) is remembered; later deletes go by digest unless
+//! another tag shares it (S5).
 
-mod catalog;
 mod client;
 mod config;
 mod error;
-#[cfg(test)]
-pub(crate) mod fake;
 mod http;
 mod names;
 
@@ -35,7 +27,7 @@ const FAR: Duration = Duration::from_secs(365 * 24 * 3600);
 /// The parsers of registry answers, for the fuzz targets in `fuzz/`; not the product's API.
 #[doc(hidden)]
 pub mod fuzzing {
-    pub use super::error::{excerpt, from_envelope};
+    pub use super::error::{error_codes, excerpt};
     pub use super::http::{bearer_challenge, interpret_delete, next_link, token_from_body};
 }
 
@@ -50,8 +42,8 @@ pub enum DeleteOutcome {
     Absent,
     /// Tag deletion is unsupported (Distribution 2.x); the manifest was deleted by digest.
     DeletedByDigest,
-    /// Other tags share the manifest, and a delete by digest would remove them too:
-    /// nothing was deleted (S5).
+    /// Other tags share the manifest, which a delete by digest would remove too: nothing
+    /// was deleted (S5).
     KeptSharedDigest { other_tags: Vec<String> },
 }
 
@@ -80,3 +72,6 @@ pub trait SnapshotStore: Send + Sync {
         self.delete_snapshot_before(vm, Instant::now() + FAR)
     }
 }
+
+#[cfg(test)]
+pub(crate) mod fake;

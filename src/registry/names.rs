@@ -9,6 +9,10 @@ pub const SNAPSHOT_TAG: &str = "hibernate";
 /// Distribution refuses repository names longer than this.
 const MAX_REPOSITORY_LEN: usize = 255;
 
+/// Why a name is not an OCI path component (see [`valid_component`]).
+const NOT_A_COMPONENT: &str =
+    "is not lowercase letters and digits joined by '.', '_', '__' or a run of '-'";
+
 /// The parsed `RegistryConfig::base`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct RegistryBase {
@@ -20,93 +24,62 @@ pub(crate) struct RegistryBase {
 
 impl RegistryBase {
     pub fn parse(base: &str) -> Result<Self, RegistryError> {
-        let invalid =
-            |why: &str| RegistryError::InvalidConfig(format!("registry base {base:?}: {why}"));
         let trimmed = base.trim().trim_end_matches('/');
-        if trimmed.contains("://") {
-            return Err(invalid(
-                "give host[:port][/path/prefix] without a scheme (plain_http selects http)",
-            ));
-        }
-        let (host, prefix) = trimmed
-            .split_once('/')
-            .map_or((trimmed, None), |(h, p)| (h, Some(p)));
+        let (host, prefix) = match trimmed.split_once('/') {
+            Some((host, prefix)) => (host, Some(prefix)),
+            None => (trimmed, None),
+        };
+        let mut components = prefix.iter().flat_map(|p| p.split('/'));
         // The URL parser checks the host and the port as reqwest will use them.
-        if host.is_empty()
-            || reqwest::Url::parse(&format!("http://{host}/")).is_err()
-            || host.contains(['@', '?', '#'])
-        {
-            return Err(invalid(
-                "the host is not host[:port] (a name, an IPv4 or a bracketed IPv6 address)",
-            ));
-        }
-        for component in prefix.iter().flat_map(|p| p.split('/')) {
-            validate_component(component)
-                .map_err(|why| invalid(&format!("path component {component:?} {why}")))?;
-        }
-        Ok(Self {
-            registry: host.to_string(),
-            prefix: prefix.map(str::to_string),
-        })
+        let url = reqwest::Url::parse(&format!("http://{host}/"));
+        let why = if trimmed.contains("://") {
+            "give host[:port][/path/prefix] without a scheme (plain_http selects http)".into()
+        } else if url.is_err() || host.contains(['@', '?', '#']) {
+            "the host is not host[:port] (a name, an IPv4 or a bracketed IPv6 address)".into()
+        } else if let Some(bad) = components.find(|c| !valid_component(c)) {
+            format!("path component {bad:?} {NOT_A_COMPONENT}")
+        } else {
+            let (registry, prefix) = (host.to_string(), prefix.map(str::to_string));
+            return Ok(Self { registry, prefix });
+        };
+        Err(RegistryError::InvalidConfig(format!(
+            "registry base {base:?}: {why}"
+        )))
     }
 
-    /// "<prefix>/<vm>", after checking `vm` is one valid path component.
-    pub fn repository(&self, vm: &str) -> Result<String, RegistryError> {
-        let invalid = |reason| RegistryError::InvalidVmName {
-            name: vm.to_string(),
-            reason,
-        };
-        validate_component(vm).map_err(invalid)?;
+    /// `<registry>/<prefix>/<vm>:hibernate`, after checking `vm` is one path component.
+    pub fn snapshot(&self, vm: &str) -> Result<Reference, RegistryError> {
         let repository = match &self.prefix {
             Some(prefix) => format!("{prefix}/{vm}"),
             None => vm.to_string(),
         };
-        if repository.len() > MAX_REPOSITORY_LEN {
-            return Err(invalid("the repository name would exceed 255 characters"));
-        }
-        Ok(repository)
-    }
-
-    /// `<registry>/<prefix>/<vm>:hibernate`.
-    pub fn snapshot(&self, vm: &str) -> Result<Reference, RegistryError> {
-        let repository = self.repository(vm)?;
-        Ok(Reference::with_tag(
-            self.registry.clone(),
-            repository,
-            SNAPSHOT_TAG.into(),
-        ))
+        let reason = if !valid_component(vm) {
+            NOT_A_COMPONENT
+        } else if repository.len() > MAX_REPOSITORY_LEN {
+            "the repository name would exceed 255 characters"
+        } else {
+            let tag = SNAPSHOT_TAG.to_string();
+            return Ok(Reference::with_tag(self.registry.clone(), repository, tag));
+        };
+        let name = vm.to_string();
+        Err(RegistryError::InvalidVmName { name, reason })
     }
 
     /// The VM a repository holds snapshots of: the one path component below the prefix.
     pub fn vm_of<'a>(&self, repository: &'a str) -> Option<&'a str> {
         let vm = match &self.prefix {
-            Some(prefix) => repository
-                .strip_prefix(prefix.as_str())?
-                .strip_prefix('/')?,
+            Some(prefix) => repository.strip_prefix(&format!("{prefix}/"))?,
             None => repository,
         };
-        validate_component(vm).ok().map(|()| vm)
+        valid_component(vm).then_some(vm)
     }
 }
 
 /// One OCI path component: `[a-z0-9]+((\.|_|__|-+)[a-z0-9]+)*`.
-fn validate_component(name: &str) -> Result<(), &'static str> {
+fn valid_component(name: &str) -> bool {
     let alnum = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit();
     let separator = |s: &str| matches!(s, "." | "_" | "__") || s.bytes().all(|b| b == b'-');
-    if name.is_empty() {
-        Err("must not be empty")
-    } else if !name
-        .chars()
-        .all(|c| alnum(c) || matches!(c, '.' | '_' | '-'))
-    {
-        Err("may only hold lowercase letters, digits, '.', '_' and '-'")
-    } else if !name.starts_with(alnum) || !name.ends_with(alnum) {
-        Err("must start and end with a lowercase letter or digit")
-    } else if !name.split(alnum).all(separator) {
-        Err("separators must be '.', '_', '__' or a run of '-'")
-    } else {
-        Ok(())
-    }
+    name.starts_with(alnum) && name.ends_with(alnum) && name.split(alnum).all(separator)
 }
 
 #[cfg(test)]
@@ -118,10 +91,10 @@ mod tests {
         let b = RegistryBase::parse("reg.example:5000/snap/team/").unwrap();
         assert_eq!(b.registry, "reg.example:5000");
         assert_eq!(b.prefix.as_deref(), Some("snap/team"));
-        assert_eq!(b.repository("vm-1").unwrap(), "snap/team/vm-1");
+        assert_eq!(b.snapshot("vm-1").unwrap().repository(), "snap/team/vm-1");
         let b = RegistryBase::parse("127.0.0.1:5000").unwrap();
         assert_eq!(b.prefix, None);
-        assert_eq!(b.repository("vm").unwrap(), "vm");
+        assert_eq!(b.snapshot("vm").unwrap().repository(), "vm");
         assert!(RegistryBase::parse("[::1]:5000/x").is_ok());
     }
 
@@ -139,17 +112,17 @@ mod tests {
     #[test]
     fn vm_names_follow_the_oci_component_grammar() {
         for good in ["vm", "vm-1", "a.b", "a_b", "a__b", "a---b", "0"] {
-            assert!(validate_component(good).is_ok(), "{good}");
+            assert!(valid_component(good), "{good}");
         }
         for bad in [
             "", "VM", "-vm", "vm-", ".vm", "a..b", "a___b", "a._b", "a/b", "a b", "vm:tag", "ü",
         ] {
-            assert!(validate_component(bad).is_err(), "{bad}");
+            assert!(!valid_component(bad), "{bad}");
         }
         let base = RegistryBase::parse("reg").unwrap();
-        let err = base.repository("Bad/Name").unwrap_err();
+        let err = base.snapshot("Bad/Name").unwrap_err();
         assert!(err.to_string().contains("invalid VM name"), "{err}");
-        assert!(base.repository(&"a".repeat(300)).is_err());
+        assert!(base.snapshot(&"a".repeat(300)).is_err());
     }
 
     #[test]
