@@ -132,8 +132,10 @@ async fn run_term(
         let turns = turns.clone();
         async move {
             let (ns, name) = (cr.namespace().unwrap_or_default(), cr.name_any());
+            // Our own last write counts before the cache shows it: the pass after a
+            // transition's start is an ending pass at once.
             let ending = || {
-                let now = ctx.cache.cr(&ns, &name);
+                let now = ctx.cache.cr(&ns, &name).map(|cr| ctx.own_write_view(cr));
                 now.is_some_and(|cr| plan::may_end_a_transition(&cr))
             };
             let queued = std::time::Instant::now();

@@ -564,7 +564,7 @@ impl Context {
 
     /// The CR to plan from: the cache's, unless it still holds a version our own last
     /// write replaced; then that write's answer.
-    fn own_write_view(&self, cached: Arc<CocoonHibernation>) -> Arc<CocoonHibernation> {
+    pub(super) fn own_write_view(&self, cached: Arc<CocoonHibernation>) -> Arc<CocoonHibernation> {
         let Ok(mut map) = self.superseded.lock() else {
             return cached;
         };
