@@ -433,11 +433,6 @@ impl World {
         holder.strip_prefix("replica-")?.parse().ok()
     }
 
-    async fn restart(&self, r: usize) {
-        let mut p = self.replicas[r].lock().await;
-        p.restart().await;
-    }
-
     /// Keeps a fault switched on past `min` until `injected` says it bit at least once
     /// (at most one more minute), so a short run still injects every kind.
     async fn hold(&self, min: Duration, injected: impl Fn() -> bool) {
@@ -550,19 +545,22 @@ impl World {
                 };
                 let down = secs(rng, 1, 5);
                 {
+                    // Held until the restart: a SIGTERM episode picking this replica
+                    // meanwhile must find it running, not half gone.
                     let mut p = self.replicas[r].lock().await;
                     p.kill9();
+                    self.faults.add("process.kill9_leader", 1);
+                    self.mark(&format!("kill -9 leader replica-{r}"));
+                    tokio::time::sleep(down).await;
+                    p.restart().await;
                 }
-                self.faults.add("process.kill9_leader", 1);
-                self.mark(&format!("kill -9 leader replica-{r}"));
-                tokio::time::sleep(down).await;
-                self.restart(r).await;
                 self.mark(&format!("replica-{r} restarted"));
             }
             Episode::Sigterm => {
                 let r = rng.random_range(0..self.replicas.len());
                 let down = secs(rng, 1, 4);
                 {
+                    // Held until the restart, as for kill -9 above.
                     let mut p = self.replicas[r].lock().await;
                     // SIGTERM waits for the exit (P4: drain, release the lease, exit 0).
                     let status = tokio::task::block_in_place(|| p.sigterm());
@@ -572,11 +570,11 @@ impl World {
                             .unwrap()
                             .push(format!("replica-{r} exited {status} after SIGTERM"));
                     }
+                    self.faults.add("process.sigterm", 1);
+                    self.mark(&format!("SIGTERM replica-{r}"));
+                    tokio::time::sleep(down).await;
+                    p.restart().await;
                 }
-                self.faults.add("process.sigterm", 1);
-                self.mark(&format!("SIGTERM replica-{r}"));
-                tokio::time::sleep(down).await;
-                self.restart(r).await;
                 self.mark(&format!("replica-{r} restarted"));
             }
             Episode::VkSlow => {
