@@ -121,8 +121,7 @@ impl RegistryClient {
         })
     }
 
-    /// HEAD `<vm>:hibernate` (H3, H4): one request on a registry without auth, where
-    /// oci-client would send `GET /v2/` before every HEAD.
+    /// HEAD `<vm>:hibernate` (H3, H4).
     async fn probe(&self, vm: &str, after: Duration) -> Result<Option<String>> {
         let snapshot = self.base.snapshot(vm)?;
         let repository = snapshot.repository();
@@ -170,10 +169,8 @@ impl RegistryClient {
         let Some(digest) = s.head_digest(&tagged, "resolve").await? else {
             return Ok(DeleteOutcome::Absent);
         };
-        let list = s
-            .list(&format!("{repository}/tags/list"), "list_tags")
-            .await?;
-        let mut others = list.unwrap_or_default();
+        let tags = format!("{repository}/tags/list");
+        let mut others = s.list(&tags, "list_tags").await?.unwrap_or_default();
         if !others.remove(SNAPSHOT_TAG) {
             return Ok(DeleteOutcome::Absent);
         }
