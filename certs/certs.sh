@@ -139,7 +139,8 @@ case "$cmd" in
   ca) make_ca ;;
   issue) issue ;;
   check) check ;;
-  ensure) check || { log "issuing $OUT.crt again"; issue; } ;;
+  ensure)
+    if [[ ! -s "$OUT.crt" ]]; then issue; else check || { log "issuing $OUT.crt again"; issue; }; fi ;;
   rotate) issue ;;
   -h | --help | help) usage ;;
   *) die "unknown command: $cmd (ca, issue, check, ensure, rotate)" ;;

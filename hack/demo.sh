@@ -26,9 +26,9 @@ if [[ "${1:-up}" == "down" ]]; then
   stop_daemon "$SIMULATOR"
   stop_daemon "$SERVER"
   [[ -d "$CLUSTER_DIR" ]] && bash "$HACK_DIR/cluster-down.sh" "$CLUSTER_DIR"
-  # The webhook certificate stays: the next `make demo` checks it against the new
-  # cluster's CA with certs/certs.sh and issues a new one when it no longer chains.
-  rm -f "$DEMO_DIR/ports"
+  # The webhook certificate goes with the cluster's CA that signed it; the next
+  # `make demo` issues a new one.
+  rm -f "$DEMO_DIR/ports" "$DEMO_DIR/tls.crt" "$DEMO_DIR/tls.key"
   say "demo stopped (logs kept in $DEMO_DIR)"
   exit 0
 fi
@@ -74,8 +74,8 @@ say "     kube-apiserver $COCOON_K8S_VERSION at $COCOON_APISERVER_URL, registry 
 "$KUBECTL" wait --for condition=Established crd/cocoonhibernations.cocoonset.cocoonstack.io --timeout=30s >/dev/null
 
 say "3/6  webhook serving certificate for 127.0.0.1, signed by the cluster's CA"
-# Kept across runs while it still chains to this cluster's CA; issued again otherwise
-# (e.g. after `make demo-down`, which throws the cluster and its CA away).
+# Kept while it still chains to this cluster's CA (`make demo` run again without
+# `make demo-down`); issued again otherwise.
 bash "$CERTS" ensure --ca "$(dirname "$COCOON_CA_CERT")" --out "$DEMO_DIR/tls" \
   --cn cocoon-hibernation-demo --ip 127.0.0.1 --dns localhost --days 30 2>&1 | sed 's/^/     /'
 bash "$CERTS" check --ca "$(dirname "$COCOON_CA_CERT")" --cert "$DEMO_DIR/tls.crt" --ip 127.0.0.1 2>/dev/null ||
