@@ -4,7 +4,9 @@
   hack/rule-index.py          fail when a test cites a rule ID that docs/rules.md never defines
   hack/rule-index.py --write  also rewrite the "Where each rule is proved" table
 
-A test cites rules through the leading tokens of its name: `s1_h3_...`, `e2e_s2_...`.
+A test cites rules through the leading tokens of its name: `s1_h3_...`, `e2e_s2_...`, and
+an rstest case through its own name too (`#[case::v4_pod_ref_immutable(...)]`, listed as
+`<fn>::<case>`).
 """
 import pathlib
 import re
@@ -17,6 +19,7 @@ START, END = "<!-- rule-index:start -->", "<!-- rule-index:end -->"
 RULE_TOKEN = re.compile(r"^[arhwdfgscovp][0-9]+$")
 TEST_ATTR = re.compile(r"#\[(test|rstest|tokio::test|case|proptest)|proptest!")
 FN = re.compile(r"^\s*(?:pub\s+)?(?:async\s+)?fn\s+([a-z0-9_]+)")
+CASE = re.compile(r"^\s*#\[case::([a-z0-9_]+)")
 
 
 def defined_ids(text):
@@ -24,7 +27,8 @@ def defined_ids(text):
 
 
 def cited(name):
-    tokens = name.split("_")
+    # An rstest case `<fn>::<case>` cites through its case name; its fn cites on its own.
+    tokens = name.split("::")[-1].split("_")
     if tokens and tokens[0] == "e2e":
         tokens = tokens[1:]
     ids = []
@@ -40,15 +44,23 @@ def test_functions():
     for path in files:
         lines = path.read_text(encoding="utf-8").splitlines()
         in_proptest = False
+        cases = []
         for i, line in enumerate(lines):
             if "proptest!" in line:
                 in_proptest = True
+            c = CASE.match(line)
+            if c:
+                cases.append(c.group(1))
             m = FN.match(line)
             if not m:
                 continue
             window = "\n".join(lines[max(0, i - 8) : i])
-            if TEST_ATTR.search(window) or in_proptest:
-                yield path.relative_to(ROOT).as_posix(), m.group(1)
+            rel = path.relative_to(ROOT).as_posix()
+            if TEST_ATTR.search(window) or in_proptest or cases:
+                yield rel, m.group(1)
+                for case in cases:
+                    yield rel, f"{m.group(1)}::{case}"
+            cases = []
 
 
 def main():

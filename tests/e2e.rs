@@ -28,7 +28,7 @@ use vk_sim::SimKnobs;
 
 /// P1 H1 H2 H3 W1 W2 O1: one server process; hibernate then wake; the tag is created, then deleted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn e2e_round_trip_hibernate_then_wake() {
+async fn e2e_p1_round_trip_hibernate_then_wake() {
     let env = setup("round-trip", Setup::default()).await;
     env.pod("web-0").await;
     let vm = env.vm("web-0");
@@ -93,6 +93,17 @@ async fn e2e_round_trip_hibernate_then_wake() {
     );
     assert!(metrics.contains(r#"phase_duration_seconds_count{transition="wake",result="ok"} 1"#));
     assert!(metrics.contains(r#"registry_calls_total{operation="probe",outcome="present"}"#));
+    // P1: the process that ran the round also answered the apiserver's admission call for
+    // the CREATE (a desire flip does not reach the webhook), and serves its health endpoints.
+    assert!(metrics.contains(r#"admission_decisions_total{operation="CREATE",result="allowed"}"#));
+    assert_eq!(
+        env.product.get("/healthz").map(|(code, _)| code).ok(),
+        Some(200)
+    );
+    assert_eq!(
+        env.product.get("/readyz").map(|(code, _)| code).ok(),
+        Some(200)
+    );
 }
 
 /// H3: vk has not acted yet, but stale state is in place: the CR must stay Hibernating
