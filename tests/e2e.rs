@@ -615,6 +615,69 @@ async fn e2e_podref_update_denied_by_cel_and_by_webhook_alone() {
     );
 }
 
+/// F2 W3 G1 S1 (soak seed 252744765): a hibernate request reaches the pod of an `Active`
+/// `Wake` CR that never records it, as when a pass's status write is lost to a desire
+/// flipped back. The test plants the annotation while the product is down, so vk stores
+/// the snapshot first. The restarted product takes the annotation off, owes the tag, and
+/// deletes it once vk has woken the VM: never before, and never forgotten.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e2e_f2_w3_g1_a_hibernate_the_cr_never_recorded_does_not_leak_its_tag() {
+    let mut env = setup(
+        "unrecorded",
+        Setup {
+            // Long enough that the debt is seen before vk's wake lets it be paid.
+            wake_delay: Duration::from_secs(3),
+            ..Setup::default()
+        },
+    )
+    .await;
+    env.pod("u-0").await;
+    let vm = env.vm("u-0");
+    product::create_cr(&env.crs, "u-0", "u-0", Desire::Wake).await;
+    wait_phase(&env.crs, "u-0", Phase::Active, LONG, &mut vec![]).await;
+    env.product.kill9();
+    let ask = serde_json::json!({ "metadata": { "annotations": { HIBERNATE: "true" } } });
+    let params = PatchParams::default();
+    env.pods
+        .patch("u-0", &params, &Patch::Merge(&ask))
+        .await
+        .unwrap();
+    eventually(
+        "vk hibernated the VM and stored its snapshot",
+        LONG,
+        || async {
+            let pod = env.pods.get("u-0").await.ok()?;
+            let view = cocoon_hibernation::api::annotations::PodView::of(&pod);
+            (view.lifecycle_hibernated_for_round() && env.tag_exists(&vm).await).then_some(())
+        },
+    )
+    .await;
+    env.product.restart().await;
+    let owed = eventually("the tag is owed", LONG, || async {
+        let cr = env.crs.get("u-0").await.ok()?;
+        (condition_status(&cr, SNAPSHOT_DELETED).as_deref() == Some("False")).then_some(cr)
+    })
+    .await;
+    assert_eq!(product::phase(&owed), Some(Phase::Active));
+    assert!(
+        env.tag_exists(&vm).await,
+        "S1: kept while the VM is hibernated"
+    );
+    eventually(
+        "the tag is deleted once the VM runs again",
+        LONG,
+        || async {
+            let cr = env.crs.get("u-0").await.ok()?;
+            let paid = condition_status(&cr, SNAPSHOT_DELETED).as_deref() == Some("True");
+            (paid && !env.tag_exists(&vm).await).then_some(())
+        },
+    )
+    .await;
+    let pod = env.pods.get("u-0").await.unwrap();
+    let view = cocoon_hibernation::api::annotations::PodView::of(&pod);
+    assert!(view.woken() && !view.hibernate_requested, "{view:?}");
+}
+
 /// Crash safety: `kill -9` mid-hibernate and mid-wake; after a restart the CR converges,
 /// the tag is never deleted early and never leaks.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

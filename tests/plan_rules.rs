@@ -539,6 +539,43 @@ fn s1_w3_an_owed_delete_waits_while_the_pod_asks_for_a_hibernate_or_the_vm_is_go
     );
 }
 
+/// SPEC F2 W3 S1 (soak seed 252744765): a hibernate start whose status write was lost to
+/// a flipped desire still reached the pod, and vk stored a snapshot for it. The Active
+/// Wake CR takes the annotation off (W1) and owes the tag from then on, instead of
+/// leaving it for good; it pays once the VM runs again, never while vk reports it
+/// hibernated.
+#[test]
+fn f2_w3_s1_a_lost_hibernate_start_leaves_the_tag_owed_not_forgotten() {
+    let (mut c, first) = active_owing_a_delete();
+    c.status = first.status.clone();
+    assert_eq!(
+        run(&c, Some(&running_pod()), Probe::NotProbed, 50),
+        Plan::default(),
+        "settled: nothing owed"
+    );
+    let p = run(&c, Some(&hibernated_pod()), Probe::NotProbed, 60);
+    assert_eq!(p.pod_patch, Some(plan::PodPatch::ClearHibernate), "W1");
+    assert_eq!(p.delete_tag, None, "S1: the tag may be the VM's only copy");
+    assert_eq!(phase_of(&p), Some(Phase::Active));
+    let status = p.status.expect("the debt is written");
+    let owed = conditions::find(&status.conditions, SNAPSHOT_DELETED).expect("SnapshotDeleted");
+    assert_eq!(owed.status, "False");
+    assert_eq!(owed.reason, conditions::REASON_HIBERNATE_NOT_RECORDED);
+    c.status = Some(status);
+    let hibernated = PodView {
+        hibernate_requested: false,
+        ..hibernated_pod()
+    };
+    let p = run(&c, Some(&hibernated), Probe::NotProbed, 61);
+    assert_eq!(p.delete_tag, None, "vk has not woken the VM yet");
+    let p = run(&c, Some(&running_pod()), Probe::NotProbed, 62);
+    assert_eq!(
+        p.delete_tag.as_deref(),
+        Some("vm-a"),
+        "paid once the VM runs"
+    );
+}
+
 /// SPEC W2 (issue: writes at the floor): a new Wake CR on a pod already running its VM
 /// goes straight to Active in one write; the tag is deleted only if the registry has it.
 #[test]

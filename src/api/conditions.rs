@@ -23,6 +23,9 @@ pub const REASON_DELETE_FAILED: &str = "DeleteFailed";
 /// D1, W3: a wake ended after the desire flipped back to Hibernate, so the tag is kept;
 /// it is still owed if the desire returns to Wake before a new hibernate starts.
 pub const REASON_KEPT_FOR_HIBERNATE: &str = "KeptForHibernate";
+/// F2, W3: the pod asked for a hibernate this CR never recorded (its status write was
+/// lost to a flipped desire); vk may have stored a snapshot, so the tag is owed.
+pub const REASON_HIBERNATE_NOT_RECORDED: &str = "HibernateNotRecorded";
 
 // Progressing reasons: what an unfinished transition waits for.
 /// vk-cocoon has not reported this round's hibernate (or wake) yet.

@@ -4,11 +4,11 @@
 use crate::api::annotations::PodView;
 use crate::api::conditions::{
     self, PROGRESSING, READY, REASON_CONFLICT, REASON_DELETE_FAILED, REASON_DELETING_SNAPSHOT,
-    REASON_DONE, REASON_FAILED, REASON_HIBERNATE_TIMED_OUT, REASON_INVALID_SPEC,
-    REASON_KEPT_FOR_HIBERNATE, REASON_PENDING, REASON_POD_MISSING, REASON_REGISTRY_UNAVAILABLE,
-    REASON_SHARED_DIGEST, REASON_WAITING_FOR_CONTAINER, REASON_WAITING_FOR_LIFECYCLE,
-    REASON_WAITING_FOR_SNAPSHOT, REASON_WAITING_FOR_VM, REASON_WAKE_TIMED_OUT, SNAPSHOT_DELETED,
-    Update,
+    REASON_DONE, REASON_FAILED, REASON_HIBERNATE_NOT_RECORDED, REASON_HIBERNATE_TIMED_OUT,
+    REASON_INVALID_SPEC, REASON_KEPT_FOR_HIBERNATE, REASON_PENDING, REASON_POD_MISSING,
+    REASON_REGISTRY_UNAVAILABLE, REASON_SHARED_DIGEST, REASON_WAITING_FOR_CONTAINER,
+    REASON_WAITING_FOR_LIFECYCLE, REASON_WAITING_FOR_SNAPSHOT, REASON_WAITING_FOR_VM,
+    REASON_WAKE_TIMED_OUT, SNAPSHOT_DELETED, Update,
 };
 use crate::api::{CocoonHibernation, CocoonHibernationStatus, Desire, Failure, Phase};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -296,22 +296,20 @@ pub enum DeleteResult {
     },
 }
 
-/// D1, W3: a wake that ends while the desire is Hibernate keeps the tag, but records it as
-/// owed: should the desire return to Wake before a hibernate starts (which drops the
-/// condition), the settled CR's passes delete it then.
-fn keep_for_hibernate(
+/// W3: records the tag as owed (`SnapshotDeleted=False`): the settled CR's passes delete it
+/// once its pod asks for no hibernate and its VM runs (S1).
+fn owe_tag(
     written: &CocoonHibernationStatus,
-    vm: &str,
+    reason: &str,
+    message: &str,
     now: Time,
 ) -> CocoonHibernationStatus {
     let mut next = written.clone();
     let update = Update {
         type_: SNAPSHOT_DELETED,
         status: false,
-        reason: REASON_KEPT_FOR_HIBERNATE,
-        message: &format!(
-            "snapshot {vm}:hibernate kept: the desire is Hibernate again; deleted if the CR stays awake"
-        ),
+        reason,
+        message,
         observed_generation: next.observed_generation,
     };
     conditions::upsert(&mut next.conditions, update, now, false);
@@ -768,13 +766,22 @@ impl<'a> Pass<'a> {
         }
         match self.phase() {
             Some(Phase::Active) => {
+                let tag_vm = self.next.vm_name.clone().unwrap_or_else(|| vm.to_owned());
                 // W3: a tag delete still owed is retried on passes of the settled CR.
                 let owed = conditions::find(&self.next.conditions, SNAPSHOT_DELETED)
                     .is_some_and(|c| c.status != "True");
-                // S1: not while the pod still asks for a hibernate (a pod patch whose status
-                // write was lost) or the VM is not back: the tag may be its only copy.
+                // F2's open window: a hibernate start whose status write was lost (the desire
+                // flipped back) still reached the pod, and vk may store a snapshot for it.
+                if view.hibernate_requested && !owed {
+                    let message = format!(
+                        "the pod asked vk-cocoon to hibernate vm {tag_vm} while this CR stayed Active; snapshot {tag_vm}:hibernate, if stored, is deleted once the VM runs again"
+                    );
+                    let (reason, now) = (REASON_HIBERNATE_NOT_RECORDED, self.now.clone());
+                    self.next = owe_tag(&self.next, reason, &message, now);
+                }
+                // S1: not while the pod still asks for a hibernate or the VM is not back:
+                // the tag may be its only copy.
                 if owed && !view.hibernate_requested && view.woken() {
-                    let tag_vm = self.next.vm_name.clone().unwrap_or_else(|| vm.to_owned());
                     self.plan.delete_tag = Some(tag_vm);
                 }
                 self.finish(None)
@@ -883,7 +890,13 @@ impl<'a> Pass<'a> {
                 self.plan.delete_first = true;
             }
             WakeTag::KeepForHibernate => {
-                self.next = keep_for_hibernate(&self.next, vm, self.now.clone());
+                // D1: owed should the desire return to Wake before a hibernate starts
+                // (which drops the condition).
+                let message = format!(
+                    "snapshot {vm}:hibernate kept: the desire is Hibernate again; deleted if the CR stays awake"
+                );
+                let (reason, now) = (REASON_KEPT_FOR_HIBERNATE, self.now.clone());
+                self.next = owe_tag(&self.next, reason, &message, now);
             }
             WakeTag::Absent => {}
         }
