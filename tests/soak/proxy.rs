@@ -616,7 +616,14 @@ impl RegistryProxy {
                     }
                     let path = req.uri().path().to_owned();
                     Ok(match snapshot_op(req.method(), &path) {
-                        Some(vm) => tap.tapped(&vm, req, &up).await?,
+                        // Spawned: a caller killed mid-request (kill -9) drops this handler,
+                        // but its DELETE may already have reached the registry, and an
+                        // unrecorded delete would make the observer misjudge the tag.
+                        Some(vm) => {
+                            let tapped =
+                                tokio::spawn(async move { tap.tapped(&vm, req, &up).await });
+                            tapped.await.map_err(|e| -> BoxError { Box::new(e) })??
+                        }
                         None => forward(req, &up).await?,
                     })
                 })
