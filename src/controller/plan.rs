@@ -296,26 +296,6 @@ pub enum DeleteResult {
     },
 }
 
-/// W3: records the tag as owed (`SnapshotDeleted=False`): the settled CR's passes delete it
-/// once its pod asks for no hibernate and its VM runs (S1).
-fn owe_tag(
-    written: &CocoonHibernationStatus,
-    reason: &str,
-    message: &str,
-    now: Time,
-) -> CocoonHibernationStatus {
-    let mut next = written.clone();
-    let update = Update {
-        type_: SNAPSHOT_DELETED,
-        status: false,
-        reason,
-        message,
-        observed_generation: next.observed_generation,
-    };
-    conditions::upsert(&mut next.conditions, update, now, false);
-    next
-}
-
 /// S5: the SnapshotDeleted condition after a delete attempt; True only once the tag is gone.
 pub fn after_delete(
     written: &CocoonHibernationStatus,
@@ -776,8 +756,7 @@ impl<'a> Pass<'a> {
                     let message = format!(
                         "the pod asked vk-cocoon to hibernate vm {tag_vm} while this CR stayed Active; snapshot {tag_vm}:hibernate, if stored, is deleted once the VM runs again"
                     );
-                    let (reason, now) = (REASON_HIBERNATE_NOT_RECORDED, self.now.clone());
-                    self.next = owe_tag(&self.next, reason, &message, now);
+                    self.owe_tag(REASON_HIBERNATE_NOT_RECORDED, &message);
                 }
                 // S1: not while the pod still asks for a hibernate or the VM is not back:
                 // the tag may be its only copy.
@@ -859,6 +838,19 @@ impl<'a> Pass<'a> {
         self.finish(Some(settings.transition_poll.min(timeouts.wake)))
     }
 
+    /// W3: records the tag as owed (`SnapshotDeleted=False`): the settled CR's passes
+    /// delete it once its pod asks for no hibernate and its VM runs (S1).
+    fn owe_tag(&mut self, reason: &str, message: &str) {
+        let update = Update {
+            type_: SNAPSHOT_DELETED,
+            status: false,
+            reason,
+            message,
+            observed_generation: self.next.observed_generation,
+        };
+        conditions::upsert(&mut self.next.conditions, update, self.now.clone(), false);
+    }
+
     fn finished(&mut self, transition: Transition, ending: Ending, elapsed: Duration) {
         self.plan.finished = Some(Finished {
             transition,
@@ -895,8 +887,7 @@ impl<'a> Pass<'a> {
                 let message = format!(
                     "snapshot {vm}:hibernate kept: the desire is Hibernate again; deleted if the CR stays awake"
                 );
-                let (reason, now) = (REASON_KEPT_FOR_HIBERNATE, self.now.clone());
-                self.next = owe_tag(&self.next, reason, &message, now);
+                self.owe_tag(REASON_KEPT_FOR_HIBERNATE, &message);
             }
             WakeTag::Absent => {}
         }
