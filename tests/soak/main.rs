@@ -367,11 +367,19 @@ impl World {
         if let Err(e) = self.create_cr(i, desire).await {
             self.harness_error(format!("recreate of {name}: {e}"));
         }
-        let mut d = self.drive.lock().unwrap();
-        d[i] = Drive {
-            desire,
-            busy: false,
-        };
+        self.drive.lock().unwrap()[i].desire = desire;
+        // Not flipped before that wake is over: a flip to Hibernate while the VM is still
+        // removed asks vk for a snapshot of nothing, which can never complete (H3).
+        if hibernated_pod {
+            let until = Instant::now() + WAKE_TIMEOUT * 3;
+            while Instant::now() < until {
+                if self.seen(&name).is_some_and(|s| s.0 == Some(Phase::Active)) {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(300)).await;
+            }
+        }
+        self.drive.lock().unwrap()[i].busy = false;
     }
 
     /// A stale tag (or a stale lifecycle round) staged on a settled Active CR, which is then
