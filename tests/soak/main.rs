@@ -966,14 +966,22 @@ async fn run(cfg: Cfg) -> bool {
         Desire::Hibernate => Phase::Hibernated,
         _ => Phase::Active,
     };
+    // The desire each CR was last given: after an apiserver restart the observer's watch
+    // may not show a late flip yet, and a CR still carrying it out is not converged.
+    let given: HashMap<String, Desire> = {
+        let d = world.drive.lock().unwrap();
+        (0..cfg.crs).map(|i| (pod_name(i), d[i].desire)).collect()
+    };
     loop {
         let pending = {
             let w = world.observer.world.lock().unwrap();
             w.live_tracks()
                 .filter(|t| {
-                    t.versions
-                        .last()
-                        .is_none_or(|v| v.deleting || v.phase != Some(terminal(v.desire)))
+                    t.versions.last().is_none_or(|v| {
+                        v.deleting
+                            || v.phase != Some(terminal(v.desire))
+                            || given.get(&t.name).is_some_and(|d| *d != v.desire)
+                    })
                 })
                 .count()
         };
