@@ -966,26 +966,47 @@ async fn run(cfg: Cfg) -> bool {
         Desire::Hibernate => Phase::Hibernated,
         _ => Phase::Active,
     };
-    // The desire each CR was last given: after an apiserver restart the observer's watch
-    // may not show a late flip yet, and a CR still carrying it out is not converged.
-    let given: HashMap<String, Desire> = {
-        let d = world.drive.lock().unwrap();
-        (0..cfg.crs).map(|i| (pod_name(i), d[i].desire)).collect()
+    // Each CR's desire as the apiserver has it now: after an apiserver restart the
+    // observer's watch may not show a late flip yet, and a CR still carrying it out is
+    // not converged. (Not the load's own record: two flips of one CR can land out of
+    // order while the apiserver restarts.)
+    let listed = retry(Duration::from_secs(60), || async {
+        world.crs.list(&Default::default()).await
+    })
+    .await;
+    let given: HashMap<String, Desire> = match listed {
+        Ok(list) => list
+            .items
+            .iter()
+            .map(|cr| (kube::ResourceExt::name_any(cr), cr.spec.desire))
+            .collect(),
+        Err(e) => {
+            world.harness_error(format!("listing the CRs before the convergence check: {e}"));
+            HashMap::new()
+        }
     };
     loop {
-        let pending = {
+        let pending: Vec<String> = {
             let w = world.observer.world.lock().unwrap();
             w.live_tracks()
-                .filter(|t| {
-                    t.versions.last().is_none_or(|v| {
-                        v.deleting
-                            || v.phase != Some(terminal(v.desire))
-                            || given.get(&t.name).is_some_and(|d| *d != v.desire)
-                    })
+                .filter_map(|t| {
+                    let Some(v) = t.versions.last() else {
+                        return Some(format!("{} (no version)", t.name));
+                    };
+                    let given = given.get(&t.name);
+                    let unsettled = v.deleting
+                        || v.phase != Some(terminal(v.desire))
+                        || given.is_some_and(|d| *d != v.desire);
+                    unsettled
+                        .then(|| format!("{} {:?}/{:?} given {given:?}", t.name, v.phase, v.desire))
                 })
-                .count()
+                .collect()
         };
-        if pending == 0 || stop.elapsed() > bound + Duration::from_secs(10) {
+        if pending.is_empty() {
+            break;
+        }
+        if stop.elapsed() > bound + Duration::from_secs(10) {
+            log(started, format!("not converged: {}", pending.join(", ")));
             break;
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
