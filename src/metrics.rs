@@ -89,6 +89,13 @@ pub struct Metrics {
     registry: Arc<Registry>,
 }
 
+/// Opaque: the families would print every series.
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metrics").finish_non_exhaustive()
+    }
+}
+
 impl Default for Metrics {
     fn default() -> Self {
         Self::new()

@@ -12,7 +12,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tracing::debug;
 
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 pub struct RegistryClient {
     base: RegistryBase,
     http: Http,
@@ -21,16 +21,6 @@ pub struct RegistryClient {
     /// deletes then take the digest path at once). Until it is known, one delete at a time
     /// asks, holding the lock, so concurrent first wakes do not each pay for a refusal.
     tag_deletes: Arc<tokio::sync::Mutex<Option<bool>>>,
-}
-
-impl std::fmt::Debug for RegistryClient {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RegistryClient")
-            .field("root", &self.http.root)
-            .field("auth", &self.http.auth)
-            .field("timeout", &self.timeout)
-            .finish_non_exhaustive()
-    }
 }
 
 impl RegistryClient {
@@ -138,9 +128,8 @@ impl RegistryClient {
         let repository = snapshot.repository();
         let manifest = |reference: &str| format!("{repository}/manifests/{reference}");
         let tagged = manifest(SNAPSHOT_TAG);
-        let mut s = self
-            .http
-            .session(format!("repository:{repository}:pull,delete"), after);
+        let scope = format!("repository:{repository}:pull,delete");
+        let mut s = self.http.session(scope, after);
         let state = self.tag_deletes.lock().await;
         let known = *state;
         // Only a delete that asks keeps the lock.

@@ -28,12 +28,8 @@ pub struct RegistryConfig {
 pub fn auth_from_docker_config(json: &[u8], registry: &str) -> Result<RegistryAuth, RegistryError> {
     use docker_credential::{CredentialRetrievalError as E, DockerCredential as C};
     let fail = |message| Err(RegistryError::DockerConfig(message));
-    let host = registry
-        .trim()
-        .split('/')
-        .next()
-        .unwrap_or_default()
-        .to_ascii_lowercase();
+    let host = registry.trim().split('/').next().unwrap_or_default();
+    let host = host.to_ascii_lowercase();
     if host.is_empty() {
         return fail("empty registry host".into());
     }
@@ -43,11 +39,7 @@ pub fn auth_from_docker_config(json: &[u8], registry: &str) -> Result<RegistryAu
     }
     let hub = ["docker.io", "index.docker.io", "registry-1.docker.io"].contains(&host.as_str());
     let hub = hub.then(|| "https://index.docker.io/v1/".to_string());
-    let keys = [
-        host.clone(),
-        format!("https://{host}"),
-        format!("http://{host}"),
-    ];
+    let keys = ["", "https://", "http://"].map(|scheme| format!("{scheme}{host}"));
     for key in keys.into_iter().chain(hub) {
         return match docker_credential::get_credential_from_reader(json, &key) {
             Ok(C::UsernamePassword(username, password)) => {

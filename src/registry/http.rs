@@ -10,6 +10,7 @@ use oci_client::errors::OciErrorCode as Code;
 use oci_client::manifest::{IMAGE_MANIFEST_LIST_MEDIA_TYPE, IMAGE_MANIFEST_MEDIA_TYPE};
 use oci_client::manifest::{OCI_IMAGE_INDEX_MEDIA_TYPE, OCI_IMAGE_MEDIA_TYPE};
 use oci_client::secrets::RegistryAuth;
+use oci_client::token_cache::RegistryToken;
 use oci_spec::image::Digest;
 use reqwest::header::{ACCEPT, HeaderMap, WWW_AUTHENTICATE};
 use reqwest::{Method, RequestBuilder, Url};
@@ -30,7 +31,7 @@ const MANIFEST_TYPES: [&str; 4] = [
 ];
 
 /// The registry as every request reaches it (built in `client.rs`).
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 pub(super) struct Http {
     pub client: reqwest::Client,
     pub auth: RegistryAuth,
@@ -165,11 +166,8 @@ impl Session<'_> {
                 (status, _) => Err(RegistryError::from_status(op, status, &body)),
             }
         });
-        self.http.counted(
-            op,
-            result,
-            |d| if d.is_some() { "present" } else { "absent" },
-        )
+        let outcome = |d: &Option<_>| if d.is_some() { "present" } else { "absent" };
+        self.http.counted(op, result, outcome)
     }
 
     /// Every entry of the listing at `path`, each page read once; None when the first
@@ -189,9 +187,8 @@ impl Session<'_> {
                 }
                 status => Err(RegistryError::from_status(op, status, &body)),
             });
-            let page = self
-                .http
-                .counted(op, page, |p| if p.is_some() { "ok" } else { "absent" });
+            let outcome = |p: &Option<_>| if p.is_some() { "ok" } else { "absent" };
+            let page = self.http.counted(op, page, outcome);
             let Some((page, link)) = page? else {
                 return Ok((!items.is_empty()).then_some(items));
             };
@@ -259,16 +256,15 @@ pub fn bearer_challenge(value: &str) -> Option<(String, Option<String>)> {
     Some((param("realm")?, param("service")))
 }
 
-/// Token servers answer `token` (Docker) or `access_token` (OAuth2), sometimes both.
+/// Token servers answer `token` (Docker) or `access_token` (OAuth2); oci-client's type
+/// reads either.
 pub fn token_from_body(body: &str) -> Result<String> {
-    let protocol = |message: String| RegistryError::protocol("token", message);
-    let value: serde_json::Value = serde_json::from_str(body)
-        .map_err(|e| protocol(format!("token answer is not JSON: {e}")))?;
-    ["token", "access_token"]
-        .iter()
-        .find_map(|k| value.get(k)?.as_str().filter(|t| !t.is_empty()))
-        .map(str::to_string)
-        .ok_or_else(|| protocol("token answer holds neither `token` nor `access_token`".into()))
+    let token = serde_json::from_str::<RegistryToken>(body).ok();
+    let token = token
+        .map(|t| t.token().to_string())
+        .filter(|t| !t.is_empty());
+    let message = "the token answer holds neither a `token` nor an `access_token`";
+    token.ok_or_else(|| RegistryError::protocol("token", message))
 }
 
 /// Where a listing goes on after a page, if anywhere; never to the page it is on.
@@ -318,7 +314,8 @@ pub fn next_link(header: &str) -> Option<String> {
     })
 }
 
-/// An OCI tag: `[a-zA-Z0-9_][a-zA-Z0-9._-]{0,127}`.
+/// An OCI tag: `[a-zA-Z0-9_][a-zA-Z0-9._-]{0,127}`. oci-spec's reference parser would
+/// take Unicode letters too (its `\w` is Unicode).
 pub(super) fn valid_tag(tag: &str) -> bool {
     let first = |c: char| c.is_ascii_alphanumeric() || c == '_';
     let other = |b: u8| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-');
@@ -399,6 +396,7 @@ mod tests {
             "a?b",
             "a#b",
             "a b",
+            "tag-é",
             &"a".repeat(129),
         ] {
             assert!(!valid_tag(bad), "{bad}");

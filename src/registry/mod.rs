@@ -1,10 +1,7 @@
 //! The OCI registry behind a [`SnapshotStore`]: probe and delete the snapshot tag
 //! `<base>/<vm>:hibernate` (H3, H4, W2, W3, G1, G2, S1, S5; metrics O1), on oci-client's
-//! references, credentials and error codes, and one reqwest client (`http.rs`) for what
-//! oci-client lacks or does at twice the cost. Secrets never reach logs, errors or
-//! `Debug`. Each operation has one deadline (C2, S1). A registry that refuses DELETE by
-//! tag (Distribution) is remembered; later deletes go by digest unless another tag shares
-//! it (S5).
+//! types and one reqwest client (`http.rs`), each operation within one deadline (C2, S1).
+//! Secrets never reach logs, errors or `Debug`.
 
 mod client;
 mod config;

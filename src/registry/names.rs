@@ -42,9 +42,8 @@ impl RegistryBase {
             let (registry, prefix) = (host.to_string(), prefix.map(str::to_string));
             return Ok(Self { registry, prefix });
         };
-        Err(RegistryError::InvalidConfig(format!(
-            "registry base {base:?}: {why}"
-        )))
+        let message = format!("registry base {base:?}: {why}");
+        Err(RegistryError::InvalidConfig(message))
     }
 
     /// `<registry>/<prefix>/<vm>:hibernate`, after checking `vm` is one path component.
