@@ -13,10 +13,10 @@
 //! Also included by `examples/vk_cocoon_simulator.rs`.
 #![allow(dead_code)] // the example and each test binary use different subsets
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::hash::{BuildHasher, RandomState};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use cocoon_hibernation::api::annotations::{
@@ -28,8 +28,10 @@ use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
 use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::runtime::{WatchStreamExt, reflector, watcher};
 use oci_client::client::{ClientConfig, ClientProtocol, Config, ImageLayer};
+use oci_client::manifest::{OCI_IMAGE_MEDIA_TYPE, OciImageManifest};
 use oci_client::secrets::RegistryAuth;
 use oci_client::{Client as OciClient, Reference};
+use reqwest::StatusCode;
 use serde_json::{Value, json};
 use tokio::task::{JoinHandle, JoinSet};
 
@@ -435,22 +437,87 @@ fn stopped_status(pod: &Pod) -> Value {
     }})
 }
 
+/// Where the blobs every snapshot refers to are pushed once per registry. A snapshot push
+/// then mounts them into `<vm>` and PUTs a manifest: 3 small requests instead of two
+/// uploads and oci-client's `GET /v2/` before each step. vk uploads real snapshots from
+/// other machines; here the registry shares the bench's 2 cores with the apiserver.
+const SEED_REPOSITORY: &str = "vk-sim-seed";
+
+/// Registries (host:port) known to hold the seed blobs.
+static SEEDED: Mutex<BTreeSet<String>> = Mutex::new(BTreeSet::new());
+
+fn snapshot_parts() -> (ImageLayer, Config) {
+    let layer = ImageLayer::oci_v1(b"vk-sim snapshot".to_vec(), None);
+    (layer, Config::oci_v1(b"{}".to_vec(), None))
+}
+
+fn sim_http() -> &'static reqwest::Client {
+    static HTTP: OnceLock<reqwest::Client> = OnceLock::new();
+    HTTP.get_or_init(reqwest::Client::new)
+}
+
 /// Pushes a tiny OCI artifact (config + one layer) to `<registry>/<vm>:hibernate` over
-/// plain http. The layer differs on every push, so each push gets a new digest.
+/// plain http (`registry` is host:port, optionally with a path prefix). An annotation
+/// differs on every push, so each push gets a new digest. Returns the manifest URL.
 pub async fn push_snapshot(registry: &str, vm: &str, note: &str) -> Result<String, SimError> {
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let reference: Reference = format!("{registry}/{vm}:hibernate").parse()?;
+    let (host, repository) = match registry.split_once('/') {
+        Some((host, prefix)) => (host, format!("{prefix}/{vm}")),
+        None => (registry, vm.to_string()),
+    };
+    let (layer, config) = snapshot_parts();
+    let seeded = SEEDED.lock().map(|s| s.contains(host)).unwrap_or(false);
+    if !seeded {
+        push_image(&format!("{host}/{SEED_REPOSITORY}:seed"), None).await?;
+        SEEDED.lock().map(|mut s| s.insert(host.to_string())).ok();
+    }
+    let url = format!("http://{host}/v2/{repository}");
+    let mut mounted = true;
+    for digest in [config.sha256_digest(), layer.sha256_digest()] {
+        let mount = format!("{url}/blobs/uploads/?mount={digest}&from={SEED_REPOSITORY}");
+        mounted &= sim_http().post(mount).send().await?.status() == StatusCode::CREATED;
+    }
+    let note = format!("snapshot of {vm} ({note}) {}", new_vm_id());
+    let annotations = BTreeMap::from([("vk-sim.cocoonstack.io/note".to_string(), note)]);
+    if !mounted {
+        // The registry lost the seed (e.g. a fresh data directory): push it all.
+        SEEDED.lock().map(|mut s| s.remove(host)).ok();
+        return push_image(&format!("{registry}/{vm}:hibernate"), Some(annotations)).await;
+    }
+    let manifest = OciImageManifest::build(&[layer], &config, Some(annotations));
+    let url = format!("{url}/manifests/hibernate");
+    let answer = sim_http()
+        .put(&url)
+        .header(reqwest::header::CONTENT_TYPE, OCI_IMAGE_MEDIA_TYPE)
+        .body(serde_json::to_vec(&manifest)?)
+        .send()
+        .await?;
+    match answer.status() {
+        StatusCode::CREATED => Ok(url),
+        status => Err(format!("PUT {url}: {status}: {}", answer.text().await?).into()),
+    }
+}
+
+/// The whole push through oci-client: blobs, then the manifest.
+async fn push_image(
+    reference: &str,
+    annotations: Option<BTreeMap<String, String>>,
+) -> Result<String, SimError> {
+    let reference: Reference = reference.parse()?;
     let client = OciClient::new(ClientConfig {
         protocol: ClientProtocol::Http,
         ..Default::default()
     });
-    let layer = ImageLayer::oci_v1(
-        format!("snapshot of {vm} ({note}) {}", new_vm_id()).into_bytes(),
-        None,
-    );
-    let config = Config::oci_v1(b"{}".to_vec(), None);
+    let (layer, config) = snapshot_parts();
+    let manifest = OciImageManifest::build(std::slice::from_ref(&layer), &config, annotations);
     let resp = client
-        .push(&reference, &[layer], config, &RegistryAuth::Anonymous, None)
+        .push(
+            &reference,
+            &[layer],
+            config,
+            &RegistryAuth::Anonymous,
+            Some(manifest),
+        )
         .await?;
     Ok(resp.manifest_url)
 }
