@@ -133,7 +133,7 @@ pub struct RegistryArgs {
     /// Extra CA certificates (PEM) trusted for the registry; repeatable.
     #[arg(long, env = "COCOON_REGISTRY_CA_FILE", value_delimiter = ',')]
     pub registry_ca_file: Vec<PathBuf>,
-    /// Timeout of every registry call.
+    /// Budget of one whole registry operation: a probe, a delete, or the orphan audit's catalog.
     #[arg(long, env = "COCOON_REGISTRY_TIMEOUT", value_parser = parse_duration, default_value = "10s")]
     pub registry_timeout: Duration,
 }

@@ -505,6 +505,23 @@ fn manifest_found(digest: &str) -> Scripted {
     )
 }
 
+/// How Distribution 2.x answers a DELETE: by tag refused (400 DIGEST_INVALID), by digest
+/// accepted; None for any other request.
+fn distribution_delete(line: &str) -> Option<Scripted> {
+    let target = line.split(' ').nth(1).unwrap_or_default();
+    if !line.starts_with("DELETE") {
+        None
+    } else if target.ends_with("/manifests/hibernate") {
+        Some((
+            "400 Bad Request".into(),
+            String::new(),
+            r#"{"errors":[{"code":"DIGEST_INVALID","message":"m"}]}"#.into(),
+        ))
+    } else {
+        Some(("202 Accepted".into(), String::new(), String::new()))
+    }
+}
+
 /// A scripted Distribution 2.x for the delete fallback: tag DELETE refused with
 /// DIGEST_INVALID (or accepted, with `tag_delete`), the manifest present, no other tag,
 /// DELETE by digest accepted.
@@ -545,10 +562,10 @@ fn scripted_client(addr: &str, timeout: Duration) -> (RegistryClient, Metrics) {
     })
 }
 
-// C2: one deadline for the whole delete. Every request of the digest path answers
-// within the per-request timeout, yet the delete as a whole does not get a fresh timeout
-// per request: it ends, as a Timeout, exactly when its budget is spent, and the DELETE by
-// digest is never sent.
+// C2: one deadline for the whole delete. Every request of the digest path would fit in
+// the budget alone, yet the delete as a whole does not get a fresh budget per request: it
+// ends, as a Timeout, exactly when its budget is spent, and the DELETE by digest is never
+// sent.
 #[tokio::test(start_paused = true)]
 async fn c2_delete_fallback_gets_one_deadline_for_all_its_requests() {
     let (upstream, registry) = scripted_distribution(false).await;
@@ -909,14 +926,8 @@ async fn g1_s5_shared_digest_found_on_a_later_link_page() {
     tags.sort();
     let (upstream, registry) = scripted_registry(move |line| {
         let target = line.split(' ').nth(1).unwrap_or_default();
-        if line.starts_with("DELETE") && target.ends_with("/manifests/hibernate") {
-            (
-                "400 Bad Request".into(),
-                String::new(),
-                r#"{"errors":[{"code":"DIGEST_INVALID","message":"m"}]}"#.into(),
-            )
-        } else if line.starts_with("DELETE") {
-            ("202 Accepted".into(), String::new(), String::new())
+        if let Some(answer) = distribution_delete(line) {
+            answer
         } else if target.contains("/tags/list") {
             let last = target
                 .split(['?', '&'])
@@ -966,6 +977,62 @@ async fn g1_s5_shared_digest_found_on_a_later_link_page() {
     assert!(
         !stats.lines.iter().any(|l| l.contains("sha256:")),
         "no DELETE by digest"
+    );
+    registry.abort();
+}
+
+// C2/S5: a tag list whose `Link` pages never end (each a new page of new tags) ends as a
+// Timeout at the operation's deadline: no page count is needed to stop it, and the digest
+// is never deleted, since the sharing check never finished.
+#[tokio::test]
+async fn c2_s5_a_tag_list_that_never_ends_times_out_and_deletes_nothing() {
+    let (upstream, registry) = scripted_registry(move |line| {
+        let target = line.split(' ').nth(1).unwrap_or_default();
+        if let Some(answer) = distribution_delete(line) {
+            answer
+        } else if target.contains("/tags/list") {
+            let page: u64 = target
+                .split(['?', '&'])
+                .find_map(|p| p.strip_prefix("last=t"))
+                .and_then(|l| l.split('-').next()?.parse().ok())
+                .map_or(0, |p: u64| p + 1);
+            let mut tags: Vec<String> = (0..100).map(|i| format!("t{page:09}-{i:03}")).collect();
+            if page == 0 {
+                tags.push("hibernate".into());
+            }
+            let last = format!("t{page:09}-099");
+            (
+                "200 OK".into(),
+                format!(
+                    "Content-Type: application/json\r\nLink: </v2/{VM}/tags/list?n=100&last={last}>; rel=\"next\"\r\n"
+                ),
+                serde_json::json!({ "name": VM, "tags": tags }).to_string(),
+            )
+        } else {
+            manifest_found(SCRIPTED_DIGEST)
+        }
+    })
+    .await;
+    let proxy = SlowProxy::start(&upstream.to_string()).await;
+    let timeout = Duration::from_secs(2);
+    let (client, metrics) = scripted_client(&proxy.host(), timeout);
+    let err = client.delete_snapshot(VM).await.unwrap_err();
+    assert!(
+        matches!(err, RegistryError::Timeout { after, .. } if after == timeout),
+        "{err:?}"
+    );
+    assert_eq!(calls(&metrics, "delete", "timeout"), 1);
+    let stats = proxy.stats();
+    let pages = stats
+        .lines
+        .iter()
+        .filter(|l| l.contains("/tags/list"))
+        .count();
+    assert!(pages > 2, "the listing went on paging: {pages}");
+    assert!(
+        !stats.lines.iter().any(|l| l.contains("sha256:")),
+        "no DELETE by digest: {:?}",
+        stats.lines.last()
     );
     registry.abort();
 }

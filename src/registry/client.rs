@@ -46,9 +46,8 @@ impl RegistryClient {
             roots.extend(certs);
         }
         let scheme = if config.plain_http { "http" } else { "https" };
+        // No timeouts of reqwest's own: every operation runs under one deadline (`within`).
         let client = reqwest::Client::builder()
-            .timeout(config.timeout)
-            .connect_timeout(config.timeout)
             .tls_certs_merge(roots)
             // Never let a redirect or a token realm downgrade an https registry.
             .https_only(!config.plain_http)
@@ -75,14 +74,17 @@ impl RegistryClient {
     }
 
     /// The VMs whose repository `<base>/<vm>` the catalog lists, sorted, each once (the
-    /// tag is not checked). Each page is read once, within the timeout, on one token.
+    /// tag is not checked). Every page is read once, all within the timeout, on one token.
     pub async fn catalog_vms(&self) -> Result<Vec<String>> {
-        let mut session = self.http.session("registry:catalog:*".into(), self.timeout);
-        let Some(repositories) = session.list("_catalog", "catalog").await? else {
-            let message = "this registry does not offer its catalog (GET /v2/_catalog); \
-                           the orphan audit needs it";
-            return Err(RegistryError::from_status("catalog", 404, message));
-        };
+        let mut session = self.http.session("registry:catalog:*".into());
+        let listing = session.list("_catalog", "catalog");
+        let repositories = self
+            .within("catalog", Instant::now() + FAR, listing)
+            .await?;
+        let message = "this registry does not offer its catalog (GET /v2/_catalog); \
+                       the orphan audit needs it";
+        let repositories =
+            repositories.ok_or_else(|| RegistryError::from_status("catalog", 404, message))?;
         let vms = repositories.iter().filter_map(|r| self.base.vm_of(r));
         Ok(vms.map(str::to_string).collect())
     }
@@ -93,7 +95,7 @@ impl RegistryClient {
         &self,
         operation: Op,
         not_after: Instant,
-        call: impl AsyncFnOnce(Duration) -> Result<T>,
+        call: impl Future<Output = Result<T>>,
     ) -> Result<T> {
         let now = Instant::now();
         // A timeout too large for an Instant means no bound of its own.
@@ -104,32 +106,31 @@ impl RegistryClient {
         if after.is_zero() {
             return timeout();
         }
-        let result = tokio::time::timeout_at(at, call(after)).await;
-        result.unwrap_or_else(|_| {
+        tokio::time::timeout_at(at, call).await.unwrap_or_else(|_| {
             self.http.metrics.registry_call(operation, "timeout");
             timeout()
         })
     }
 
     /// HEAD `<vm>:hibernate` (H3, H4).
-    async fn probe(&self, vm: &str, after: Duration) -> Result<Option<String>> {
+    async fn probe(&self, vm: &str) -> Result<Option<String>> {
         let snapshot = self.base.snapshot(vm)?;
         let repository = snapshot.repository();
         let scope = format!("repository:{repository}:pull");
         let path = format!("{repository}/manifests/{SNAPSHOT_TAG}");
-        let mut session = self.http.session(scope, after);
+        let mut session = self.http.session(scope);
         let result = session.head_digest(&path, "probe").await;
         debug!(%snapshot, ?result, "registry probe");
         result
     }
 
-    async fn delete(&self, vm: &str, after: Duration) -> Result<DeleteOutcome> {
+    async fn delete(&self, vm: &str) -> Result<DeleteOutcome> {
         let snapshot = self.base.snapshot(vm)?;
         let repository = snapshot.repository();
         let manifest = |reference: &str| format!("{repository}/manifests/{reference}");
         let tagged = manifest(SNAPSHOT_TAG);
         let scope = format!("repository:{repository}:pull,delete");
-        let mut s = self.http.session(scope, after);
+        let mut s = self.http.session(scope);
         let state = self.tag_deletes.lock().await;
         let known = *state;
         // Only a delete that asks keeps the lock.
@@ -193,9 +194,8 @@ impl RegistryClient {
             }
         }
         let reference = format!("{}/{repository}@{digest}", snapshot.registry());
-        let deleted = s
-            .delete(&manifest(&digest), &reference, "delete_digest")
-            .await;
+        let by_digest = manifest(&digest);
+        let deleted = s.delete(&by_digest, &reference, "delete_digest").await;
         if let Err(RegistryError::DeleteRefused { .. }) = deleted {
             // Deletes are off altogether, which says nothing about tags: once allowed
             // again, a tag delete is tried first.
@@ -210,13 +210,12 @@ impl RegistryClient {
 
 impl SnapshotStore for RegistryClient {
     fn snapshot_digest<'a>(&'a self, vm: &'a str) -> Fut<'a, Option<String>> {
-        let probe = async |after| self.probe(vm, after).await;
-        Box::pin(self.within("probe", Instant::now() + FAR, probe))
+        Box::pin(self.within("probe", Instant::now() + FAR, self.probe(vm)))
     }
 
     fn delete_snapshot_before<'a>(&'a self, vm: &'a str, at: Instant) -> Fut<'a, DeleteOutcome> {
-        Box::pin(self.within("delete", at, async move |after| {
-            let result = self.delete(vm, after).await;
+        Box::pin(self.within("delete", at, async move {
+            let result = self.delete(vm).await;
             debug!(vm, ?result, "registry delete");
             result
         }))

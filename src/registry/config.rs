@@ -15,7 +15,7 @@ pub struct RegistryConfig {
     /// Extra PEM CA certificates trusted for https.
     pub extra_ca_pems: Vec<Vec<u8>>,
     /// Budget of one whole operation (C2): a probe, or a delete with its digest fallback
-    /// (every request, token and tag page included). Per-request timeouts are the same.
+    /// (every request, token and tag page included), or the orphan audit's catalog.
     pub timeout: Duration,
 }
 
@@ -27,7 +27,7 @@ pub struct RegistryConfig {
 /// `https://index.docker.io/v1/` for Docker Hub). No entry for the host = Anonymous.
 pub fn auth_from_docker_config(json: &[u8], registry: &str) -> Result<RegistryAuth, RegistryError> {
     use docker_credential::{CredentialRetrievalError as E, DockerCredential as C};
-    let fail = |message| Err(RegistryError::DockerConfig(message));
+    let fail = |why| Err(RegistryError::InvalidConfig(why));
     let host = registry.trim().split('/').next().unwrap_or_default();
     let host = host.to_ascii_lowercase();
     if host.is_empty() {
@@ -35,25 +35,22 @@ pub fn auth_from_docker_config(json: &[u8], registry: &str) -> Result<RegistryAu
     }
     // The crate says only "Unable to read config"; serde_json says where it broke.
     if let Err(e) = serde_json::from_slice::<serde::de::IgnoredAny>(json) {
-        return fail(format!("not valid JSON: {e}"));
+        return fail(format!("the docker config is not valid JSON: {e}"));
     }
     let hub = ["docker.io", "index.docker.io", "registry-1.docker.io"].contains(&host.as_str());
     let hub = hub.then(|| "https://index.docker.io/v1/".to_string());
     let keys = ["", "https://", "http://"].map(|scheme| format!("{scheme}{host}"));
     for key in keys.into_iter().chain(hub) {
         return match docker_credential::get_credential_from_reader(json, &key) {
-            Ok(C::UsernamePassword(username, password)) => {
-                Ok(RegistryAuth::Basic(username, password))
-            }
+            Ok(C::UsernamePassword(user, password)) => Ok(RegistryAuth::Basic(user, password)),
             Ok(C::IdentityToken(token)) => Ok(RegistryAuth::Bearer(token)),
             Err(E::NoCredentialConfigured) => continue,
-            // The crate's messages carry no secret; a helper's stdout might, so it is
-            // left out.
+            // The crate's messages carry no secret; a helper's stdout might: left out.
             Err(E::HelperFailure { helper, stderr, .. }) => fail(format!(
                 "credential helper {helper} failed for {key}: {}",
                 stderr.trim()
             )),
-            Err(e) => fail(format!("credentials for {key}: {e}")),
+            Err(e) => fail(format!("docker config credentials for {key}: {e}")),
         };
     }
     Ok(RegistryAuth::Anonymous)

@@ -17,8 +17,6 @@ pub enum RegistryError {
     InvalidVmName { name: String, reason: &'static str },
     #[error("invalid registry configuration: {0}")]
     InvalidConfig(String),
-    #[error("invalid docker config: {0}")]
-    DockerConfig(String),
     /// The operation ran out of its budget (C2); `after` is that whole budget.
     #[error("registry {operation} timed out after {after:?}")]
     Timeout { operation: Op, after: Duration },
@@ -46,9 +44,7 @@ pub enum RegistryError {
         message: String,
     },
     /// `<vm>:hibernate` moved to another manifest while its delete was checked.
-    #[error(
-        "{reference} moved from {checked} to {found} while its delete was checked; nothing deleted"
-    )]
+    #[error("{reference} moved from {checked} to {found} during its delete; nothing deleted")]
     SnapshotMoved {
         reference: String,
         checked: String,
@@ -64,7 +60,6 @@ impl RegistryError {
         match self {
             Self::InvalidVmName { .. } => "registry_invalid_name",
             Self::InvalidConfig(_) => "registry_config",
-            Self::DockerConfig(_) => "registry_docker_config",
             Self::Timeout { .. } => "registry_timeout",
             Self::Transport { .. } => "registry_transport",
             Self::Unauthorized { .. } => "registry_unauthorized",
@@ -111,11 +106,7 @@ impl RegistryError {
         }
     }
 
-    /// A reqwest failure; its own timeout reports the operation's budget `after`.
-    pub(crate) fn transport(operation: Op, err: &reqwest::Error, after: Duration) -> Self {
-        if err.is_timeout() {
-            return Self::Timeout { operation, after };
-        }
+    pub(crate) fn transport(operation: Op, err: &reqwest::Error) -> Self {
         let message = describe_chain(err);
         Self::Transport { operation, message }
     }
@@ -130,11 +121,9 @@ pub fn error_codes(body: &str) -> Vec<Code> {
 /// Shortens a registry answer for an error message, on a char boundary.
 pub fn excerpt(text: &str) -> String {
     let text = text.trim();
-    if text.len() <= MAX_DETAIL {
-        return text.to_string();
-    }
-    let end = (0..=MAX_DETAIL).rfind(|&end| text.is_char_boundary(end));
-    format!("{}…", &text[..end.unwrap_or(0)])
+    let end = text.floor_char_boundary(MAX_DETAIL);
+    let more = if end < text.len() { "…" } else { "" };
+    format!("{}{more}", &text[..end])
 }
 
 /// An answer for an error message: the body's start, or for an empty body the status's

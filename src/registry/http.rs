@@ -15,12 +15,9 @@ use oci_spec::image::Digest;
 use reqwest::header::{ACCEPT, HeaderMap, WWW_AUTHENTICATE};
 use reqwest::{Method, RequestBuilder, Url};
 use std::collections::BTreeSet;
-use std::time::Duration;
 
 /// Items asked for per page of a listing (Distribution refuses `n` above 1000).
 const PAGE_SIZE: usize = 100;
-/// So a registry whose pages never end cannot loop us forever.
-const MAX_PAGES: usize = 10_000;
 /// Every manifest type a snapshot may be stored as, accepted by a HEAD: without them a
 /// registry may answer with a converted manifest, whose digest is not the stored one.
 const MANIFEST_TYPES: [&str; 4] = [
@@ -41,11 +38,9 @@ pub(super) struct Http {
 }
 
 /// One operation's requests, and the token (at most one, for the whole operation's scope).
-/// `budget` is what a reqwest timeout reports.
 pub(super) struct Session<'a> {
     http: &'a Http,
     scope: String,
-    budget: Duration,
     token: Option<String>,
 }
 
@@ -61,11 +56,10 @@ struct Page {
 }
 
 impl Http {
-    pub fn session(&self, scope: String, budget: Duration) -> Session<'_> {
+    pub fn session(&self, scope: String) -> Session<'_> {
         Session {
             http: self,
             scope,
-            budget,
             token: None,
         }
     }
@@ -74,7 +68,6 @@ impl Http {
     pub fn counted<T>(&self, op: Op, result: Result<T>, ok: fn(&T) -> &'static str) -> Result<T> {
         let outcome = match &result {
             Ok(value) => ok(value),
-            Err(RegistryError::Timeout { .. }) => "timeout",
             Err(RegistryError::DeleteRefused { .. }) => "unsupported",
             Err(_) => "error",
         };
@@ -95,10 +88,10 @@ impl Session<'_> {
     async fn send(&mut self, method: Method, url: &Url, op: Op) -> Result<Answer> {
         loop {
             let answer = match self.try_send(&method, url).await {
-                Err(e) if !e.is_timeout() => self.try_send(&method, url).await,
-                other => other,
+                Err(_) => self.try_send(&method, url).await,
+                answer => answer,
             };
-            let answer = answer.map_err(|e| RegistryError::transport(op, &e, self.budget))?;
+            let answer = answer.map_err(|e| RegistryError::transport(op, &e))?;
             let challenges = answer.1.get_all(WWW_AUTHENTICATE).iter();
             let challenge = challenges
                 .filter_map(|v| v.to_str().ok())
@@ -145,7 +138,7 @@ impl Session<'_> {
             request = request.basic_auth(user, Some(password));
         }
         let answer = read(request).await;
-        match answer.map_err(|e| RegistryError::transport(OP, &e, self.budget))? {
+        match answer.map_err(|e| RegistryError::transport(OP, &e))? {
             (200, _, body) => token_from_body(&body),
             // A token server that is down or throttling has not refused the credentials.
             (status, _, body) => Err(RegistryError::from_status(OP, status, &body)),
@@ -171,12 +164,12 @@ impl Session<'_> {
     }
 
     /// Every entry of the listing at `path`, each page read once; None when the first
-    /// page is 404.
+    /// page is 404. Pages that never end run into the operation's deadline.
     pub async fn list(&mut self, path: &str, op: Op) -> Result<Option<BTreeSet<String>>> {
         let mut url = self.url(&format!("{path}?n={PAGE_SIZE}"))?;
         let mut items = BTreeSet::new();
         let unusable = |e| RegistryError::protocol(op, format!("the listing is unusable: {e}"));
-        for _ in 0..MAX_PAGES {
+        loop {
             let answer = self.send(Method::GET, &url, op).await;
             let page = answer.and_then(|(status, headers, body)| match status {
                 404 => Ok(None),
@@ -201,8 +194,6 @@ impl Session<'_> {
                 None => return Ok(Some(items)),
             }
         }
-        let message = format!("the listing did not end within {MAX_PAGES} pages");
-        Err(RegistryError::protocol(op, message))
     }
 
     /// DELETE `<repository>/manifests/<tag or digest>`: true once deleted, false if absent.

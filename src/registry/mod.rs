@@ -21,13 +21,6 @@ use tokio::time::Instant;
 /// A deadline so far off that it bounds nothing.
 const FAR: Duration = Duration::from_secs(365 * 24 * 3600);
 
-/// The parsers of registry answers, for the fuzz targets in `fuzz/`; not the product's API.
-#[doc(hidden)]
-pub mod fuzzing {
-    pub use super::error::{error_codes, excerpt};
-    pub use super::http::{bearer_challenge, interpret_delete, next_link, token_from_body};
-}
-
 /// What a [`SnapshotStore`] call returns: boxed, so the trait is object-safe.
 pub type Fut<'a, T> = futures::future::BoxFuture<'a, Result<T, RegistryError>>;
 
@@ -72,3 +65,11 @@ pub trait SnapshotStore: Send + Sync {
 
 #[cfg(test)]
 pub(crate) mod fake;
+
+/// The parsers of registry answers, for the fuzz targets in `fuzz/` (cargo-fuzz builds with
+/// `--cfg fuzzing`); product builds leave them out.
+#[cfg(fuzzing)]
+pub mod fuzzing {
+    pub use super::error::{error_codes, excerpt};
+    pub use super::http::{bearer_challenge, interpret_delete, next_link, token_from_body};
+}

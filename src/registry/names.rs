@@ -25,10 +25,8 @@ pub(crate) struct RegistryBase {
 impl RegistryBase {
     pub fn parse(base: &str) -> Result<Self, RegistryError> {
         let trimmed = base.trim().trim_end_matches('/');
-        let (host, prefix) = match trimmed.split_once('/') {
-            Some((host, prefix)) => (host, Some(prefix)),
-            None => (trimmed, None),
-        };
+        let (host, prefix) = trimmed.split_once('/').unzip();
+        let host = host.unwrap_or(trimmed);
         let mut components = prefix.iter().flat_map(|p| p.split('/'));
         // The URL parser checks the host and the port as reqwest will use them.
         let url = reqwest::Url::parse(&format!("http://{host}/"));
