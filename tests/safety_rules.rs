@@ -342,25 +342,62 @@ fn s5_probe_error_appears_in_the_ready_condition() {
     );
 }
 
-/// SPEC S6: deleting a Hibernated or Hibernating CR that deletes the tag warns first;
-/// an Active CR or a kept tag does not.
+/// How the pod looks, as the apiserver shows it right before a G1 delete.
+#[derive(Clone, Copy, Debug)]
+enum PodNow {
+    Gone,
+    RunningTheVm,
+    AskedToHibernate,
+    VkHibernated,
+    RestoringNoVmid,
+    NamesAnotherVm,
+}
+
+fn pod_now(state: PodNow) -> Option<PodView> {
+    let running = pod("vm-x");
+    match state {
+        PodNow::Gone => None,
+        PodNow::RunningTheVm => Some(running),
+        PodNow::AskedToHibernate => Some(PodView {
+            hibernate_requested: true,
+            ..running
+        }),
+        PodNow::VkHibernated => Some(PodView {
+            lifecycle_state: Some("hibernated".into()),
+            vm_id: None,
+            container_running: false,
+            ..running
+        }),
+        PodNow::RestoringNoVmid => Some(PodView {
+            vm_id: None,
+            ..running
+        }),
+        PodNow::NamesAnotherVm => Some(pod("vm-y")),
+    }
+}
+
+/// SPEC S6 (any phase): deleting a CR whose tag exists warns first unless the pod shows
+/// its VM running again; the phase alone decides nothing. No tag, no warning.
 #[rstest]
-#[case::hibernated(Phase::Hibernated, false, true)]
-#[case::hibernating(Phase::Hibernating, false, true)]
-#[case::active(Phase::Active, false, false)]
-#[case::kept_because_another_cr_holds_it(Phase::Hibernated, true, false)]
-fn s6_discarding_a_snapshot_is_loud(
+#[case::hibernated_pod_gone(Phase::Hibernated, PodNow::Gone, true, true)]
+#[case::hibernating_vk_done(Phase::Hibernating, PodNow::VkHibernated, true, true)]
+#[case::waking_restore_not_confirmed(Phase::Waking, PodNow::RestoringNoVmid, true, true)]
+#[case::failed_hibernate_vk_finished(Phase::Failed, PodNow::VkHibernated, true, true)]
+#[case::active_hibernate_not_recorded(Phase::Active, PodNow::AskedToHibernate, true, true)]
+#[case::active_pod_names_another_vm(Phase::Active, PodNow::NamesAnotherVm, true, true)]
+#[case::hibernated_but_the_vm_runs(Phase::Hibernated, PodNow::RunningTheVm, true, false)]
+#[case::active_and_running(Phase::Active, PodNow::RunningTheVm, true, false)]
+#[case::no_tag_in_the_registry(Phase::Hibernated, PodNow::Gone, false, false)]
+fn s6_discarding_a_possible_only_copy_is_loud_in_any_phase(
     #[case] phase: Phase,
-    #[case] held_elsewhere: bool,
+    #[case] state: PodNow,
+    #[case] tag_present: bool,
     #[case] warns: bool,
 ) {
     let mut me = holding(cr("a", "me", "p", 0), "vm-x", phase);
     me.metadata.deletion_timestamp = Some(at(1));
-    let other = holding(cr("b", "other", "q", 0), "vm-x", Phase::Hibernated);
-    let others: Vec<&CocoonHibernation> = if held_elsewhere { vec![&other] } else { vec![] };
-    let cleanup = plan::plan_cleanup(&me, others, std::iter::empty());
-    assert_eq!(cleanup.delete_tag.is_some(), !held_elsewhere);
-    match cleanup.discard_event {
+    let view = pod_now(state);
+    match plan::discard_event(&me, "vm-x", view.as_ref(), tag_present) {
         Some(ev) => {
             assert!(warns, "unexpected {ev:?}");
             assert_eq!(
@@ -373,6 +410,20 @@ fn s6_discarding_a_snapshot_is_loud(
     }
 }
 
+/// SPEC G1: the last live holder deletes the tag; another holder keeps it.
+#[rstest]
+#[case::last_holder(false)]
+#[case::kept_because_another_cr_holds_it(true)]
+fn g1_the_last_holder_deletes_the_tag(#[case] held_elsewhere: bool) {
+    let mut me = holding(cr("a", "me", "p", 0), "vm-x", Phase::Hibernated);
+    me.metadata.deletion_timestamp = Some(at(1));
+    let other = holding(cr("b", "other", "q", 0), "vm-x", Phase::Hibernated);
+    let others: Vec<&CocoonHibernation> = if held_elsewhere { vec![&other] } else { vec![] };
+    let cleanup = plan::plan_cleanup(&me, others, std::iter::empty());
+    assert_eq!(cleanup.delete_tag.is_some(), !held_elsewhere);
+    assert!(cleanup.remove_finalizer);
+}
+
 /// SPEC G1 S2: a live CR whose pod names the VM, blocked while this CR held it, wants the
 /// snapshot next: deleting this CR keeps the tag (and discards nothing).
 #[test]
@@ -382,7 +433,6 @@ fn g1_s2_a_blocked_claimant_keeps_the_tag_when_the_holder_goes() {
     let blocked = cr("a", "new-pod", "new-pod", 5);
     let cleanup = plan::plan_cleanup(&holder, std::iter::empty(), [&blocked]);
     assert_eq!(cleanup.delete_tag, None);
-    assert_eq!(cleanup.discard_event, None);
     assert!(cleanup.remove_finalizer);
     // The holder itself is listed among the pod's claimants; it does not count.
     let alone = plan::plan_cleanup(&holder, std::iter::empty(), [&holder]);

@@ -26,6 +26,11 @@ pub const REASON_KEPT_FOR_HIBERNATE: &str = "KeptForHibernate";
 /// F2, W3: the pod asked for a hibernate this CR never recorded (its status write was
 /// lost to a flipped desire); vk may have stored a snapshot, so the tag is owed.
 pub const REASON_HIBERNATE_NOT_RECORDED: &str = "HibernateNotRecorded";
+/// S7: the tag now names another manifest than the one this CR confirmed: a newer
+/// snapshot, which is not this CR's to delete. Settled; never retried.
+pub const REASON_SNAPSHOT_MOVED: &str = "SnapshotMoved";
+/// S9: the pod now names another VM than the one this CR holds; the claim is kept.
+pub const REASON_VM_CHANGED: &str = "VMChanged";
 
 // Progressing reasons: what an unfinished transition waits for.
 /// vk-cocoon has not reported this round's hibernate (or wake) yet.

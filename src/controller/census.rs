@@ -2,7 +2,7 @@
 
 use super::plan::{Settings, Transition};
 use crate::api::conditions::{self, READY};
-use crate::api::{CocoonHibernation, Phase};
+use crate::api::{CocoonHibernation, Desire, Phase};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use std::time::Duration;
 
@@ -15,6 +15,9 @@ pub struct Census {
     /// In Hibernating or Waking longer than their timeout plus one pass: a controller
     /// that works would have failed them by now.
     pub overdue: i64,
+    /// S5: settled Wake CRs whose tag delete is still owed (W3). From the cache, so every
+    /// replica reports it and it survives a failover.
+    pub deletes_owed: i64,
 }
 
 pub fn census<'a>(
@@ -25,6 +28,13 @@ pub fn census<'a>(
     let mut out = Census::default();
     for cr in crs {
         let phase = cr.phase().unwrap_or(Phase::Pending);
+        if phase == Phase::Active
+            && cr.spec.desire == Desire::Wake
+            && !cr.is_deleting()
+            && super::plan::owes_tag_delete(cr)
+        {
+            out.deletes_owed += 1;
+        }
         if let Some(i) = PHASES.iter().position(|p| *p == phase) {
             out.by_phase[i] += 1;
         }

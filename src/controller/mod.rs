@@ -109,6 +109,7 @@ pub async fn report_census(ctx: Arc<Context>, shutdown: CancellationToken) {
                 .set(n);
         }
         ctx.metrics.crs_overdue.set(c.overdue);
+        ctx.metrics.snapshot_deletes_owed.set(c.deletes_owed);
     }
 }
 
@@ -190,7 +191,6 @@ pub fn context(
         failures: Default::default(),
         registry_slots: Arc::new(tokio::sync::Semaphore::new(settings_slots)),
         event_slots: Arc::new(tokio::sync::Semaphore::new(reconcile::EVENTS_IN_FLIGHT)),
-        owed: Default::default(),
         refusals: Default::default(),
         superseded: Default::default(),
         superseded_pods: Default::default(),

@@ -6,9 +6,9 @@ use crate::api::conditions::{
     self, PROGRESSING, READY, REASON_CONFLICT, REASON_DELETE_FAILED, REASON_DELETING_SNAPSHOT,
     REASON_DONE, REASON_FAILED, REASON_HIBERNATE_NOT_RECORDED, REASON_HIBERNATE_TIMED_OUT,
     REASON_INVALID_SPEC, REASON_KEPT_FOR_HIBERNATE, REASON_PENDING, REASON_POD_MISSING,
-    REASON_REGISTRY_UNAVAILABLE, REASON_SHARED_DIGEST, REASON_WAITING_FOR_CONTAINER,
-    REASON_WAITING_FOR_LIFECYCLE, REASON_WAITING_FOR_SNAPSHOT, REASON_WAITING_FOR_VM,
-    REASON_WAKE_TIMED_OUT, SNAPSHOT_DELETED, Update,
+    REASON_REGISTRY_UNAVAILABLE, REASON_SHARED_DIGEST, REASON_SNAPSHOT_MOVED, REASON_VM_CHANGED,
+    REASON_WAITING_FOR_CONTAINER, REASON_WAITING_FOR_LIFECYCLE, REASON_WAITING_FOR_SNAPSHOT,
+    REASON_WAITING_FOR_VM, REASON_WAKE_TIMED_OUT, SNAPSHOT_DELETED, Update,
 };
 use crate::api::{CocoonHibernation, CocoonHibernationStatus, Desire, Failure, Phase};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -140,22 +140,26 @@ pub struct Plan {
     /// wake ends in one write (`Active` with `SnapshotDeleted` settled). Otherwise (a W3
     /// retry on a settled CR) the delete runs after the pass's own writes.
     pub delete_first: bool,
+    /// S7: the digest this pass's probe saw, which a CR that recorded none at H3 deletes.
+    pub probed_digest: Option<String>,
     pub finished: Option<Finished>,
     pub requeue: Option<Duration>,
     /// H4: returned from the pass after the effects, so it is logged and retried.
     pub error: Option<String>,
 }
 
-/// Records the digest of the probe that completed a hibernate (H3) in the status to write.
+/// Records the digest of the probe that completed a hibernate (H3) in the status to
+/// write, and keeps it for a delete this pass makes (S7).
 pub fn record_digest(plan: &mut Plan, digest: Option<String>) {
-    if let (Some(status), Some(digest)) = (plan.status.as_mut(), digest)
+    if let (Some(status), Some(digest)) = (plan.status.as_mut(), &digest)
         && status.phase == Some(Phase::Hibernated)
         && plan.finished.is_some()
     {
         status.snapshot = Some(crate::api::SnapshotStatus {
-            digest: Some(digest),
+            digest: Some(digest.clone()),
         });
     }
+    plan.probed_digest = digest;
 }
 
 /// What to do for a CR being deleted (G1, G2).
@@ -163,8 +167,6 @@ pub fn record_digest(plan: &mut Plan, digest: Option<String>) {
 pub struct Cleanup {
     pub delete_tag: Option<String>,
     pub remove_finalizer: bool,
-    /// S6: a snapshot that may be the VM's only copy is about to go; say so first.
-    pub discard_event: Option<PlannedEvent>,
 }
 
 /// Whether this CR may act on its pod and VM (S2), from the other CRs in the cache.
@@ -274,14 +276,26 @@ pub fn still_owes(fresh: &CocoonHibernation, uid: Option<&str>, vm: &str, debt: 
                 !fresh.is_deleting()
                     && fresh.spec.desire == Desire::Wake
                     && fresh.phase() == Some(Phase::Active)
-                    && fresh
-                        .status
-                        .as_ref()
-                        .and_then(|s| conditions::find(&s.conditions, SNAPSHOT_DELETED))
-                        .is_some_and(|c| c.status != "True")
+                    && owes_tag_delete(fresh)
             }
             Debt::OnDeletion => fresh.is_deleting() && fresh.has_finalizer(),
         }
+}
+
+/// W3, S5: the CR's status records a tag delete still to be done. A tag that moved to a
+/// newer snapshot (S7) is settled: that snapshot is not this CR's to delete.
+pub fn owes_tag_delete(cr: &CocoonHibernation) -> bool {
+    cr.status
+        .as_ref()
+        .and_then(|s| conditions::find(&s.conditions, SNAPSHOT_DELETED))
+        .is_some_and(|c| c.status != "True" && c.reason != REASON_SNAPSHOT_MOVED)
+}
+
+/// S7: the fresh pod shows the VM running again after a wake: it names `vm`, asks for no
+/// hibernate, and vk reports a running container with a fresh VMID. Only then is the
+/// snapshot not the VM's only copy.
+pub fn vm_running_again(pod: Option<&PodView>, vm: &str) -> bool {
+    pod.is_some_and(|p| p.vm_name.as_deref() == Some(vm) && !p.hibernate_requested && p.woken())
 }
 
 /// How a tag delete ended, in the terms status needs (S5).
@@ -293,6 +307,11 @@ pub enum DeleteResult {
     SharedDigest(Vec<String>),
     Failed {
         message: String,
+    },
+    /// S7: kept: the tag names `found`, a newer snapshot than the `confirmed` one.
+    Moved {
+        confirmed: String,
+        found: String,
     },
 }
 
@@ -326,6 +345,13 @@ pub fn after_delete(
             REASON_DELETE_FAILED,
             format!("deleting snapshot {vm}:hibernate failed: {message}"),
         ),
+        DeleteResult::Moved { confirmed, found } => (
+            false,
+            REASON_SNAPSHOT_MOVED,
+            format!(
+                "snapshot {vm}:hibernate kept: it names {found} now, a newer snapshot than {confirmed}, the one this CocoonHibernation confirmed"
+            ),
+        ),
     };
     let update = Update {
         type_: SNAPSHOT_DELETED,
@@ -342,6 +368,10 @@ pub fn after_delete(
             (false, REASON_DONE, format!("vm {vm} is running"))
         }
         DeleteResult::SharedDigest(_) => (false, REASON_SHARED_DIGEST, message),
+        DeleteResult::Moved { .. } => {
+            next.snapshot = None;
+            (false, REASON_SNAPSHOT_MOVED, message)
+        }
         DeleteResult::Failed { .. } => (true, REASON_DELETING_SNAPSHOT, message),
     };
     let update = Update {
@@ -431,6 +461,17 @@ pub fn plan(
         },
     };
 
+    // S9: a pod that names another VM than the one this CR holds keeps the old claim: its
+    // tag may be the old VM's only copy. Not retried while that lasts, and quiet (C3).
+    if let Some(held) = cr.vm_name().filter(|held| *held != vm) {
+        let message = format!(
+            "pod {ns}/{pod_name} now names vm {vm}, but this CocoonHibernation holds vm {held}, whose snapshot {held}:hibernate may be its only copy; it keeps that claim and does nothing until the pod names {held} again (deleting this CocoonHibernation releases {held} and discards its snapshot)"
+        );
+        pass.set_phase(Phase::Failed, READY_FAILED, &message, false);
+        pass.failure(REASON_VM_CHANGED, &message);
+        return pass.finish(Some(settings.conflict_recheck));
+    }
+
     let phase = pass.phase();
     // D1: an in-flight transition runs to its terminal phase before a reversal starts.
     let effective = match phase {
@@ -466,7 +507,6 @@ pub fn plan_cleanup<'a>(
         return Cleanup {
             delete_tag: None,
             remove_finalizer: false,
-            discard_event: None,
         };
     }
     let other_live = |o: &CocoonHibernation| {
@@ -486,21 +526,32 @@ pub fn plan_cleanup<'a>(
         .vm_name()
         .filter(|vm| !held_elsewhere(vm))
         .map(str::to_owned);
-    let discard_event = match (&delete_tag, cr.phase()) {
-        (Some(vm), Some(phase @ (Phase::Hibernated | Phase::Hibernating))) => Some(PlannedEvent {
-            kind: EventKind::Warning,
-            reason: "SnapshotDiscarded",
-            note: format!(
-                "deleting this {phase} CocoonHibernation discards snapshot {vm}:hibernate, which may be the only copy of vm {vm}"
-            ),
-        }),
-        _ => None,
-    };
     Cleanup {
         delete_tag,
         remove_finalizer: true,
-        discard_event,
     }
+}
+
+/// S6: the Warning a G1 delete sends first when the tag exists and may be the VM's only
+/// copy. That is decided from the pod as the apiserver shows it right before the delete,
+/// not from the phase: only a pod running the VM again after a wake holds another copy.
+pub fn discard_event(
+    cr: &CocoonHibernation,
+    vm: &str,
+    pod: Option<&PodView>,
+    tag_present: bool,
+) -> Option<PlannedEvent> {
+    if !tag_present || vm_running_again(pod, vm) {
+        return None;
+    }
+    let phase = cr.phase().map_or("new", Phase::as_str);
+    Some(PlannedEvent {
+        kind: EventKind::Warning,
+        reason: "SnapshotDiscarded",
+        note: format!(
+            "deleting this {phase} CocoonHibernation discards snapshot {vm}:hibernate, which may be the only copy of vm {vm}: its pod does not show the VM running"
+        ),
+    })
 }
 
 const READY_FAILED: (bool, &str) = (false, REASON_FAILED);
@@ -748,8 +799,7 @@ impl<'a> Pass<'a> {
             Some(Phase::Active) => {
                 let tag_vm = self.next.vm_name.clone().unwrap_or_else(|| vm.to_owned());
                 // W3: a tag delete still owed is retried on passes of the settled CR.
-                let owed = conditions::find(&self.next.conditions, SNAPSHOT_DELETED)
-                    .is_some_and(|c| c.status != "True");
+                let owed = owes_tag_delete(self.cr);
                 // F2's open window: a hibernate start whose status write was lost (the desire
                 // flipped back) still reached the pod, and vk may store a snapshot for it.
                 if view.hibernate_requested && !owed {

@@ -43,8 +43,6 @@ pub struct Context {
     pub registry_slots: Arc<Semaphore>,
     /// Event writes sent after their pass ended, still in flight.
     pub event_slots: Arc<Semaphore>,
-    /// S5: CRs whose tag delete is still owed, for the gauge.
-    pub owed: Mutex<HashSet<ObjectRef<CocoonHibernation>>>,
     /// S5: consecutive refusals-for-good of each CR's tag delete, for the slow backoff.
     /// Kept apart from `failures`, which a pass that returns Ok clears.
     pub refusals: Mutex<HashMap<ObjectRef<CocoonHibernation>, u32>>,
@@ -64,6 +62,9 @@ pub const EVENTS_IN_FLIGHT: usize = 64;
 /// How soon a pass deferred because the pod cache has not seen our own patch looks
 /// again; the watch event of that patch usually comes first.
 const OWN_WRITE_RETRY: Duration = Duration::from_secs(1);
+/// S7: how soon a delete that the fresh pod refused (the cache showed the VM running, the
+/// apiserver does not) looks again; the pod watch usually catches up first.
+const STALE_POD_RETRY: Duration = Duration::from_secs(2);
 
 /// A CR as our last write left it (see `Context::superseded`).
 pub struct OwnWrite {
@@ -270,14 +271,15 @@ async fn execute(
     if plan.delete_first
         && let (Some(vm), Some(planned)) = (&plan.delete_tag, status.as_mut())
     {
-        match fenced_delete_outcome(cr, vm, Debt::EndOfWake, api, ctx).await? {
+        let probed = plan.probed_digest.as_deref();
+        match fenced_delete(cr, vm, Debt::EndOfWake, probed, api, ctx).await? {
             // The CR is as planned, but the tag is not its to delete (its pod names another
             // VM now): the wake still ends, and nothing is owed.
-            Paid::NotOwed => planned
+            Attempt::NotOwed => planned
                 .conditions
                 .retain(|c| c.type_ != crate::api::conditions::SNAPSHOT_DELETED),
-            Paid::Stop(action) => return Ok(action),
-            Paid::Done {
+            Attempt::Deferred(action) => return Ok(action),
+            Attempt::Done {
                 fresh,
                 result,
                 then,
@@ -356,14 +358,14 @@ fn record_finished(ctx: &Context, cr: &CocoonHibernation, done: plan::Finished) 
     }
 }
 
-/// How a fenced delete went.
-enum Paid {
-    /// Nothing was deleted; end the pass with this.
-    Stop(Action),
+/// How a delete attempt ended (S1, S5, S7); every caller matches this one enum.
+enum Attempt {
+    /// Nothing was asked of the registry; end the pass with this and look again.
+    Deferred(Action),
     /// The fresh read shows the delete is no longer owed; the tag is kept.
     NotOwed,
-    /// The delete ran. Its `result` goes into status (S5); `then` ends the pass once the
-    /// status is written, when the outcome calls for it.
+    /// The registry was asked. `result` goes into status (S5); `then` ends the pass once
+    /// the status is written, when the outcome calls for it.
     Done {
         fresh: Box<CocoonHibernation>,
         result: DeleteResult,
@@ -371,27 +373,34 @@ enum Paid {
     },
 }
 
-/// S1, S5: a fenced delete and what its outcome asks of the pass.
-async fn fenced_delete_outcome(
+/// S1, S5, S7: a fenced delete, and what its outcome asks of the pass. `probed` is the
+/// digest this pass's own probe saw, for a CR that recorded none at H3.
+async fn fenced_delete(
     cr: &CocoonHibernation,
     vm: &str,
     debt: Debt,
+    probed: Option<&str>,
     api: &Api<CocoonHibernation>,
     ctx: &Context,
-) -> Result<Paid> {
-    let (fresh, outcome) = match fenced_delete(cr, vm, debt, api, ctx).await? {
-        Fenced::Busy => {
-            return Ok(Paid::Stop(ctx.defer("registry_busy", REGISTRY_BUSY_RETRY)));
-        }
-        Fenced::NotOwed => return Ok(Paid::NotOwed),
-        Fenced::Stale => return Ok(Paid::Stop(ctx.defer("stale_view", CONFLICT_RETRY))),
-        Fenced::Done { fresh, outcome } => (fresh, outcome),
+) -> Result<Attempt> {
+    let (fresh, digest, outcome) = match decide_and_delete(cr, vm, debt, probed, api, ctx).await? {
+        Decided::Deferred(action) => return Ok(Attempt::Deferred(action)),
+        Decided::NotOwed => return Ok(Attempt::NotOwed),
+        Decided::Asked {
+            fresh,
+            digest,
+            outcome,
+        } => (fresh, digest, outcome),
     };
     let result = match &outcome {
+        Ok(DeleteOutcome::Deleted | DeleteOutcome::Absent) => DeleteResult::Gone,
         Ok(DeleteOutcome::KeptSharedDigest { other_tags }) => {
             DeleteResult::SharedDigest(other_tags.clone())
         }
-        Ok(_) => DeleteResult::Gone,
+        Ok(DeleteOutcome::Moved { found }) => DeleteResult::Moved {
+            confirmed: digest.unwrap_or_default(),
+            found: found.clone(),
+        },
         Err(e) => DeleteResult::Failed {
             message: e.to_string(),
         },
@@ -403,9 +412,7 @@ async fn fenced_delete_outcome(
         ?debt,
         "snapshot tag delete"
     );
-    ctx.owe(ObjectRef::from_obj(cr), result != DeleteResult::Gone);
-    let then = match (result.clone(), outcome) {
-        (DeleteResult::Gone, _) => None,
+    let then = match (&result, outcome) {
         (DeleteResult::SharedDigest(_), _) => Some(Ok(Action::requeue(SHARED_DIGEST_RETRY))),
         (_, Err(e)) if e.is_permanent() => {
             // S5: a refusal that will not heal by itself is retried in minutes, not seconds.
@@ -414,9 +421,12 @@ async fn fenced_delete_outcome(
             Some(Ok(Action::requeue(delay)))
         }
         (_, Err(e)) => Some(Err(Error::Registry(e))),
-        (_, Ok(_)) => None,
+        (_, Ok(_)) => {
+            ctx.forget_refusals(cr);
+            None
+        }
     };
-    Ok(Paid::Done {
+    Ok(Attempt::Done {
         fresh,
         result,
         then,
@@ -431,16 +441,16 @@ async fn pay_wake_debt(
     api: &Api<CocoonHibernation>,
     ctx: &Context,
 ) -> Result<Option<Action>> {
-    let (fresh, result, then) =
-        match fenced_delete_outcome(cr, vm, Debt::AfterWake, api, ctx).await? {
-            Paid::Stop(action) => return Ok(Some(action)),
-            Paid::NotOwed => return Ok(None),
-            Paid::Done {
-                fresh,
-                result,
-                then,
-            } => (fresh, result, then),
-        };
+    let (fresh, result, then) = match fenced_delete(cr, vm, Debt::AfterWake, None, api, ctx).await?
+    {
+        Attempt::Deferred(action) => return Ok(Some(action)),
+        Attempt::NotOwed => return Ok(None),
+        Attempt::Done {
+            fresh,
+            result,
+            then,
+        } => (fresh, result, then),
+    };
     // Recorded on top of what the apiserver holds now, not the cache's copy.
     let written = fresh.status.clone().unwrap_or_default();
     let next = plan::after_delete(&written, vm, &result, Time(jiff::Timestamp::now()));
@@ -451,36 +461,36 @@ async fn pay_wake_debt(
     then.transpose()
 }
 
-/// What a fenced delete did.
-enum Fenced {
-    /// Every registry slot was busy (C2); nothing was asked.
-    Busy,
-    /// The fresh read shows the delete is no longer owed; the tag is kept.
+/// What the fresh reads decided, and the registry's answer if it was asked.
+enum Decided {
+    Deferred(Action),
     NotOwed,
-    /// The fresh read shows a newer CR than the one the pass planned from; nothing asked.
-    Stale,
-    Done {
+    Asked {
         fresh: Box<CocoonHibernation>,
+        /// The manifest the delete was for; None when the tag was already gone.
+        digest: Option<String>,
         outcome: std::result::Result<DeleteOutcome, RegistryError>,
     },
 }
 
-/// S1: a tag is deleted only while this replica's lease is fresh, after a fresh read from
-/// the apiserver shows the same CR still owing the delete, and never past the fence.
-async fn fenced_delete(
+/// S1, S6, S7: a tag is deleted only while this replica's lease is fresh; after fresh
+/// reads of the CR and its pod from the apiserver show the delete still owed; only the
+/// manifest this CR confirmed; loudly when it may be the VM's only copy; and never past
+/// the fence.
+async fn decide_and_delete(
     cr: &CocoonHibernation,
     vm: &str,
     debt: Debt,
+    probed: Option<&str>,
     api: &Api<CocoonHibernation>,
     ctx: &Context,
-) -> Result<Fenced> {
-    let Some(until) = ctx.fence.valid_until() else {
-        return Err(Error::Fenced(format!(
-            "the lease is not fresh; kept {vm}:hibernate"
-        )));
-    };
+) -> Result<Decided> {
+    let fenced = || Error::Fenced(format!("the lease is not fresh; kept {vm}:hibernate"));
+    let until = ctx.fence.valid_until().ok_or_else(fenced)?;
     let Some(_slot) = ctx.registry_slot().await else {
-        return Ok(Fenced::Busy);
+        return Ok(Decided::Deferred(
+            ctx.defer("registry_busy", REGISTRY_BUSY_RETRY),
+        ));
     };
     let fresh = match api.get_opt(&cr.name_any()).await? {
         // F2, D1: the end of a wake writes a status planned from `cr`; a newer CR (a flipped
@@ -489,7 +499,7 @@ async fn fenced_delete(
             if debt == Debt::EndOfWake
                 && fresh.metadata.resource_version != cr.metadata.resource_version =>
         {
-            return Ok(Fenced::Stale);
+            return Ok(Decided::Deferred(ctx.defer("stale_view", CONFLICT_RETRY)));
         }
         Some(fresh) if plan::still_owes(&fresh, cr.metadata.uid.as_deref(), vm, debt) => fresh,
         _ => {
@@ -499,23 +509,88 @@ async fn fenced_delete(
                 ?debt,
                 "fresh read: the delete is no longer owed; tag kept"
             );
-            return Ok(Fenced::NotOwed);
+            return Ok(Decided::NotOwed);
         }
     };
-    // The fence may have moved while we read; the delete must end before it closes.
-    let Some(until) = ctx.fence.valid_until().map(|u| u.min(until)) else {
-        return Err(Error::Fenced(format!(
-            "the lease is not fresh; kept {vm}:hibernate"
-        )));
+    // S7: the pod too, from the apiserver: a lagging pod cache may still show the VM
+    // running from before its hibernate while vk restores it from this very tag.
+    let pods: Api<PodSlice> =
+        Api::namespaced(ctx.client.clone(), &fresh.namespace().unwrap_or_default());
+    let pod = pods.get_opt(&fresh.spec.pod_ref.name).await?;
+    let view = pod.as_ref().map(PodView::from_pod);
+    if debt != Debt::OnDeletion && !plan::vm_running_again(view.as_ref(), vm) {
+        tracing::info!(
+            cr = %key(cr),
+            vm,
+            ?debt,
+            "fresh read: the pod does not show the VM running again; tag kept"
+        );
+        return Ok(Decided::Deferred(ctx.defer("stale_pod", STALE_POD_RETRY)));
+    }
+    // S7: only the manifest this CR confirmed (H3's probe, or its own probe just now when
+    // it recorded none). A deletion asks the registry in any case: S6 warns only about
+    // a tag that exists.
+    let recorded = fresh
+        .status
+        .as_ref()
+        .and_then(|s| s.snapshot.as_ref())
+        .and_then(|s| s.digest.clone())
+        .or_else(|| probed.map(str::to_owned));
+    let seen = match (&recorded, debt) {
+        (Some(d), Debt::EndOfWake | Debt::AfterWake) => Some(d.clone()),
+        _ => match ctx.registry.snapshot_digest(vm).await {
+            Ok(seen) => seen,
+            Err(e) => {
+                return Ok(Decided::Asked {
+                    fresh: Box::new(fresh),
+                    digest: recorded,
+                    outcome: Err(e),
+                });
+            }
+        },
     };
+    let Some(seen) = seen else {
+        let outcome = Ok(DeleteOutcome::Absent);
+        return Ok(Decided::Asked {
+            fresh: Box::new(fresh),
+            digest: None,
+            outcome,
+        });
+    };
+    let digest = recorded.unwrap_or_else(|| seen.clone());
+    if digest != seen {
+        let outcome = Ok(DeleteOutcome::Moved { found: seen });
+        return Ok(Decided::Asked {
+            fresh: Box::new(fresh),
+            digest: Some(digest),
+            outcome,
+        });
+    }
+    if debt == Debt::OnDeletion
+        && let Some(ev) = plan::discard_event(&fresh, vm, view.as_ref(), true)
+    {
+        // S6: if the warning cannot be written, nothing is deleted.
+        let reference = fresh.object_ref(&());
+        if let Err(e) = ctx.recorder.publish(&event(&ev), &reference).await {
+            tracing::warn!(cr = %key(cr), vm, error = %e, "could not write SnapshotDiscarded; tag kept");
+            return Err(e.into());
+        }
+    }
+    // The fence may have moved while we read; the delete must end before it closes.
+    let until = ctx
+        .fence
+        .valid_until()
+        .map(|u| u.min(until))
+        .ok_or_else(fenced)?;
     // The registry may still carry out a DELETE it already received, so the last one
     // must leave before the fence closes, not at that instant.
     let outcome = ctx
         .registry
-        .delete_snapshot_before(vm, until - FENCE_SLACK)
+        .delete_snapshot_before(vm, &digest, until - FENCE_SLACK)
         .await;
-    Ok(Fenced::Done {
+    Ok(Decided::Asked {
         fresh: Box::new(fresh),
+        digest: Some(digest),
         outcome,
     })
 }
@@ -612,20 +687,10 @@ impl Context {
         }
     }
 
-    /// Records whether a CR still owes a tag delete, for the gauge (S5).
-    fn owe(&self, key: ObjectRef<CocoonHibernation>, owed: bool) {
-        if !owed && let Ok(mut refusals) = self.refusals.lock() {
-            refusals.remove(&key);
-        }
-        if let Ok(mut set) = self.owed.lock() {
-            if owed {
-                set.insert(key);
-            } else {
-                set.remove(&key);
-            }
-            self.metrics
-                .snapshot_deletes_owed
-                .set(i64::try_from(set.len()).unwrap_or(i64::MAX));
+    /// S5: a delete that went through ends the slow backoff of earlier refusals.
+    fn forget_refusals(&self, cr: &CocoonHibernation) {
+        if let Ok(mut refusals) = self.refusals.lock() {
+            refusals.remove(&ObjectRef::from_obj(cr));
         }
     }
 
@@ -669,18 +734,6 @@ async fn write_status(
         .await?)
 }
 
-async fn publish(ctx: &Context, cr: &CocoonHibernation, kind: EventKind, reason: &str, note: &str) {
-    send_event(
-        &ctx.recorder,
-        &cr.object_ref(&()),
-        &key(cr),
-        kind,
-        reason,
-        note,
-    )
-    .await;
-}
-
 /// Sends a finished pass's events without holding its worker: an event write took about
 /// a third of a hibernate's last pass under load. Up to `EVENTS_IN_FLIGHT` go out in the
 /// background, beyond that inline, so a slow apiserver slows passes down instead of
@@ -693,7 +746,7 @@ async fn publish_after_pass(ctx: &Context, cr: &CocoonHibernation, events: &[Pla
     let events = events.to_vec();
     let send = async move {
         for ev in events {
-            send_event(&recorder, &reference, &cr_key, ev.kind, ev.reason, &ev.note).await;
+            send_event(&recorder, &reference, &cr_key, &ev).await;
         }
     };
     match ctx.event_slots.clone().try_acquire_owned() {
@@ -709,23 +762,24 @@ async fn send_event(
     recorder: &Recorder,
     reference: &ObjectReference,
     cr_key: &str,
-    kind: EventKind,
-    reason: &str,
-    note: &str,
+    ev: &PlannedEvent,
 ) {
-    let event = Event {
-        type_: match kind {
+    // An event that cannot be written must not undo or repeat the pass.
+    if let Err(e) = recorder.publish(&event(ev), reference).await {
+        tracing::warn!(cr = %cr_key, reason = ev.reason, error = %e, "could not publish event");
+    }
+}
+
+fn event(ev: &PlannedEvent) -> Event {
+    Event {
+        type_: match ev.kind {
             EventKind::Normal => EventType::Normal,
             EventKind::Warning => EventType::Warning,
         },
-        reason: reason.to_owned(),
-        note: Some(note.to_owned()),
+        reason: ev.reason.to_owned(),
+        note: Some(ev.note.clone()),
         action: "Reconcile".to_owned(),
         secondary: None,
-    };
-    // An event that cannot be written must not undo or repeat the pass.
-    if let Err(e) = recorder.publish(&event, reference).await {
-        tracing::warn!(cr = %cr_key, reason, error = %e, "could not publish event");
     }
 }
 
@@ -757,38 +811,23 @@ async fn cleanup(
     let Cleanup {
         delete_tag,
         remove_finalizer,
-        discard_event,
     } = plan::plan_cleanup(
         &cr,
         others.iter().map(Arc::as_ref),
         claimants.iter().map(Arc::as_ref),
     );
     if let Some(vm) = delete_tag {
-        if let Some(ev) = &discard_event {
-            publish(ctx, &cr, ev.kind, ev.reason, &ev.note).await;
-        }
-        match fenced_delete(&cr, &vm, Debt::OnDeletion, api, ctx).await? {
-            Fenced::Busy => return Ok(ctx.defer("registry_busy", REGISTRY_BUSY_RETRY)),
-            Fenced::Stale => return Ok(ctx.defer("stale_view", CONFLICT_RETRY)),
-            Fenced::NotOwed => {}
-            Fenced::Done { outcome, .. } => match outcome {
-                Ok(DeleteOutcome::KeptSharedDigest { other_tags }) => {
-                    tracing::warn!(
-                        cr = %key(&cr),
-                        vm,
-                        ?other_tags,
-                        "snapshot tag kept: its digest is shared"
-                    )
+        match fenced_delete(&cr, &vm, Debt::OnDeletion, None, api, ctx).await? {
+            Attempt::Deferred(action) => return Ok(action),
+            Attempt::NotOwed => {}
+            Attempt::Done { result, .. } => match result {
+                DeleteResult::Failed { message } => {
+                    tracing::error!(cr = %key(&cr), vm, error = message, "snapshot tag cleanup failed; removing finalizer anyway")
                 }
-                Ok(outcome) => tracing::info!(
-                    cr = %key(&cr),
-                    vm,
-                    ?outcome,
-                    "snapshot tag cleaned up on deletion"
-                ),
-                Err(e) => {
-                    tracing::error!(cr = %key(&cr), vm, error = %e, "snapshot tag cleanup failed; removing finalizer anyway")
+                DeleteResult::Gone => {
+                    tracing::info!(cr = %key(&cr), vm, "snapshot tag cleaned up on deletion")
                 }
+                kept => tracing::warn!(cr = %key(&cr), vm, ?kept, "snapshot tag kept"),
             },
         }
     } else if let Some(vm) = cr.vm_name() {
@@ -799,13 +838,20 @@ async fn cleanup(
         );
     }
     if remove_finalizer {
+        // The finalizer goes from the CR as the apiserver holds it now, and only from the
+        // same object: a CR recreated under the name keeps its own.
+        let Some(fresh) = api.get_opt(&name).await? else {
+            return Ok(Action::await_change());
+        };
+        if fresh.metadata.uid != cr.metadata.uid || !fresh.has_finalizer() {
+            return Ok(Action::await_change());
+        }
         api.patch(
             &name,
             &patch_params(),
-            &Patch::Json::<()>(remove_finalizer_patch(&cr)),
+            &Patch::Json::<()>(remove_finalizer_patch(&fresh)),
         )
         .await?;
-        ctx.owe(ObjectRef::from_obj(&cr), false);
         if let Ok(mut map) = ctx.superseded.lock() {
             map.remove(&ObjectRef::from_obj(&cr));
         }
@@ -847,20 +893,30 @@ pub fn add_finalizer_patch(cr: &CocoonHibernation) -> json_patch::Patch {
     }
 }
 
-/// Removes our finalizer, keeping any others, only if the list is what we saw.
+/// Removes our finalizer, keeping any others, only if the object and its list are what
+/// we saw.
 pub fn remove_finalizer_patch(cr: &CocoonHibernation) -> json_patch::Patch {
     let current = cr.metadata.finalizers.clone().unwrap_or_default();
     let kept: Vec<&String> = current.iter().filter(|f| *f != FINALIZER).collect();
-    json_patch::Patch(vec![
+    let uid = cr.metadata.uid.iter().map(|uid| {
         PatchOperation::Test(TestOperation {
-            path: finalizers_pointer(),
-            value: json!(current),
-        }),
-        PatchOperation::Replace(ReplaceOperation {
-            path: finalizers_pointer(),
-            value: json!(kept),
-        }),
-    ])
+            path: PointerBuf::from_tokens(["metadata", "uid"]),
+            value: Value::String(uid.clone()),
+        })
+    });
+    json_patch::Patch(
+        uid.chain([
+            PatchOperation::Test(TestOperation {
+                path: finalizers_pointer(),
+                value: json!(current),
+            }),
+            PatchOperation::Replace(ReplaceOperation {
+                path: finalizers_pointer(),
+                value: json!(kept),
+            }),
+        ])
+        .collect(),
+    )
 }
 
 #[cfg(test)]

@@ -180,20 +180,21 @@ async fn delete_one(
             return Ok(());
         }
     }
+    // S7: the digest audited, never the tag: a push after the audit is another manifest.
     let outcome = registry
-        .delete_snapshot(vm)
+        .delete_snapshot(vm, &orphan.tag.digest)
         .await
         .map_err(|e| PluginError::registry(format!("deleting {location}"), e))?;
     say(&match outcome {
-        DeleteOutcome::Deleted => format!("deleted {location}"),
-        DeleteOutcome::DeletedByDigest => {
-            format!("deleted {location} (by its manifest digest: this registry cannot delete tags)")
-        }
+        DeleteOutcome::Deleted => format!("deleted {location} ({})", orphan.tag.digest),
         DeleteOutcome::Absent => format!("{location} is gone already"),
         DeleteOutcome::KeptSharedDigest { other_tags } => format!(
-            "kept {location}: tag(s) {} share its manifest, and this registry can only delete by digest, which would remove them too",
+            "kept {location}: tag(s) {} share its manifest, and a delete by digest would remove them too",
             other_tags.join(", ")
         ),
+        DeleteOutcome::Moved { found } => {
+            format!("kept {location}: it was pushed again meanwhile (now {found})")
+        }
     });
     Ok(())
 }

@@ -7,7 +7,6 @@ use super::http::{Http, valid_tag};
 use super::names::{RegistryBase, SNAPSHOT_TAG};
 use super::{DeleteOutcome, FAR, Fut, SnapshotStore};
 use crate::{USER_AGENT, metrics::Metrics};
-use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
 use tracing::debug;
@@ -17,10 +16,6 @@ pub struct RegistryClient {
     base: RegistryBase,
     http: Http,
     timeout: Duration,
-    /// Whether the registry deletes tags, once an answer showed it (Distribution does not:
-    /// deletes then take the digest path at once). Until it is known, one delete at a time
-    /// asks, holding the lock, so concurrent first wakes do not each pay for a refusal.
-    tag_deletes: Arc<tokio::sync::Mutex<Option<bool>>>,
 }
 
 impl RegistryClient {
@@ -64,7 +59,6 @@ impl RegistryClient {
             base,
             http,
             timeout: config.timeout,
-            tag_deletes: Default::default(),
         })
     }
 
@@ -124,41 +118,24 @@ impl RegistryClient {
         result
     }
 
-    async fn delete(&self, vm: &str) -> Result<DeleteOutcome> {
+    /// S7: deletes manifest `digest` if `<vm>:hibernate` still names it and no other tag
+    /// shares it (S5, G1). Never a DELETE by tag: one that lands late would remove whatever
+    /// the tag names by then. Left open (Distribution has no conditional DELETE): a tag
+    /// put on the digest after the listing goes with it.
+    async fn delete(&self, vm: &str, digest: &str) -> Result<DeleteOutcome> {
         let snapshot = self.base.snapshot(vm)?;
         let repository = snapshot.repository();
         let manifest = |reference: &str| format!("{repository}/manifests/{reference}");
         let tagged = manifest(SNAPSHOT_TAG);
         let scope = format!("repository:{repository}:pull,delete");
         let mut s = self.http.session(scope);
-        let state = self.tag_deletes.lock().await;
-        let known = *state;
-        // Only a delete that asks keeps the lock.
-        let mut asking = known.is_none().then_some(state);
-        if known != Some(false) {
-            match s.delete(&tagged, &snapshot.to_string(), "delete").await {
-                Ok(true) => {
-                    asking.iter_mut().for_each(|state| **state = Some(true));
-                    return Ok(DeleteOutcome::Deleted);
-                }
-                Err(RegistryError::DeleteRefused { status, .. }) => {
-                    debug!(repository, status, "tag DELETE refused; by digest now");
-                    match asking.as_mut() {
-                        Some(state) => **state = Some(false),
-                        None => *self.tag_deletes.lock().await = Some(false),
-                    }
-                }
-                other => return other.map(|_| DeleteOutcome::Absent),
-            }
+        // The tag must still name the manifest the caller confirmed: another one is a
+        // newer snapshot.
+        match s.head_digest(&tagged, "resolve").await? {
+            None => return Ok(DeleteOutcome::Absent),
+            Some(found) if found != digest => return Ok(DeleteOutcome::Moved { found }),
+            Some(_) => {}
         }
-        drop(asking);
-        // The digest path (S5, G1). The HEAD comes first: the digest deleted is the snapshot
-        // the caller decided about; a push during the listing is another manifest, which
-        // this DELETE leaves alone. Left open (Distribution has no conditional DELETE): a
-        // tag put on the digest after the listing goes with it.
-        let Some(digest) = s.head_digest(&tagged, "resolve").await? else {
-            return Ok(DeleteOutcome::Absent);
-        };
         let tags = format!("{repository}/tags/list");
         let mut others = s.list(&tags, "list_tags").await?.unwrap_or_default();
         if !others.remove(SNAPSHOT_TAG) {
@@ -172,7 +149,7 @@ impl RegistryClient {
             let mut other_tags = Vec::new();
             // Any lookup error aborts: the digest is not proven unshared without all.
             for tag in others {
-                if s.head_digest(&manifest(&tag), "resolve").await?.as_ref() == Some(&digest) {
+                if s.head_digest(&manifest(&tag), "resolve").await?.as_deref() == Some(digest) {
                     other_tags.push(tag);
                 }
             }
@@ -182,27 +159,16 @@ impl RegistryClient {
             }
             match s.head_digest(&tagged, "recheck").await? {
                 None => return Ok(DeleteOutcome::Absent),
-                Some(found) if found != digest => {
-                    let (reference, checked) = (snapshot.to_string(), digest);
-                    return Err(RegistryError::SnapshotMoved {
-                        reference,
-                        checked,
-                        found,
-                    });
-                }
+                Some(found) if found != digest => return Ok(DeleteOutcome::Moved { found }),
                 Some(_) => {}
             }
         }
         let reference = format!("{}/{repository}@{digest}", snapshot.registry());
-        let by_digest = manifest(&digest);
-        let deleted = s.delete(&by_digest, &reference, "delete_digest").await;
-        if let Err(RegistryError::DeleteRefused { .. }) = deleted {
-            // Deletes are off altogether, which says nothing about tags: once allowed
-            // again, a tag delete is tried first.
-            *self.tag_deletes.lock().await = None;
-        }
-        Ok(match deleted? {
-            true => DeleteOutcome::DeletedByDigest,
+        let deleted = s
+            .delete(&manifest(digest), &reference, "delete_digest")
+            .await?;
+        Ok(match deleted {
+            true => DeleteOutcome::Deleted,
             false => DeleteOutcome::Absent,
         })
     }
@@ -213,10 +179,15 @@ impl SnapshotStore for RegistryClient {
         Box::pin(self.within("probe", Instant::now() + FAR, self.probe(vm)))
     }
 
-    fn delete_snapshot_before<'a>(&'a self, vm: &'a str, at: Instant) -> Fut<'a, DeleteOutcome> {
+    fn delete_snapshot_before<'a>(
+        &'a self,
+        vm: &'a str,
+        digest: &'a str,
+        at: Instant,
+    ) -> Fut<'a, DeleteOutcome> {
         Box::pin(self.within("delete", at, async move {
-            let result = self.delete(vm).await;
-            debug!(vm, ?result, "registry delete");
+            let result = self.delete(vm, digest).await;
+            debug!(vm, digest, ?result, "registry delete");
             result
         }))
     }
@@ -234,8 +205,8 @@ mod tests {
         fn shareable<T: Send + Sync + Clone + 'static>() {}
         shareable::<RegistryClient>();
         send(&client.snapshot_exists("vm"));
-        send(&client.delete_snapshot("vm"));
-        send(&client.delete_snapshot_before("vm", Instant::now()));
+        send(&client.delete_snapshot("vm", "sha256:0"));
+        send(&client.delete_snapshot_before("vm", "sha256:0", Instant::now()));
         send(&client.snapshot_digest("vm"));
         fn error<T: std::error::Error + Send + Sync + 'static>() {}
         error::<RegistryError>();

@@ -43,13 +43,6 @@ pub enum RegistryError {
         status: u16,
         message: String,
     },
-    /// `<vm>:hibernate` moved to another manifest while its delete was checked.
-    #[error("{reference} moved from {checked} to {found} during its delete; nothing deleted")]
-    SnapshotMoved {
-        reference: String,
-        checked: String,
-        found: String,
-    },
     #[error("registry {operation} returned an unusable answer: {message}")]
     Protocol { operation: Op, message: String },
 }
@@ -65,7 +58,6 @@ impl RegistryError {
             Self::Unauthorized { .. } => "registry_unauthorized",
             Self::DeleteRefused { .. } => "registry_delete_refused",
             Self::Server { .. } => "registry_server",
-            Self::SnapshotMoved { .. } => "registry_snapshot_moved",
             Self::Protocol { .. } => "registry_protocol",
         }
     }
@@ -75,7 +67,7 @@ impl RegistryError {
     /// 408, 429 (and TOOMANYREQUESTS), a snapshot that moved.
     pub fn is_permanent(&self) -> bool {
         match self {
-            Self::Timeout { .. } | Self::Transport { .. } | Self::SnapshotMoved { .. } => false,
+            Self::Timeout { .. } | Self::Transport { .. } => false,
             Self::Server { status, .. } => *status < 500 && !matches!(status, 408 | 429),
             _ => true,
         }
@@ -224,11 +216,6 @@ mod tests {
             server(503),
             server(429),
             server(408),
-            RegistryError::SnapshotMoved {
-                reference: "r".into(),
-                checked: "a".into(),
-                found: "b".into(),
-            },
         ];
         for e in &transient {
             assert!(!e.is_permanent(), "{e:?}");

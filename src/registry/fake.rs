@@ -12,7 +12,7 @@ pub(crate) struct FakeStore {
     pub digest: Option<String>,
     pub delete: Option<DeleteOutcome>,
     pub unreachable: bool,
-    /// "probe <vm>" / "delete <vm>", in order.
+    /// "probe <vm>" / "delete <vm>@<digest>", in order.
     pub calls: Arc<Mutex<Vec<String>>>,
 }
 
@@ -40,7 +40,12 @@ impl SnapshotStore for FakeStore {
         Box::pin(async move { self.answer("probe", vm, self.digest.clone()) })
     }
 
-    fn delete_snapshot_before<'a>(&'a self, vm: &'a str, at: Instant) -> Fut<'a, DeleteOutcome> {
+    fn delete_snapshot_before<'a>(
+        &'a self,
+        vm: &'a str,
+        digest: &'a str,
+        at: Instant,
+    ) -> Fut<'a, DeleteOutcome> {
         Box::pin(async move {
             if Instant::now() >= at {
                 let after = std::time::Duration::ZERO;
@@ -50,7 +55,7 @@ impl SnapshotStore for FakeStore {
                 });
             }
             let outcome = self.delete.clone().unwrap_or(DeleteOutcome::Absent);
-            self.answer("delete", vm, outcome)
+            self.answer("delete", &format!("{vm}@{digest}"), outcome)
         })
     }
 }

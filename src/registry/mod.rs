@@ -26,15 +26,15 @@ pub type Fut<'a, T> = futures::future::BoxFuture<'a, Result<T, RegistryError>>;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum DeleteOutcome {
-    /// The registry deleted the tag itself.
+    /// The manifest the caller named was deleted by its digest (S7).
     Deleted,
-    /// There was nothing to delete.
+    /// There was nothing to delete: the tag is gone (a 404 is confirmed by a HEAD, S5).
     Absent,
-    /// Tag deletion is unsupported (Distribution 2.x); the manifest was deleted by digest.
-    DeletedByDigest,
     /// Other tags share the manifest, which a delete by digest would remove too: nothing
     /// was deleted (S5).
     KeptSharedDigest { other_tags: Vec<String> },
+    /// The tag now names another manifest, a newer snapshot: nothing was deleted (S7).
+    Moved { found: String },
 }
 
 /// Where snapshots live, as the controller sees it; its tests use a fake.
@@ -44,12 +44,16 @@ pub trait SnapshotStore: Send + Sync {
     /// errors (H3, H4).
     fn snapshot_digest<'a>(&'a self, vm: &'a str) -> Fut<'a, Option<String>>;
 
-    /// Deletes the tag, every request of it done or dropped by min(now + timeout,
-    /// `not_after`); a `not_after` already past sends nothing (S1). A dropped request may
-    /// still land: a caller passes its own limit minus a margin.
+    /// S7: deletes manifest `digest` of `<vm>` if, and only if, `<vm>:hibernate` still
+    /// names it and no other tag shares it; never a DELETE by tag, so a request that lands
+    /// late can only remove the snapshot the caller decided about. Every request of it is
+    /// sent before min(now + timeout, `not_after`) or not at all, checked before each
+    /// request, so a process paused past `not_after` sends nothing when it resumes (S1).
+    /// A caller passes its own limit minus a margin: a sent request may still land.
     fn delete_snapshot_before<'a>(
         &'a self,
         vm: &'a str,
+        digest: &'a str,
         not_after: Instant,
     ) -> Fut<'a, DeleteOutcome>;
 
@@ -58,8 +62,8 @@ pub trait SnapshotStore: Send + Sync {
     }
 
     /// [`Self::delete_snapshot_before`] bounded by the timeout alone.
-    fn delete_snapshot<'a>(&'a self, vm: &'a str) -> Fut<'a, DeleteOutcome> {
-        self.delete_snapshot_before(vm, Instant::now() + FAR)
+    fn delete_snapshot<'a>(&'a self, vm: &'a str, digest: &'a str) -> Fut<'a, DeleteOutcome> {
+        self.delete_snapshot_before(vm, digest, Instant::now() + FAR)
     }
 }
 
