@@ -105,6 +105,14 @@ fn context_with(
     cache: SharedCache,
     registry: impl crate::registry::SnapshotStore + 'static,
 ) -> (Arc<Context>, ApiHandle) {
+    context_fenced(cache, registry, crate::leader::Fence::unfenced())
+}
+
+fn context_fenced(
+    cache: SharedCache,
+    registry: impl crate::registry::SnapshotStore + 'static,
+    fence: crate::leader::Fence,
+) -> (Arc<Context>, ApiHandle) {
     let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
     let client = kube::Client::new(service, "default");
     let metrics = Metrics::new();
@@ -115,7 +123,7 @@ fn context_with(
         metrics,
         Settings::default(),
         None,
-        crate::leader::Fence::unfenced(),
+        fence,
     );
     (ctx, handle)
 }
@@ -258,49 +266,242 @@ async fn h1_h2_entering_patches_pod_then_status_subresource() {
     no_more_requests(&mut handle).await;
 }
 
-/// SPEC G1 G2 S6 S1: deleting a Hibernated CR first warns that its snapshot is
-/// discarded, then reads the CR fresh from the apiserver before the delete; with the
-/// registry unreachable the finalizer is still removed, and only ours.
-#[tokio::test]
-async fn g2_deletion_removes_the_finalizer_though_the_registry_is_down() {
+/// The pass's result; a pass still waiting on a request nobody answers fails the test
+/// instead of hanging it.
+async fn ended(
+    pass: tokio::task::JoinHandle<crate::error::Result<kube::runtime::controller::Action>>,
+) -> crate::error::Result<kube::runtime::controller::Action> {
+    tokio::time::timeout(Duration::from_secs(10), pass)
+        .await
+        .expect("the pass ends without a request the test did not expect")
+        .expect("the pass does not panic")
+}
+
+fn deleting_hibernated() -> CocoonHibernation {
     let mut obj = cr(true, Some(Phase::Hibernated));
     obj.metadata.finalizers = Some(vec!["other/keep".into(), FINALIZER.into()]);
     obj.metadata.deletion_timestamp = Some(Time(jiff::Timestamp::now()));
+    obj
+}
+
+/// Answers the next request with an apiserver error `code`.
+async fn fail_request(handle: &mut ApiHandle, code: u16) -> (http::Method, String) {
+    let (req, send) = tokio::time::timeout(Duration::from_secs(5), handle.next_request())
+        .await
+        .expect("a request within 5s")
+        .expect("the client is alive");
+    let status = json!({
+        "kind": "Status", "apiVersion": "v1", "status": "Failure", "code": code,
+        "reason": if code == 404 { "NotFound" } else { "InternalError" },
+        "message": "injected by the test"
+    });
+    send.send_response(
+        Response::builder()
+            .status(code)
+            .body(Body::from(serde_json::to_vec(&status).unwrap()))
+            .unwrap(),
+    );
+    (req.method().clone(), req.uri().to_string())
+}
+
+fn not_found() -> Value {
+    json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 404, "reason": "NotFound", "message": "not found"})
+}
+
+/// Answers the fresh reads of a delete: the CR as `obj`, the pod as `pod` (None: 404).
+async fn fresh_reads(handle: &mut ApiHandle, obj: &CocoonHibernation, pod: Option<Pod>) {
+    let (method, uri, _, body) = expect_request(handle, serde_json::to_value(obj).unwrap()).await;
+    assert_eq!(
+        (method, uri.contains("/cocoonhibernations/web-0")),
+        (http::Method::GET, true),
+        "S1: the CR is read fresh: {uri} {body}"
+    );
+    match pod {
+        Some(pod) => {
+            let (method, uri, _, _) =
+                expect_request(handle, serde_json::to_value(pod).unwrap()).await;
+            assert_eq!(
+                (method, uri.ends_with("/pods/web-0")),
+                (http::Method::GET, true),
+                "S7: the pod is read fresh"
+            );
+        }
+        None => {
+            let (method, uri) = fail_request(handle, 404).await;
+            assert_eq!(
+                (method, uri.ends_with("/pods/web-0")),
+                (http::Method::GET, true),
+                "S7: the pod is read fresh"
+            );
+        }
+    }
+}
+
+/// SPEC G1 G2 S6 S7: with the registry unreachable nothing is known about the tag: no
+/// warning, no delete, and the finalizer (only ours) is still removed from the CR as
+/// the apiserver holds it.
+#[tokio::test]
+async fn g2_deletion_removes_the_finalizer_though_the_registry_is_down() {
+    let obj = deleting_hibernated();
     let cache = SharedCache::from_objects(vec![obj.clone()], vec![]);
     let store = FakeStore::unreachable();
     let calls = store.calls.clone();
     let (ctx, mut handle) = context_with(cache, store);
     let pass = tokio::spawn(reconcile(Arc::new(obj.clone()), ctx.clone()));
-    // S6: the Warning event comes before anything touches the registry.
-    let (method, uri, _, event) = expect_request(&mut handle, json!({})).await;
-    assert_eq!(method, http::Method::POST);
-    assert!(uri.contains("/events"), "{uri}");
-    assert_eq!(event["reason"], "SnapshotDiscarded");
-    assert_eq!(event["type"], "Warning");
-    assert!(
-        event["note"].as_str().unwrap_or_default().contains("vm-a"),
-        "{event}"
-    );
-    // S1: a fresh GET (not the cache) confirms the same CR still owes the delete.
+    fresh_reads(&mut handle, &obj, None).await;
+    // The finalizer goes from a fresh read of the same object.
     let (method, uri, _, _) =
         expect_request(&mut handle, serde_json::to_value(&obj).unwrap()).await;
     assert_eq!(method, http::Method::GET);
-    assert!(uri.contains("/cocoonhibernations/web-0"), "{uri}");
+    assert!(uri.ends_with("/cocoonhibernations/web-0"), "{uri}");
     let (method, uri, _, body) =
         expect_request(&mut handle, serde_json::to_value(&obj).unwrap()).await;
     assert_eq!(method, http::Method::PATCH);
     assert!(uri.contains("/cocoonhibernations/web-0?"), "{uri}");
     assert_eq!(
         body[0],
-        json!({"op": "test", "path": "/metadata/finalizers", "value": ["other/keep", FINALIZER]})
+        json!({"op": "test", "path": "/metadata/uid", "value": "cr-uid"})
     );
     assert_eq!(
         body[1],
+        json!({"op": "test", "path": "/metadata/finalizers", "value": ["other/keep", FINALIZER]})
+    );
+    assert_eq!(
+        body[2],
         json!({"op": "replace", "path": "/metadata/finalizers", "value": ["other/keep"]})
     );
-    pass.await.unwrap().unwrap();
-    // The delete was asked for once, after the fresh read, and failed.
-    assert_eq!(*calls.lock().unwrap(), ["delete vm-a"]);
+    ended(pass).await.unwrap();
+    assert_eq!(*calls.lock().unwrap(), ["probe vm-a"]);
+}
+
+/// SPEC G1 S6 S7: deleting a CR whose pod is gone, with the tag in the registry: the
+/// Warning comes after the fresh reads and before the delete, which names the digest.
+#[tokio::test]
+async fn s6_s7_deletion_warns_then_deletes_the_confirmed_digest() {
+    let obj = deleting_hibernated();
+    let cache = SharedCache::from_objects(vec![obj.clone()], vec![]);
+    let store = FakeStore {
+        digest: Some("sha256:aaa".into()),
+        ..FakeStore::default()
+    };
+    let calls = store.calls.clone();
+    let (ctx, mut handle) = context_with(cache, store);
+    let pass = tokio::spawn(reconcile(Arc::new(obj.clone()), ctx.clone()));
+    fresh_reads(&mut handle, &obj, None).await;
+    let (method, uri, _, event) = expect_request(&mut handle, json!({})).await;
+    assert_eq!(method, http::Method::POST);
+    assert!(uri.contains("/events"), "{uri}");
+    assert_eq!(
+        (event["reason"].as_str(), event["type"].as_str()),
+        (Some("SnapshotDiscarded"), Some("Warning"))
+    );
+    assert_eq!(
+        *calls.lock().unwrap(),
+        ["probe vm-a"],
+        "S6: warned before the delete"
+    );
+    expect_request(&mut handle, serde_json::to_value(&obj).unwrap()).await;
+    expect_request(&mut handle, serde_json::to_value(&obj).unwrap()).await;
+    ended(pass).await.unwrap();
+    assert_eq!(
+        *calls.lock().unwrap(),
+        ["probe vm-a", "delete vm-a@sha256:aaa"]
+    );
+}
+
+/// SPEC S6: a SnapshotDiscarded that cannot be written deletes nothing and keeps the
+/// finalizer; the pass fails and is retried.
+#[tokio::test]
+async fn s6_an_unwritten_warning_deletes_nothing() {
+    let obj = deleting_hibernated();
+    let cache = SharedCache::from_objects(vec![obj.clone()], vec![]);
+    let store = FakeStore {
+        digest: Some("sha256:aaa".into()),
+        ..FakeStore::default()
+    };
+    let calls = store.calls.clone();
+    let (ctx, mut handle) = context_with(cache, store);
+    let pass = tokio::spawn(reconcile(Arc::new(obj.clone()), ctx.clone()));
+    fresh_reads(&mut handle, &obj, None).await;
+    let (method, uri) = fail_request(&mut handle, 500).await;
+    assert_eq!(method, http::Method::POST);
+    assert!(uri.contains("/events"), "{uri}");
+    assert!(ended(pass).await.is_err(), "the pass is retried");
+    no_more_requests(&mut handle).await;
+    assert_eq!(
+        *calls.lock().unwrap(),
+        ["probe vm-a"],
+        "S6: nothing deleted"
+    );
+}
+
+/// SPEC S1: with the fence closed, a deletion sends nothing to the registry and keeps the
+/// finalizer, although the apiserver answers.
+#[tokio::test]
+async fn s1_a_closed_fence_sends_no_delete() {
+    let obj = deleting_hibernated();
+    let cache = SharedCache::from_objects(vec![obj.clone()], vec![]);
+    let store = FakeStore {
+        digest: Some("sha256:aaa".into()),
+        ..FakeStore::default()
+    };
+    let calls = store.calls.clone();
+    let (ctx, mut handle) = context_fenced(cache, store, crate::leader::Fence::closed());
+    let pass = tokio::spawn(reconcile(Arc::new(obj.clone()), ctx.clone()));
+    let err = ended(pass).await.unwrap_err();
+    assert_eq!(err.metric_label(), "fenced");
+    no_more_requests(&mut handle).await;
+    assert!(
+        calls.lock().unwrap().is_empty(),
+        "S1: {:?}",
+        calls.lock().unwrap()
+    );
+}
+
+/// SPEC S7 W2: the cache shows the VM running again but the apiserver shows vk still
+/// restoring it: the wake does not end and the tag is not deleted.
+#[tokio::test]
+async fn s7_w2_a_stale_pod_cache_deletes_nothing() {
+    let mut obj = cr(true, Some(Phase::Waking));
+    obj.spec.desire = Desire::Wake;
+    if let Some(status) = obj.status.as_mut() {
+        status.snapshot = Some(crate::api::SnapshotStatus {
+            digest: Some("sha256:aaa".into()),
+        });
+    }
+    // The pre-hibernate view: running, the old VMID, no annotation.
+    let mut before = running_pod();
+    before.status = Some(
+        serde_json::from_value(json!({
+            "containerStatuses": [{"name": "vm", "image": "i", "imageID": "", "ready": true,
+                "restartCount": 0, "state": {"running": {}}}]
+        }))
+        .unwrap(),
+    );
+    let cache = SharedCache::from_objects(vec![obj.clone()], vec![before]);
+    let store = FakeStore {
+        digest: Some("sha256:aaa".into()),
+        ..FakeStore::default()
+    };
+    let calls = store.calls.clone();
+    let (ctx, mut handle) = context_with(cache, store);
+    let pass = tokio::spawn(reconcile(Arc::new(obj.clone()), ctx.clone()));
+    let restoring = pod(&[(VM_NAME, "vm-a"), (LIFECYCLE_STATE, "hibernated")]);
+    fresh_reads(&mut handle, &obj, Some(restoring)).await;
+    let action = ended(pass).await.unwrap();
+    assert_ne!(action, kube::runtime::controller::Action::await_change());
+    no_more_requests(&mut handle).await;
+    assert!(
+        calls.lock().unwrap().is_empty(),
+        "S7: {:?}",
+        calls.lock().unwrap()
+    );
+    assert!(
+        ctx.metrics
+            .encode()
+            .unwrap()
+            .contains(r#"pass_deferrals_total{reason="stale_pod"} 1"#)
+    );
 }
 
 /// A status write computed from a stale cache meets a 409 and is retried, never forced.
@@ -327,7 +528,7 @@ async fn stale_cache_status_write_conflicts_and_is_retried() {
             .body(Body::from(serde_json::to_vec(&conflict).unwrap()))
             .unwrap(),
     );
-    let err = pass.await.unwrap().unwrap_err();
+    let err = ended(pass).await.unwrap_err();
     assert_eq!(err.metric_label(), "conflict");
     let action = super::reconcile::error_policy(Arc::new(obj), &err, ctx.clone());
     assert_ne!(
@@ -357,7 +558,7 @@ async fn f2_a_stale_view_defers_before_the_pod_patch() {
     let (method, _, _, _) =
         expect_request(&mut handle, serde_json::to_value(&newer).unwrap()).await;
     assert_eq!(method, http::Method::GET);
-    let action = pass.await.unwrap().unwrap();
+    let action = ended(pass).await.unwrap();
     assert_ne!(action, kube::runtime::controller::Action::await_change());
     no_more_requests(&mut handle).await;
     assert!(
