@@ -5,7 +5,8 @@
 #   2. unittest     `helm unittest charts/cocoon-hibernation` (tests/*_test.yaml)
 #   3. alerts       the PrometheusRule renders files/prometheus-rules.yaml unchanged;
 #                   `promtool test rules` proves every alert; every dashboard query parses
-#   4. lint         helm lint --strict, both TLS modes; every ClusterRole rule has a comment
+#   4. lint         helm lint --strict, both TLS modes; every ClusterRole rule has a comment;
+#                   the chart's default values are refused, naming vmIdentityPolicy (S3)
 #   5. kubeconform  helm template (every values file) | kubeconform -strict, offline schemas
 #   6. dry-run      the CRD applied for real (dry run only if one is installed), the rest
 #                   `kubectl apply --server-side --dry-run=server`; the self-signed
@@ -88,12 +89,16 @@ KUBE_VERSION="${SERVER_VERSION#v}"
 KUBE_VERSION="${KUBE_VERSION%%-*}" # 1.34.4
 log "kube-apiserver $SERVER_VERSION"
 
-# helm_render MODE OUT [helm args...]: renders the chart as a release in $NS.
+# The writers of the pods' VM annotations, which an install must name (S3 is on by default).
+WRITERS=(-f "$VALUES/writers.yaml")
+
+# helm_render MODE OUT [helm args...]: renders the chart as a release in $NS, as a user
+# installs it: registry.base and the writers named.
 helm_render() {
   local mode="$1" out="$2"
   shift 2
   helm template "$RELEASE" "$CHART" --namespace "$NS" --kube-version "$KUBE_VERSION" \
-    --set registry.base="$REGISTRY_BASE" --set tls.mode="$mode" "$@" >"$out"
+    --set registry.base="$REGISTRY_BASE" "${WRITERS[@]}" --set tls.mode="$mode" "$@" >"$out"
 }
 # field KEY FILE: the value of the first `KEY: value` line (unique keys only).
 field() { sed -n "s|^ *$1: *||p" "$2" | head -n 1; }
@@ -145,11 +150,23 @@ EOF
 
 lint() {
   helm lint --strict "$CHART" --kube-version "$KUBE_VERSION" --namespace "$NS" \
-    --set registry.base="$REGISTRY_BASE"
+    --set registry.base="$REGISTRY_BASE" "${WRITERS[@]}"
   helm lint --strict "$CHART" --kube-version "$KUBE_VERSION" --namespace "$NS" \
-    --set tls.mode=cert-manager "${OPTIONAL[@]}" "${FULL[@]}"
+    --set tls.mode=cert-manager "${OPTIONAL[@]}" "${FULL[@]}" "${WRITERS[@]}"
   helm lint --strict "$CHART" --kube-version "$KUBE_VERSION" --namespace "$NS" \
     --set registry.base="$REGISTRY_BASE" -f "$VALUES/vm-identity.yaml"
+  helm lint --strict "$CHART" --kube-version "$KUBE_VERSION" --namespace "$NS" \
+    --set registry.base="$REGISTRY_BASE" --set vmIdentityPolicy.enabled=false
+  # S3: the chart's default values (only the required registry.base) are refused, and the
+  # message names vmIdentityPolicy and the values to set. (helm lint cannot show this: in
+  # lint mode Helm logs a template's `fail` as INFO and passes.)
+  if helm template "$RELEASE" "$CHART" --namespace "$NS" --kube-version "$KUBE_VERSION" \
+    --set registry.base="$REGISTRY_BASE" >"$WORK/defaults.yaml" 2>"$WORK/defaults.err"; then
+    die "helm template with the chart's default values succeeded; S3 needs the writers named"
+  fi
+  grep -q 'vmIdentityPolicy (S3) is on by default and names no writer: set vmIdentityPolicy.allowedUsernames' \
+    "$WORK/defaults.err" || die "default values failed without naming vmIdentityPolicy: $(cat "$WORK/defaults.err")"
+  log "default values refused, naming vmIdentityPolicy (S3)"
   # P5: a comment above every ClusterRole rule says what it is for (comments do not survive
   # rendering, so this reads the template).
   awk '/^kind: ClusterRole$/ { cr = 1 } /^---/ { cr = 0 }
@@ -189,8 +206,13 @@ validate() {
   schemas
   helm_render self-signed "$WORK/self-signed.yaml" --include-crds "${FULL[@]}" "${OPTIONAL[@]}"
   helm_render cert-manager "$WORK/cert-manager.yaml" --include-crds "${FULL[@]}" "${OPTIONAL[@]}"
+  # One replica without election (strategy Recreate) and without the S3 policy, on purpose.
   helm_render self-signed "$WORK/single.yaml" --set replicas=1 --set leaderElection.enabled=false \
-    --set log.format=json --set registry.plainHTTP=true
+    --set log.format=json --set registry.plainHTTP=true --set vmIdentityPolicy.enabled=false
+  grep -q '^    type: Recreate$' "$WORK/single.yaml" || die "no strategy Recreate without leader election"
+  if grep -q '^kind: ValidatingAdmissionPolicy' "$WORK/single.yaml"; then
+    die "vmIdentityPolicy.enabled=false still rendered the policy"
+  fi
   helm_render self-signed "$WORK/kitchen-sink.yaml" -f "$VALUES/kitchen-sink.yaml"
   helm_render self-signed "$WORK/vm-identity.yaml" -f "$VALUES/vm-identity.yaml"
   # A CocoonHibernation as a user writes it, so the CRD schema is exercised too.
@@ -242,7 +264,7 @@ dry_run() {
   kubectl get namespace "$NS" >/dev/null 2>&1 || kubectl create namespace "$NS"
   # Kinds this cluster has no CRD for (cert-manager, Prometheus Operator) are left out.
   local f t core=()
-  for t in serviceaccount rbac deployment service pdb webhook grafana-dashboard; do
+  for t in serviceaccount rbac deployment service pdb webhook grafana-dashboard vmidentitypolicy; do
     core+=(-s "templates/$t.yaml")
   done
   for f in self-signed cert-manager; do

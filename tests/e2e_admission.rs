@@ -77,25 +77,44 @@ fn annotate(key: &str, value: Option<&str>) -> Patch<Value> {
 /// operator (by group), a tenant who may create and patch pods is denied setting
 /// `vm.cocoonstack.io/name` or `/id` on CREATE and adding, changing or removing them on
 /// UPDATE (also through `pods/status`), with a message naming the annotation; the listed
-/// identities are admitted; other pod changes stay allowed. Off without identities.
+/// identities are admitted; other pod changes stay allowed. On by default: the chart's
+/// default values are refused, naming `vmIdentityPolicy`; only `enabled=false` drops it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn e2e_s3_only_listed_identities_may_set_or_change_vm_name_and_id() {
     let cluster = cluster::cluster();
     let admin = cluster.client().await;
     let ns = cluster.fresh_namespace(&admin, "s3").await;
 
-    // Off unless identities are given.
+    // The chart's defaults name no writer: refused, saying which value to set.
+    let out = product::helm_template_output(cluster, &ns, "cocoon-system", &[]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("vmIdentityPolicy (S3) is on by default"),
+        "S3: default values must fail naming vmIdentityPolicy ({}): {err}",
+        out.status
+    );
+    assert!(
+        err.contains("vmIdentityPolicy.allowedUsernames")
+            && err.contains("vmIdentityPolicy.allowedGroups"),
+        "S3: the message says which values to set: {err}"
+    );
+    // Only turning it off on purpose installs without it.
     let off = product::helm_template(
         cluster,
         &ns,
         "cocoon-system",
-        &["--set", "tls.mode=cert-manager"],
+        &[
+            "--set",
+            "tls.mode=cert-manager",
+            "--set",
+            "vmIdentityPolicy.enabled=false",
+        ],
     );
     assert!(
         !off.iter().any(|d| d["kind"]
             .as_str()
             .is_some_and(|k| k.starts_with("ValidatingAdmissionPolicy"))),
-        "S3: no policy without identities"
+        "S3: no policy with vmIdentityPolicy.enabled=false"
     );
 
     // Everyone here may create, patch and update pods (and their status) in the namespace.
@@ -252,6 +271,177 @@ async fn e2e_s3_only_listed_identities_may_set_or_change_vm_name_and_id() {
     let ann = vm0.metadata.annotations.unwrap_or_default();
     assert_eq!(ann.get(VM_NAME).map(String::as_str), Some("vm-a-0"));
     assert_eq!(ann.get(VM_ID).map(String::as_str), Some("id-a-1"));
+
+    // Cluster-scoped: remove them (they only ever matched this namespace).
+    let vap = format!("{ns}-vm-identity");
+    for d in [
+        "validatingadmissionpolicybinding",
+        "validatingadmissionpolicy",
+    ] {
+        let out = cluster.kubectl(&["delete", d, &vap, "--ignore-not-found"]);
+        assert!(out.status.success(), "delete {d} {vap}: {out:?}");
+    }
+}
+
+/// S3, the squatting scenario, with the policy as a default install renders it: the whole
+/// chart rendered with only the writers named (vk-cocoon by user name, the CocoonSet
+/// operator by group; the binding scoped to this namespace so parallel tests are left
+/// alone). Tenant B, who may create and patch pods, cannot point a pod at tenant A's VM,
+/// neither by creating a pod that names it nor by renaming a pod of its own, and so no
+/// CocoonHibernation of B can reach A's snapshot; vk-cocoon's identity is admitted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e2e_s3_default_install_refuses_a_tenant_squatting_another_vm() {
+    const TENANT_B: &str = "tenant-b";
+    const VM_OF_A: &str = "vm-of-a";
+    let cluster = cluster::cluster();
+    let admin = cluster.client().await;
+    let ns = cluster.fresh_namespace(&admin, "s3-squat").await;
+
+    // The whole chart, as installed: the policy is part of the default product.
+    let writers = json!({
+        "allowedUsernames": [VK],
+        "allowedGroups": [OPERATORS],
+        "namespaceSelector": { "matchLabels": { "kubernetes.io/metadata.name": ns } },
+    });
+    let rendered = product::helm_template(
+        cluster,
+        &ns,
+        "cocoon-system",
+        &[
+            "--set",
+            &format!("fullnameOverride={ns}"),
+            "--set-json",
+            &format!("vmIdentityPolicy={writers}"),
+        ],
+    );
+    assert!(
+        rendered.iter().any(|d| d["kind"] == "Deployment"),
+        "the whole product was rendered"
+    );
+    let policy: Vec<Value> = rendered
+        .into_iter()
+        .filter(|d| {
+            d["kind"]
+                .as_str()
+                .is_some_and(|k| k.starts_with("ValidatingAdmissionPolicy"))
+        })
+        .collect();
+    assert_eq!(policy.len(), 2, "S3: a policy and its binding: {policy:?}");
+    let binding = policy
+        .iter()
+        .find(|d| d["kind"] == "ValidatingAdmissionPolicyBinding")
+        .expect("S3: the binding is rendered");
+    assert_eq!(binding["spec"]["validationActions"], json!(["Deny"]));
+
+    // Both tenants and vk-cocoon may create and patch pods here.
+    let subject = |kind: &str, name: &str| json!({ "kind": kind, "name": name, "apiGroup": "rbac.authorization.k8s.io" });
+    let rbac = [
+        json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+            "metadata": { "name": "pod-writer", "namespace": ns },
+            "rules": [{ "apiGroups": [""], "resources": ["pods"], "verbs": ["get", "create", "patch"] }],
+        }),
+        json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+            "metadata": { "name": "pod-writers", "namespace": ns },
+            "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "pod-writer" },
+            "subjects": [subject("User", TENANT), subject("User", TENANT_B), subject("User", VK)],
+        }),
+    ];
+    product::apply_docs(&admin, &rbac).await;
+    for (user, groups) in [(TENANT, &[][..]), (TENANT_B, &[][..]), (VK, VK_GROUPS)] {
+        product::wait_allowed(&admin, user, groups, "patch", "pods", None, Some(&ns)).await;
+    }
+    let tenant_b: Api<Pod> = Api::namespaced(cluster.client_as(TENANT_B, &[]).await, &ns);
+    let vk: Api<Pod> = Api::namespaced(cluster.client_as(VK, VK_GROUPS).await, &ns);
+    let squat = pod("squat", &[(VM_NAME, VM_OF_A)]);
+
+    // Without the policy the squat goes through: a later denial is the policy's doing.
+    admitted(
+        "tenant B names tenant A's VM before the policy",
+        tenant_b.create(&dry_run(), &squat).await,
+    );
+    product::apply_docs(&admin, &policy).await;
+
+    // vk-cocoon runs tenant A's VM.
+    admitted(
+        "vk-cocoon creates tenant A's VM pod",
+        vk.create(
+            &PostParams::default(),
+            &pod("a-0", &[(VM_NAME, VM_OF_A), (VM_ID, "id-of-a")]),
+        )
+        .await,
+    );
+
+    // A policy takes a moment to reach the admission chain: poll with a dry run.
+    eventually("the policy is in effect", LONG, || async {
+        match tenant_b.create(&dry_run(), &squat).await {
+            Err(kube::Error::Api(s)) if s.message.contains("vmIdentityPolicy") => Some(()),
+            _ => None,
+        }
+    })
+    .await;
+    // Tenant B creating a pod that names A's VM: refused.
+    let status = match tenant_b.create(&PostParams::default(), &squat).await {
+        Err(kube::Error::Api(s)) => s,
+        other => panic!("S3: tenant B's pod naming tenant A's VM must be refused: {other:?}"),
+    };
+    assert_eq!(status.code, 403, "S3: Forbidden: {status:?}");
+    assert!(
+        status.message.contains("vmIdentityPolicy")
+            && status.message.contains(VM_NAME)
+            && status.message.contains(TENANT_B),
+        "S3: the message names the policy, the annotation and the requester: {}",
+        status.message
+    );
+    let m = denied(
+        "tenant B creates a pod with A's VM id",
+        tenant_b
+            .create(
+                &PostParams::default(),
+                &pod("squat-id", &[(VM_ID, "id-of-a")]),
+            )
+            .await,
+    );
+    assert!(m.contains(VM_ID), "S3 names {VM_ID}: {m}");
+
+    // Renaming a pod of its own to A's VM: refused too.
+    admitted(
+        "tenant B creates a plain pod",
+        tenant_b
+            .create(&PostParams::default(), &pod("b-0", &[]))
+            .await,
+    );
+    let pp = PatchParams::default();
+    for (key, value) in [(VM_NAME, VM_OF_A), (VM_ID, "id-of-a")] {
+        let m = denied(
+            "tenant B points its pod at A's VM",
+            tenant_b
+                .patch("b-0", &pp, &annotate(key, Some(value)))
+                .await,
+        );
+        assert!(m.contains(key), "S3 names {key}: {m}");
+    }
+
+    // vk-cocoon's identity is admitted: it names B's VM on B's pod.
+    admitted(
+        "vk-cocoon names tenant B's VM",
+        vk.patch("b-0", &pp, &annotate(VM_NAME, Some("vm-of-b")))
+            .await,
+    );
+    let vm_name = |p: Pod| p.metadata.annotations.and_then(|a| a.get(VM_NAME).cloned());
+    assert_eq!(
+        vm_name(vk.get("b-0").await.expect("get b-0")).as_deref(),
+        Some("vm-of-b")
+    );
+    assert_eq!(
+        vm_name(vk.get("a-0").await.expect("get a-0")).as_deref(),
+        Some(VM_OF_A)
+    );
+    assert!(
+        vk.get_opt("squat").await.expect("get squat").is_none(),
+        "S3: no squatting pod exists"
+    );
 
     // Cluster-scoped: remove them (they only ever matched this namespace).
     let vap = format!("{ns}-vm-identity");

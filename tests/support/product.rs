@@ -588,8 +588,39 @@ pub fn helm() -> &'static Path {
     })
 }
 
-/// `helm template` of the chart as release `release` in `namespace`, plus `args` (e.g.
-/// `--set`, `--show-only`). Returns every rendered document as JSON; panics on failure.
+/// `helm template` of the chart as release `release` in `namespace`, with only
+/// `registry.base` set before `args`: the chart's defaults otherwise. Returns helm's output,
+/// success or not.
+pub fn helm_template_output(
+    cluster: &Cluster,
+    release: &str,
+    namespace: &str,
+    args: &[&str],
+) -> std::process::Output {
+    // `v1.34.4` or `v1.34.4-dirty` -> `1.34.4`
+    let kube_version = cluster.k8s_version.trim_start_matches('v');
+    let kube_version = kube_version.split('-').next().unwrap_or(kube_version);
+    Command::new(helm())
+        .args(["template", release])
+        .arg(chart_dir())
+        .args(["--namespace", namespace, "--kube-version", kube_version])
+        .args(["--set", "registry.base=e2e.invalid/snapshots"])
+        .args(args)
+        .output()
+        .expect("run helm template")
+}
+
+/// The chart's values file naming the writers of the pods' VM annotations, which an
+/// install must name (S3 is on by default): vk-cocoon by user name, the CocoonSet
+/// operator by group.
+pub fn chart_writers_values() -> PathBuf {
+    chart_dir().join("tests/values/writers.yaml")
+}
+
+/// `helm template` of the chart as release `release` in `namespace`, as a user installs
+/// it (`registry.base` and the S3 writers of [`chart_writers_values`] set), plus `args`
+/// (e.g. `--set`, `--show-only`; `--set`/`--set-json` override the writers). Returns every
+/// rendered document as JSON; panics on failure.
 pub fn helm_template(
     cluster: &Cluster,
     release: &str,
@@ -597,17 +628,10 @@ pub fn helm_template(
     args: &[&str],
 ) -> Vec<serde_json::Value> {
     use serde::Deserialize;
-    // `v1.34.4` or `v1.34.4-dirty` -> `1.34.4`
-    let kube_version = cluster.k8s_version.trim_start_matches('v');
-    let kube_version = kube_version.split('-').next().unwrap_or(kube_version);
-    let out = Command::new(helm())
-        .args(["template", release])
-        .arg(chart_dir())
-        .args(["--namespace", namespace, "--kube-version", kube_version])
-        .args(["--set", "registry.base=e2e.invalid/snapshots"])
-        .args(args)
-        .output()
-        .expect("run helm template");
+    let writers = chart_writers_values();
+    let writers = writers.to_str().expect("chart path is UTF-8");
+    let args = [&["-f", writers][..], args].concat();
+    let out = helm_template_output(cluster, release, namespace, &args);
     assert!(
         out.status.success(),
         "helm template {release} {args:?} failed: {}",
