@@ -1088,11 +1088,12 @@ impl std::io::Write for PauseAt {
 }
 
 // S1/S7: a process paused (SIGSTOP) past its deadline sends nothing when it resumes. The
-// runtime has one thread; right after the first HEAD was answered, as the tag list is
-// about to be asked for, the thread is blocked past the deadline (from the log line that
-// request writes, on this thread). When it goes on, tokio's timer has not fired yet, in
-// the middle of the operation's poll: only the clock read before each request stops the
-// tags/list and the DELETE, and the delete ends as a Timeout.
+// runtime has one thread; right after the HEAD was answered, as the tag list is about to
+// be asked for, that thread is blocked past the deadline (by the log line the request
+// writes first). It goes on inside the same poll of the delete, where tokio's timer has
+// not fired: without the clock read before each request, the tags/list goes out on the
+// pooled connection (seen with that check removed). With it, nothing after the HEAD
+// reaches the registry, and the delete is a Timeout.
 #[tokio::test(flavor = "current_thread")]
 async fn s1_s7_a_process_paused_past_its_deadline_sends_nothing_when_it_resumes() {
     let a = scripted(1);
@@ -1124,6 +1125,9 @@ async fn s1_s7_a_process_paused_past_its_deadline_sends_nothing_when_it_resumes(
         "the pause came"
     );
     assert!(matches!(err, RegistryError::Timeout { .. }), "{err:?}");
+    // The registry's task reads a request only after this one has gone on: time for a
+    // request on the wire to arrive.
+    tokio::time::sleep(Duration::from_secs(1)).await;
     assert_eq!(
         registry.lines(),
         [head_line("hibernate")],

@@ -245,6 +245,45 @@ mod tests {
         error::<RegistryError>();
     }
 
+    /// S1/S7: once its deadline has come, an operation is not polled again, though tokio's
+    /// timer fires with it (`timeout_at` polls the inner future first, and a process
+    /// resumed after a pause would go on with it).
+    #[tokio::test(flavor = "current_thread")]
+    async fn s1_s7_an_operation_past_its_deadline_is_not_polled_again() {
+        let config = RegistryConfig {
+            base: "127.0.0.1:9".into(),
+            plain_http: true,
+            auth: RegistryAuth::Anonymous,
+            extra_ca_pems: vec![],
+            timeout: Duration::from_secs(60),
+        };
+        let client = RegistryClient::new(config, Metrics::new()).unwrap();
+        let not_after = Instant::now() + Duration::from_millis(100);
+        // The pause, between two polls of the operation: the runtime's only thread stops
+        // until past the deadline.
+        let pause = tokio::spawn(async move {
+            let left = not_after.saturating_duration_since(Instant::now());
+            std::thread::sleep(left + Duration::from_millis(50));
+        });
+        let polls = std::sync::atomic::AtomicUsize::new(0);
+        let operation = |_| {
+            std::future::poll_fn(|cx| {
+                if polls.fetch_add(1, std::sync::atomic::Ordering::SeqCst) > 0 {
+                    return Poll::Ready(Ok(()));
+                }
+                cx.waker().wake_by_ref();
+                Poll::Pending
+            })
+        };
+        let result = client.within("delete", not_after, operation).await;
+        assert!(
+            matches!(result, Err(RegistryError::Timeout { .. })),
+            "{result:?}"
+        );
+        assert_eq!(polls.load(std::sync::atomic::Ordering::SeqCst), 1);
+        pause.await.unwrap();
+    }
+
     #[test]
     fn client_debug_redacts_secrets() {
         let client = RegistryClient::new(
