@@ -15,6 +15,7 @@ use cocoon_hibernation::registry::{
 };
 use registry_server::{RegistryOptions, RegistryServer, install_crypto_provider};
 use slow_proxy::SlowProxy;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -70,10 +71,14 @@ fn delete_line(reference: &str) -> String {
     format!("DELETE /v2/{VM}/manifests/{reference} HTTP/1.1")
 }
 
-/// What a wake's delete does: bounded by the caller's instant (the leader's fence).
-async fn wake_delete(client: &RegistryClient) -> Result<DeleteOutcome, RegistryError> {
+/// What a wake's delete does: the digest the CR confirmed, bounded by the caller's
+/// instant (the leader's fence).
+async fn wake_delete(
+    client: &RegistryClient,
+    digest: &str,
+) -> Result<DeleteOutcome, RegistryError> {
     client
-        .delete_snapshot_before(VM, Instant::now() + Duration::from_secs(30))
+        .delete_snapshot_before(VM, digest, Instant::now() + Duration::from_secs(30))
         .await
 }
 
@@ -134,7 +139,10 @@ async fn h4_probe_of_stopped_registry_fails_without_waiting() {
     assert!(!err.is_permanent(), "S5: an outage is transient");
     assert_eq!(calls(&metrics, "probe", "error"), 1);
     // W3: a delete during the outage is an error too (the tag is not forgotten).
-    let err = client.delete_snapshot(VM).await.unwrap_err();
+    let err = client
+        .delete_snapshot(VM, SCRIPTED_DIGEST)
+        .await
+        .unwrap_err();
     assert!(matches!(err, RegistryError::Transport { .. }), "{err:?}");
     assert!(
         started.elapsed() < Duration::from_secs(30),
@@ -164,7 +172,7 @@ async fn h4_probe_answers_again_after_an_outage_and_a_restart() {
 async fn h4_probe_with_bad_credentials_is_auth_error() {
     let server =
         RegistryServer::launch(RegistryOptions::default().with_basic_auth("alice", "right"));
-    server.push_artifact(VM, "hibernate").await;
+    let digest = server.push_artifact(VM, "hibernate").await;
 
     let mut config = server.registry_config();
     config.auth = RegistryAuth::Basic("alice".into(), "wrong".into());
@@ -176,7 +184,7 @@ async fn h4_probe_with_bad_credentials_is_auth_error() {
     );
     assert!(!err.to_string().contains("wrong"), "password leaked: {err}");
     assert!(err.is_permanent(), "S5: refused credentials are permanent");
-    let err = client.delete_snapshot(VM).await.unwrap_err();
+    let err = client.delete_snapshot(VM, &digest).await.unwrap_err();
     assert!(matches!(err, RegistryError::Unauthorized { .. }), "{err:?}");
     assert!(err.is_permanent(), "S5");
 
@@ -199,17 +207,17 @@ async fn w2_basic_auth_from_docker_config_probes_and_deletes() {
     let (client, _) = client_with(config);
 
     assert!(!client.snapshot_exists(VM).await.unwrap());
-    server.push_artifact(VM, "hibernate").await;
+    let digest = server.push_artifact(VM, "hibernate").await;
     assert!(client.snapshot_exists(VM).await.unwrap());
     assert_eq!(
-        client.delete_snapshot(VM).await.unwrap(),
-        DeleteOutcome::DeletedByDigest
+        client.delete_snapshot(VM, &digest).await.unwrap(),
+        DeleteOutcome::Deleted
     );
     assert!(!client.snapshot_exists(VM).await.unwrap());
 }
 
-// H3/W2 with Docker token auth: the probe asks for a pull token, the delete
-// asks the token server for a `repository:<repo>:delete` token and reuses it for the digest.
+// H3/W2 with Docker token auth: the probe asks for a pull token, the delete asks the
+// token server for a `repository:<repo>:pull,delete` token and uses it for every request.
 #[tokio::test]
 async fn w2_token_auth_probe_and_delete_with_delete_scope() {
     let server =
@@ -218,43 +226,33 @@ async fn w2_token_auth_probe_and_delete_with_delete_scope() {
     assert!(!client.snapshot_exists(VM).await.unwrap());
     server.push_artifact(VM, "hibernate").await;
     assert!(client.snapshot_exists(VM).await.unwrap());
-    let tokens = calls(&metrics, "token", "ok");
+    let digest = server.digest_of(VM, "hibernate").await.unwrap();
+    let (before, tokens) = (total_calls(&metrics), calls(&metrics, "token", "ok"));
     assert_eq!(
-        client.delete_snapshot(VM).await.unwrap(),
-        DeleteOutcome::DeletedByDigest
+        wake_delete(&client, &digest).await.unwrap(),
+        DeleteOutcome::Deleted
     );
     assert_eq!(
         calls(&metrics, "token", "ok") - tokens,
         1,
         "one token per delete, for every request of it"
     );
-    assert!(!client.snapshot_exists(VM).await.unwrap());
-    assert_eq!(server.digest_of(VM, "hibernate").await, None);
-    // Issue 8: the next delete skips the refused tag DELETE and still asks for one token
-    // only (the registry asks for one on each operation's first request).
-    server.push_artifact(VM, "hibernate").await;
-    let (before, tokens) = (total_calls(&metrics), calls(&metrics, "token", "ok"));
-    assert_eq!(
-        wake_delete(&client).await.unwrap(),
-        DeleteOutcome::DeletedByDigest
-    );
-    assert_eq!(calls(&metrics, "token", "ok") - tokens, 1);
-    assert_eq!(calls(&metrics, "delete", "unsupported"), 1);
     assert_eq!(
         total_calls(&metrics) - before,
         4,
         "token, HEAD, tags/list, DELETE by digest"
     );
+    assert!(!client.snapshot_exists(VM).await.unwrap());
     assert_eq!(server.digest_of(VM, "hibernate").await, None);
 
     // H4: refused credentials are auth errors on both paths.
-    server.push_artifact(VM, "hibernate").await;
+    let digest = server.push_artifact(VM, "hibernate").await;
     let mut config = server.registry_config();
     config.auth = RegistryAuth::Basic("carol".into(), "wrong".into());
     let (refused, _) = client_with(config);
     let err = refused.snapshot_exists(VM).await.unwrap_err();
     assert!(matches!(err, RegistryError::Unauthorized { .. }), "{err:?}");
-    let err = refused.delete_snapshot(VM).await.unwrap_err();
+    let err = refused.delete_snapshot(VM, &digest).await.unwrap_err();
     assert!(matches!(err, RegistryError::Unauthorized { .. }), "{err:?}");
     assert!(
         err.is_permanent(),
@@ -264,10 +262,10 @@ async fn w2_token_auth_probe_and_delete_with_delete_scope() {
     assert!(server.digest_of(VM, "hibernate").await.is_some());
 }
 
-// W2/W3: Distribution 2.8 refuses delete-by-tag (400 DIGEST_INVALID); the client falls back
-// to deleting the digest, leaving unrelated tags alone.
+// W2/W3/S7: the delete removes the confirmed manifest by its digest, leaving unrelated
+// tags alone.
 #[tokio::test]
-async fn w2_delete_falls_back_to_digest_when_tag_delete_unsupported() {
+async fn w2_w3_s7_delete_by_digest_leaves_unrelated_tags_alone() {
     let server = RegistryServer::launch_default();
     let (client, metrics) = client_for(&server);
     let snapshot = server.push_artifact(VM, "hibernate").await;
@@ -275,8 +273,8 @@ async fn w2_delete_falls_back_to_digest_when_tag_delete_unsupported() {
     assert_ne!(snapshot, unrelated);
 
     assert_eq!(
-        client.delete_snapshot(VM).await.unwrap(),
-        DeleteOutcome::DeletedByDigest
+        client.delete_snapshot(VM, &snapshot).await.unwrap(),
+        DeleteOutcome::Deleted
     );
     assert!(!client.snapshot_exists(VM).await.unwrap());
     assert_eq!(server.digest_of(VM, "hibernate").await, None);
@@ -285,7 +283,7 @@ async fn w2_delete_falls_back_to_digest_when_tag_delete_unsupported() {
         Some(unrelated),
         "an unrelated tag survives"
     );
-    assert_eq!(calls(&metrics, "delete", "unsupported"), 1);
+    assert_eq!(calls(&metrics, "delete_digest", "unsupported"), 0);
     // The snapshot's HEAD, then the other tag's, then the re-check of the snapshot.
     assert_eq!(calls(&metrics, "resolve", "present"), 2);
     assert_eq!(calls(&metrics, "list_tags", "ok"), 1);
@@ -295,7 +293,7 @@ async fn w2_delete_falls_back_to_digest_when_tag_delete_unsupported() {
 
     // Deleting again is done, not an error.
     assert_eq!(
-        client.delete_snapshot(VM).await.unwrap(),
+        client.delete_snapshot(VM, &snapshot).await.unwrap(),
         DeleteOutcome::Absent
     );
 }
@@ -310,7 +308,7 @@ async fn g1_delete_keeps_tag_when_another_tag_shares_digest() {
     assert_eq!(server.add_tag(VM, "hibernate", "golden").await, digest);
 
     assert_eq!(
-        client.delete_snapshot(VM).await.unwrap(),
+        client.delete_snapshot(VM, &digest).await.unwrap(),
         DeleteOutcome::KeptSharedDigest {
             other_tags: vec!["golden".to_string()]
         }
@@ -344,7 +342,7 @@ async fn g1_shared_digest_found_beyond_first_tag_page() {
     // Sorts after every "t…" tag, so it is on the last page.
     assert_eq!(server.add_tag(VM, "hibernate", "zz-shared").await, snapshot);
     assert_eq!(
-        client.delete_snapshot(VM).await.unwrap(),
+        client.delete_snapshot(VM, &snapshot).await.unwrap(),
         DeleteOutcome::KeptSharedDigest {
             other_tags: vec!["zz-shared".to_string()]
         }
@@ -364,12 +362,12 @@ async fn w3_delete_of_absent_tag_is_absent() {
     let server = RegistryServer::launch_default();
     let (client, _) = client_for(&server);
     assert_eq!(
-        client.delete_snapshot(VM).await.unwrap(),
+        client.delete_snapshot(VM, SCRIPTED_DIGEST).await.unwrap(),
         DeleteOutcome::Absent
     );
-    server.push_artifact(VM, "other").await;
+    let other = server.push_artifact(VM, "other").await;
     assert_eq!(
-        client.delete_snapshot(VM).await.unwrap(),
+        client.delete_snapshot(VM, &other).await.unwrap(),
         DeleteOutcome::Absent
     );
     assert!(server.digest_of(VM, "other").await.is_some());
@@ -381,9 +379,9 @@ async fn w3_delete_of_absent_tag_is_absent() {
 async fn w3_delete_refused_is_error_then_succeeds_after_registry_allows_deletes() {
     let mut server = RegistryServer::launch(RegistryOptions::default().with_delete(false));
     let (client, metrics) = client_for(&server);
-    server.push_artifact(VM, "hibernate").await;
+    let digest = server.push_artifact(VM, "hibernate").await;
 
-    let err = client.delete_snapshot(VM).await.unwrap_err();
+    let err = client.delete_snapshot(VM, &digest).await.unwrap_err();
     assert!(
         matches!(err, RegistryError::DeleteRefused { status: 405, .. }),
         "{err:?}"
@@ -393,16 +391,12 @@ async fn w3_delete_refused_is_error_then_succeeds_after_registry_allows_deletes(
     assert!(server.digest_of(VM, "hibernate").await.is_some());
     assert_eq!(calls(&metrics, "delete_digest", "unsupported"), 1);
 
-    // Deletes off altogether (405 by digest too) say nothing about tag deletes: the
-    // refusal is not remembered, and the retry tries the tag first again.
-    assert_eq!(calls(&metrics, "delete", "unsupported"), 1);
-
     server.restart_with_delete(true);
     assert_eq!(
-        client.delete_snapshot(VM).await.unwrap(),
-        DeleteOutcome::DeletedByDigest
+        client.delete_snapshot(VM, &digest).await.unwrap(),
+        DeleteOutcome::Deleted
     );
-    assert_eq!(calls(&metrics, "delete", "unsupported"), 2);
+    assert_eq!(calls(&metrics, "delete_digest", "unsupported"), 1);
     assert!(!client.snapshot_exists(VM).await.unwrap());
 }
 
@@ -439,7 +433,10 @@ async fn h4_c2_unresponsive_registry_times_out_within_the_budget() {
     assert_eq!(calls(&metrics, "probe", "timeout"), 1);
 
     let started = Instant::now();
-    let err = client.delete_snapshot(VM).await.unwrap_err();
+    let err = client
+        .delete_snapshot(VM, SCRIPTED_DIGEST)
+        .await
+        .unwrap_err();
     assert_eq!(started.elapsed(), timeout);
     assert!(matches!(err, RegistryError::Timeout { .. }), "{err:?}");
     holder.abort();
@@ -451,7 +448,8 @@ type Scripted = (String, String, String);
 
 /// A scripted registry on a loopback port: `answer` gets each request line
 /// ("HEAD /v2/… HTTP/1.1"). For what a real registry process cannot do: run on a paused
-/// clock, accept tag deletes, or page its tag list.
+/// clock, answer as the script says (a 404 to a DELETE of a manifest it still has), or
+/// page its tag list.
 async fn scripted_registry(
     answer: impl Fn(&str) -> Scripted + Send + Sync + 'static,
 ) -> (std::net::SocketAddr, tokio::task::JoinHandle<()>) {
@@ -506,7 +504,7 @@ fn manifest_found(digest: &str) -> Scripted {
 }
 
 /// How Distribution 2.x answers a DELETE: by tag refused (400 DIGEST_INVALID), by digest
-/// accepted; None for any other request.
+/// accepted; None for any other request. The client never sends the first kind (S7).
 fn distribution_delete(line: &str) -> Option<Scripted> {
     let target = line.split(' ').nth(1).unwrap_or_default();
     if !line.starts_with("DELETE") {
@@ -522,21 +520,12 @@ fn distribution_delete(line: &str) -> Option<Scripted> {
     }
 }
 
-/// A scripted Distribution 2.x for the delete fallback: tag DELETE refused with
-/// DIGEST_INVALID (or accepted, with `tag_delete`), the manifest present, no other tag,
-/// DELETE by digest accepted.
-async fn scripted_distribution(
-    tag_delete: bool,
-) -> (std::net::SocketAddr, tokio::task::JoinHandle<()>) {
+/// A scripted Distribution 2.x: the manifest `SCRIPTED_DIGEST` present under
+/// `hibernate`, no other tag, DELETE by digest accepted (and by tag refused).
+async fn scripted_distribution() -> (std::net::SocketAddr, tokio::task::JoinHandle<()>) {
     scripted_registry(move |line| {
-        if line.starts_with("DELETE") && line.contains("/manifests/hibernate") && !tag_delete {
-            (
-                "400 Bad Request".into(),
-                String::new(),
-                r#"{"errors":[{"code":"DIGEST_INVALID","message":"m"}]}"#.into(),
-            )
-        } else if line.starts_with("DELETE") {
-            ("202 Accepted".into(), String::new(), String::new())
+        if let Some(answer) = distribution_delete(line) {
+            answer
         } else if line.contains("/tags/list") {
             (
                 "200 OK".into(),
@@ -562,30 +551,31 @@ fn scripted_client(addr: &str, timeout: Duration) -> (RegistryClient, Metrics) {
     })
 }
 
-// C2: one deadline for the whole delete. Every request of the digest path would fit in
-// the budget alone, yet the delete as a whole does not get a fresh budget per request: it
-// ends, as a Timeout, exactly when its budget is spent, and the DELETE by digest is never
-// sent.
+// C2: one deadline for the whole delete. Every request of it would fit in the budget
+// alone, yet the delete as a whole does not get a fresh budget per request: it ends, as a
+// Timeout, exactly when its budget is spent, and the DELETE by digest is never sent.
 #[tokio::test(start_paused = true)]
-async fn c2_delete_fallback_gets_one_deadline_for_all_its_requests() {
-    let (upstream, registry) = scripted_distribution(false).await;
+async fn c2_delete_gets_one_deadline_for_all_its_requests() {
+    let (upstream, registry) = scripted_distribution().await;
     let proxy = SlowProxy::start(&upstream.to_string()).await;
     let timeout = Duration::from_secs(10);
     let (client, _) = scripted_client(&proxy.host(), timeout);
-    // Without the slowdown the fallback succeeds, so the script is a working registry.
+    // Without the slowdown the delete succeeds, so the script is a working registry.
     assert_eq!(
-        client.delete_snapshot(VM).await.unwrap(),
-        DeleteOutcome::DeletedByDigest
+        client.delete_snapshot(VM, SCRIPTED_DIGEST).await.unwrap(),
+        DeleteOutcome::Deleted
     );
     let fast = proxy.stats().requests();
-    assert_eq!(fast, 4, "{:?}", proxy.stats().lines);
+    assert_eq!(fast, 3, "{:?}", proxy.stats().lines);
 
-    // Each request now takes 60% of the budget: any two of them overrun it (the refused
-    // tag DELETE is remembered, so three requests remain).
+    // Each request now takes 60% of the budget: any two of them overrun it.
     proxy.delay_each(timeout * 3 / 5);
     let before = proxy.stats().requests();
     let started = Instant::now();
-    let err = client.delete_snapshot(VM).await.unwrap_err();
+    let err = client
+        .delete_snapshot(VM, SCRIPTED_DIGEST)
+        .await
+        .unwrap_err();
     assert_eq!(started.elapsed(), timeout, "the budget, to the tick");
     assert!(
         matches!(err, RegistryError::Timeout { after, .. } if after == timeout),
@@ -615,12 +605,12 @@ async fn c2_s1_delete_is_bounded_by_the_callers_instant() {
     config.base = proxy.host();
     config.timeout = Duration::from_secs(60);
     let (client, _) = client_with(config);
-    // The fallback needs at least four requests; with each held 300 ms, it cannot fit
-    // in 500 ms, while every request alone and the whole delete fit in 60 s.
+    // The delete needs three requests; with each held 300 ms, it cannot fit in 500 ms,
+    // while every request alone and the whole delete fit in 60 s.
     proxy.delay_each(Duration::from_millis(300));
     let not_after = Instant::now() + Duration::from_millis(500);
     let err = client
-        .delete_snapshot_before(VM, not_after)
+        .delete_snapshot_before(VM, &digest, not_after)
         .await
         .unwrap_err();
     assert!(
@@ -647,7 +637,7 @@ async fn s1_delete_past_the_callers_instant_sends_no_request() {
     let (client, metrics) = client_with(config);
     for not_after in [Instant::now(), Instant::now() - Duration::from_secs(1)] {
         let err = client
-            .delete_snapshot_before(VM, not_after)
+            .delete_snapshot_before(VM, &digest, not_after)
             .await
             .unwrap_err();
         assert!(
@@ -664,25 +654,28 @@ async fn s1_delete_past_the_callers_instant_sends_no_request() {
     // The same client with time left deletes through the proxy.
     let later = Instant::now() + Duration::from_secs(30);
     assert_eq!(
-        client.delete_snapshot_before(VM, later).await.unwrap(),
-        DeleteOutcome::DeletedByDigest
+        client
+            .delete_snapshot_before(VM, &digest, later)
+            .await
+            .unwrap(),
+        DeleteOutcome::Deleted
     );
     assert_eq!(server.digest_of(VM, "hibernate").await, None);
 }
 
-// W2/S5: a fresh push of `<vm>:hibernate` while the delete lists the tags is a new
-// manifest, and the delete never touches it: the digest deleted is the one the
-// snapshot's HEAD read before the listing (the snapshot that was woken from).
+// W2/S5/S7: a fresh push of `<vm>:hibernate` while the delete lists the tags is a new
+// manifest, and the delete never touches it: the digest deleted is the one the caller
+// confirmed (the snapshot that was woken from), never the tag.
 #[tokio::test]
-async fn w2_s5_snapshot_pushed_during_the_listing_is_not_deleted() {
+async fn w2_s5_s7_snapshot_pushed_during_the_listing_is_not_deleted() {
     let server = RegistryServer::launch_default();
     let old = server.push_artifact(VM, "hibernate").await;
     let (proxy, client, metrics) = through_proxy(&server).await;
 
     proxy.hold_matching("/tags/list");
     let deleting = tokio::spawn({
-        let client = client.clone();
-        async move { client.delete_snapshot(VM).await }
+        let (client, old) = (client.clone(), old.clone());
+        async move { client.delete_snapshot(VM, &old).await }
     });
     proxy.until(|s| s.held == 1).await;
     // The delete has read the old digest and waits for the tag list: push anew.
@@ -692,7 +685,7 @@ async fn w2_s5_snapshot_pushed_during_the_listing_is_not_deleted() {
 
     assert_eq!(
         deleting.await.unwrap().unwrap(),
-        DeleteOutcome::DeletedByDigest,
+        DeleteOutcome::Deleted,
         "the snapshot woken from is gone"
     );
     assert_eq!(
@@ -704,22 +697,17 @@ async fn w2_s5_snapshot_pushed_during_the_listing_is_not_deleted() {
     let lines = proxy.stats().lines;
     assert_eq!(
         lines,
-        [
-            delete_line("hibernate"),
-            head_line("hibernate"),
-            list_line(),
-            delete_line(&old)
-        ],
-        "the digest deleted is the one read before the push"
+        [head_line("hibernate"), list_line(), delete_line(&old)],
+        "the digest deleted is the one confirmed before the push"
     );
     assert!(!lines.contains(&delete_line(&fresh)), "{lines:?}");
     assert_eq!(calls(&metrics, "delete_digest", "deleted"), 1);
 }
 
-// W2/S5: a fresh push while other tags are checked is caught by the re-check: nothing is
-// deleted, and the error is transient (the controller decides again with fresh state).
+// W2/S5/S7: a fresh push while other tags are checked is caught by the re-check: nothing
+// is deleted, and the outcome names the new manifest (the controller leaves it alone).
 #[tokio::test]
-async fn w2_s5_delete_aborts_when_the_snapshot_moves_while_other_tags_are_checked() {
+async fn w2_s5_s7_a_snapshot_moved_while_other_tags_are_checked_is_left_alone() {
     let server = RegistryServer::launch_default();
     let old = server.push_artifact(VM, "hibernate").await;
     let unrelated = server.push_artifact(VM, "older-cycle").await;
@@ -727,20 +715,20 @@ async fn w2_s5_delete_aborts_when_the_snapshot_moves_while_other_tags_are_checke
 
     proxy.hold_matching("/manifests/older-cycle");
     let deleting = tokio::spawn({
-        let client = client.clone();
-        async move { client.delete_snapshot(VM).await }
+        let (client, old) = (client.clone(), old.clone());
+        async move { client.delete_snapshot(VM, &old).await }
     });
     proxy.until(|s| s.held == 1).await;
     let fresh = server.push_artifact_with(VM, "hibernate", " (fresh)").await;
     assert_ne!(fresh, old);
     proxy.resume();
 
-    let err = deleting.await.unwrap().unwrap_err();
-    assert!(
-        matches!(&err, RegistryError::SnapshotMoved { checked, found, .. } if *checked == old && *found == fresh),
-        "{err:?}"
+    assert_eq!(
+        deleting.await.unwrap().unwrap(),
+        DeleteOutcome::Moved {
+            found: fresh.clone()
+        }
     );
-    assert!(!err.is_permanent(), "S5: decided again on the next pass");
     assert_eq!(server.digest_of(VM, "hibernate").await, Some(fresh));
     assert_eq!(server.digest_of(VM, "older-cycle").await, Some(unrelated));
     assert_eq!(server.digest_of(VM, &old).await, Some(old.clone()));
@@ -754,41 +742,22 @@ async fn w2_s5_delete_aborts_when_the_snapshot_moves_while_other_tags_are_checke
     );
 }
 
-// W2/C2 (issue 8, registry calls at the floor): a wake's delete on Distribution. The
-// first one learns that tags cannot be deleted there: the refused DELETE by tag, then
-// HEAD, tags/list, DELETE by digest (4 calls). Every later one, from this client or a
-// clone of it, skips the refusal: 3 calls. Counted twice: by the metrics and by the
-// requests that reach the registry (no hidden `GET /v2/` either).
+// W2/C2 (issue 8, registry calls at the floor): a wake's delete on Distribution is 3
+// calls, every time, from this client or a clone of it: HEAD (the tag still names the
+// confirmed digest), tags/list (no other tag shares it), DELETE by digest. Counted twice:
+// by the metrics and by the requests that reach the registry (no hidden `GET /v2/`).
 #[tokio::test]
-async fn w2_c2_wake_delete_on_distribution_is_three_calls_once_the_refusal_is_known() {
+async fn w2_c2_wake_delete_on_distribution_is_three_calls() {
     let server = RegistryServer::launch_default();
     let (proxy, client, metrics) = through_proxy(&server).await;
-    let first = server.push_artifact(VM, "hibernate").await;
-
-    assert_eq!(
-        wake_delete(&client).await.unwrap(),
-        DeleteOutcome::DeletedByDigest
-    );
-    assert_eq!(
-        proxy.stats().lines,
-        [
-            delete_line("hibernate"),
-            head_line("hibernate"),
-            list_line(),
-            delete_line(&first)
-        ]
-    );
-    assert_eq!(total_calls(&metrics), 4);
-    assert_eq!(server.digest_of(VM, "hibernate").await, None);
-
     for (cycle, deleter) in [client.clone(), client].iter().enumerate() {
         let snapshot = server
             .push_artifact_with(VM, "hibernate", &format!(" (cycle {cycle})"))
             .await;
         let (sent, counted) = (proxy.stats().requests(), total_calls(&metrics));
         assert_eq!(
-            wake_delete(deleter).await.unwrap(),
-            DeleteOutcome::DeletedByDigest
+            wake_delete(deleter, &snapshot).await.unwrap(),
+            DeleteOutcome::Deleted
         );
         assert_eq!(
             proxy.stats().lines.split_off(sent),
@@ -798,63 +767,22 @@ async fn w2_c2_wake_delete_on_distribution_is_three_calls_once_the_refusal_is_kn
         assert_eq!(total_calls(&metrics) - counted, 3, "cycle {cycle}");
         assert_eq!(server.digest_of(VM, "hibernate").await, None);
     }
-    assert_eq!(
-        calls(&metrics, "delete", "unsupported"),
-        1,
-        "refused once, then remembered"
-    );
-    assert_eq!(calls(&metrics, "resolve", "present"), 3);
-    assert_eq!(calls(&metrics, "list_tags", "ok"), 3);
-    assert_eq!(calls(&metrics, "delete_digest", "deleted"), 3);
+    assert_eq!(calls(&metrics, "resolve", "present"), 2);
+    assert_eq!(calls(&metrics, "list_tags", "ok"), 2);
+    assert_eq!(calls(&metrics, "delete_digest", "deleted"), 2);
 }
 
-// W2, C2 (issue 8): wakes that start together on a registry not yet known send one DELETE
-// by tag between them; the others wait for its answer and go straight to the digest path.
+// S5/G1 (issue 8): a snapshot whose digest another tag shares is kept after HEAD,
+// tags/list and the other tag's HEAD, and no DELETE.
 #[tokio::test]
-async fn w2_c2_concurrent_first_wakes_ask_the_tag_path_once() {
-    let server = RegistryServer::launch_default();
-    let (client, metrics) = client_for(&server);
-    let vms: Vec<String> = (0..4).map(|i| format!("{VM}-{i}")).collect();
-    for vm in &vms {
-        server.push_artifact(vm, "hibernate").await;
-    }
-    let deletes = vms.iter().map(|vm| {
-        let client = client.clone();
-        async move {
-            client
-                .delete_snapshot_before(vm, Instant::now() + Duration::from_secs(30))
-                .await
-        }
-    });
-    for outcome in futures::future::join_all(deletes).await {
-        assert_eq!(outcome.unwrap(), DeleteOutcome::DeletedByDigest);
-    }
-    assert_eq!(calls(&metrics, "delete", "unsupported"), 1, "asked once");
-    assert_eq!(calls(&metrics, "delete_digest", "deleted"), 4);
-    for vm in &vms {
-        assert_eq!(server.digest_of(vm, "hibernate").await, None);
-    }
-}
-
-// S5/G1 (issue 8): the short path still keeps a snapshot whose digest another tag
-// shares: HEAD, tags/list, HEAD of the other tag, and no DELETE.
-#[tokio::test]
-async fn s5_g1_shared_digest_is_still_kept_once_the_refusal_is_known() {
+async fn s5_g1_shared_digest_is_kept_without_a_delete() {
     let server = RegistryServer::launch_default();
     let (proxy, client, metrics) = through_proxy(&server).await;
-    server.push_artifact(VM, "hibernate").await;
-    assert_eq!(
-        wake_delete(&client).await.unwrap(),
-        DeleteOutcome::DeletedByDigest
-    );
-
-    let digest = server
-        .push_artifact_with(VM, "hibernate", " (next cycle)")
-        .await;
+    let digest = server.push_artifact(VM, "hibernate").await;
     assert_eq!(server.add_tag(VM, "hibernate", "golden").await, digest);
     let (sent, counted) = (proxy.stats().requests(), total_calls(&metrics));
     assert_eq!(
-        wake_delete(&client).await.unwrap(),
+        wake_delete(&client, &digest).await.unwrap(),
         DeleteOutcome::KeptSharedDigest {
             other_tags: vec!["golden".to_string()]
         }
@@ -872,48 +800,342 @@ async fn s5_g1_shared_digest_is_still_kept_once_the_refusal_is_known() {
     assert_eq!(server.digest_of(VM, "golden").await, Some(digest));
 }
 
-// W3 (issue 8): an absent snapshot tag costs no DELETE by digest, and once the refusal
-// is known, no DELETE at all: the HEAD's 404 is the whole delete.
+// W3 (issue 8): an absent snapshot tag costs no DELETE at all: the HEAD's 404 is the
+// whole delete.
 #[tokio::test]
 async fn w3_absent_snapshot_makes_no_delete() {
     let server = RegistryServer::launch_default();
     let (proxy, client, metrics) = through_proxy(&server).await;
     let other = server.push_artifact(VM, "other").await;
-
-    assert_eq!(wake_delete(&client).await.unwrap(), DeleteOutcome::Absent);
-    assert_eq!(
-        proxy.stats().lines,
-        [delete_line("hibernate"), head_line("hibernate")]
-    );
-    let (sent, counted) = (proxy.stats().requests(), total_calls(&metrics));
-    assert_eq!(wake_delete(&client).await.unwrap(), DeleteOutcome::Absent);
-    assert_eq!(
-        proxy.stats().lines.split_off(sent),
-        [head_line("hibernate")]
-    );
-    assert_eq!(total_calls(&metrics) - counted, 1);
+    for round in 0..2 {
+        let (sent, counted) = (proxy.stats().requests(), total_calls(&metrics));
+        assert_eq!(
+            wake_delete(&client, &other).await.unwrap(),
+            DeleteOutcome::Absent
+        );
+        assert_eq!(
+            proxy.stats().lines.split_off(sent),
+            [head_line("hibernate")],
+            "round {round}"
+        );
+        assert_eq!(total_calls(&metrics) - counted, 1);
+    }
     assert_eq!(calls(&metrics, "resolve", "absent"), 2);
     assert_eq!(server.digest_of(VM, "other").await, Some(other));
 }
 
-// W2 (issue 8): where the registry deletes tags, a delete is that one call, every time
-// (nothing is remembered as refused).
+// S7: the delete removes only the digest the CR confirmed. A snapshot pushed to the tag
+// after that digest was confirmed is a newer one: the delete leaves it, and says so with
+// the digest it found; a delete naming the new digest then removes it, and the tag.
 #[tokio::test]
-async fn w2_registry_that_deletes_tags_takes_one_call() {
-    let (upstream, registry) = scripted_distribution(true).await;
-    let proxy = SlowProxy::start(&upstream.to_string()).await;
-    let (client, metrics) = scripted_client(&proxy.host(), Duration::from_secs(5));
-    for round in 0..2 {
-        let sent = proxy.stats().requests();
-        assert_eq!(wake_delete(&client).await.unwrap(), DeleteOutcome::Deleted);
-        assert_eq!(
-            proxy.stats().lines.split_off(sent),
-            [delete_line("hibernate")],
-            "round {round}"
-        );
+async fn s7_delete_removes_only_the_confirmed_digest() {
+    let server = RegistryServer::launch_default();
+    let (proxy, client, metrics) = through_proxy(&server).await;
+    let a = server.push_artifact_with(VM, "hibernate", " (A)").await;
+    assert_eq!(client.snapshot_digest(VM).await.unwrap(), Some(a.clone()));
+    let b = server.push_artifact_with(VM, "hibernate", " (B)").await;
+    assert_ne!(a, b);
+
+    let sent = proxy.stats().requests();
+    assert_eq!(
+        wake_delete(&client, &a).await.unwrap(),
+        DeleteOutcome::Moved { found: b.clone() }
+    );
+    assert_eq!(
+        proxy.stats().lines.split_off(sent),
+        [head_line("hibernate")],
+        "nothing but the HEAD that found B"
+    );
+    assert_eq!(server.digest_of(VM, "hibernate").await, Some(b.clone()));
+    assert_eq!(calls(&metrics, "delete_digest", "deleted"), 0);
+
+    assert_eq!(
+        wake_delete(&client, &b).await.unwrap(),
+        DeleteOutcome::Deleted
+    );
+    assert_eq!(server.digest_of(VM, "hibernate").await, None);
+    assert_eq!(server.digest_of(VM, &b).await, None);
+    let lines = proxy.stats().lines;
+    assert!(!lines.contains(&delete_line("hibernate")), "{lines:?}");
+    assert!(!lines.contains(&delete_line(&a)), "{lines:?}");
+}
+
+/// A scripted registry that holds its tags in memory and records every request line:
+/// HEAD and GET of a tag or digest, a `tags/list` of one page, and DELETE by digest (or
+/// by tag, were one ever sent) removing what it names, or as `delete` says.
+struct Recording {
+    addr: std::net::SocketAddr,
+    task: tokio::task::JoinHandle<()>,
+    tags: Arc<Mutex<std::collections::BTreeMap<String, String>>>,
+    lines: Arc<Mutex<Vec<String>>>,
+    delete: Arc<Mutex<DeleteAnswer>>,
+}
+
+/// How [`Recording`] answers a DELETE.
+#[derive(Clone)]
+enum DeleteAnswer {
+    /// 202 and the manifest is gone; 404 if there was none.
+    Accept,
+    /// 404, and the tags stay as they are.
+    NotFound,
+    /// 404, and meanwhile `hibernate` was pushed anew (Some) or deleted by someone else.
+    NotFoundRetagged(Option<String>),
+}
+
+impl Recording {
+    async fn start(tags: &[(&str, &str)]) -> Self {
+        let tags: std::collections::BTreeMap<_, _> = tags
+            .iter()
+            .map(|(t, d)| (t.to_string(), d.to_string()))
+            .collect();
+        let tags = Arc::new(Mutex::new(tags));
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let delete = Arc::new(Mutex::new(DeleteAnswer::Accept));
+        let (t, l, d) = (tags.clone(), lines.clone(), delete.clone());
+        let (addr, task) = scripted_registry(move |line| {
+            l.lock().unwrap().push(line.to_string());
+            let mut tags = t.lock().unwrap();
+            let target = line.split(' ').nth(1).unwrap_or_default();
+            let reference = target.rsplit('/').next().unwrap_or_default();
+            let not_found = || ("404 Not Found".into(), String::new(), String::new());
+            if target.contains("/tags/list") {
+                let names: Vec<&String> = tags.keys().collect();
+                let body = serde_json::json!({ "name": VM, "tags": names }).to_string();
+                let json = "Content-Type: application/json\r\n".to_string();
+                return ("200 OK".into(), json, body);
+            }
+            let digest = match reference.starts_with("sha256:") {
+                true => tags.values().find(|d| *d == reference).cloned(),
+                false => tags.get(reference).cloned(),
+            };
+            if !line.starts_with("DELETE") {
+                return digest.map_or_else(not_found, |d| manifest_found(&d));
+            }
+            match d.lock().unwrap().clone() {
+                DeleteAnswer::Accept if digest.is_some() => {}
+                DeleteAnswer::Accept | DeleteAnswer::NotFound => return not_found(),
+                DeleteAnswer::NotFoundRetagged(retagged) => {
+                    match retagged {
+                        Some(digest) => tags.insert("hibernate".into(), digest),
+                        None => tags.remove("hibernate"),
+                    };
+                    return not_found();
+                }
+            }
+            match reference.starts_with("sha256:") {
+                true => tags.retain(|_, d| *d != reference),
+                false => drop(tags.remove(reference)),
+            }
+            ("202 Accepted".into(), String::new(), String::new())
+        })
+        .await;
+        Self {
+            addr,
+            task,
+            tags,
+            lines,
+            delete,
+        }
     }
-    assert_eq!(total_calls(&metrics), 2);
-    registry.abort();
+
+    fn answer_deletes(&self, answer: DeleteAnswer) {
+        *self.delete.lock().unwrap() = answer;
+    }
+
+    fn client(&self) -> (RegistryClient, Metrics) {
+        scripted_client(&self.addr.to_string(), Duration::from_secs(30))
+    }
+
+    fn set_tag(&self, tag: &str, digest: &str) {
+        self.tags.lock().unwrap().insert(tag.into(), digest.into());
+    }
+
+    fn tag(&self, tag: &str) -> Option<String> {
+        self.tags.lock().unwrap().get(tag).cloned()
+    }
+
+    fn lines(&self) -> Vec<String> {
+        self.lines.lock().unwrap().clone()
+    }
+}
+
+impl Drop for Recording {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+fn scripted(n: u8) -> String {
+    format!("sha256:{}", format!("{n:x}").repeat(64))
+}
+
+// S7: whatever the registry holds, the client never sends a DELETE by tag: one that
+// landed late would remove whatever the tag names by then. Every outcome is gone through
+// (Deleted, Absent, Moved, KeptSharedDigest, a 404 on the DELETE), and every DELETE the
+// registry saw names the digest the caller confirmed.
+#[tokio::test]
+async fn s7_no_delete_by_tag_is_ever_sent() {
+    let (a, b) = (scripted(1), scripted(2));
+    let registry = Recording::start(&[("hibernate", &a)]).await;
+    let (client, _) = registry.client();
+    assert_eq!(
+        wake_delete(&client, &b).await.unwrap(),
+        DeleteOutcome::Moved { found: a.clone() }
+    );
+    registry.set_tag("golden", &a);
+    assert_eq!(
+        wake_delete(&client, &a).await.unwrap(),
+        DeleteOutcome::KeptSharedDigest {
+            other_tags: vec!["golden".into()]
+        }
+    );
+    registry.set_tag("golden", &b);
+    registry.answer_deletes(DeleteAnswer::NotFound);
+    assert!(
+        wake_delete(&client, &a).await.is_err(),
+        "404, tag still on A"
+    );
+    registry.answer_deletes(DeleteAnswer::Accept);
+    assert_eq!(
+        wake_delete(&client, &a).await.unwrap(),
+        DeleteOutcome::Deleted
+    );
+    assert_eq!(registry.tag("hibernate"), None);
+    assert_eq!(registry.tag("golden"), Some(b.clone()));
+    assert_eq!(
+        wake_delete(&client, &a).await.unwrap(),
+        DeleteOutcome::Absent
+    );
+    let lines = registry.lines();
+    let deletes: Vec<&String> = lines.iter().filter(|l| l.starts_with("DELETE")).collect();
+    assert_eq!(deletes, [&delete_line(&a), &delete_line(&a)], "{lines:?}");
+    assert!(
+        !lines
+            .iter()
+            .any(|l| l.starts_with("DELETE") && l.contains("/manifests/hibernate")),
+        "{lines:?}"
+    );
+}
+
+// S5: a 404 on the DELETE by digest is not taken on trust: a HEAD of the tag confirms it.
+// Tag still naming the manifest: an error that says so, and the debt stays. Tag on
+// another manifest: Moved. Tag gone: Absent (the controller's SnapshotDeleted=True).
+#[tokio::test]
+async fn s5_a_404_on_delete_is_confirmed_by_a_head() {
+    let (a, b) = (scripted(1), scripted(2));
+    let registry = Recording::start(&[("hibernate", &a)]).await;
+    let (client, metrics) = registry.client();
+    let delete_lines = [
+        head_line("hibernate"),
+        list_line(),
+        delete_line(&a),
+        head_line("hibernate"),
+    ];
+
+    registry.answer_deletes(DeleteAnswer::NotFound);
+    let err = wake_delete(&client, &a).await.unwrap_err();
+    assert!(matches!(err, RegistryError::Protocol { .. }), "{err:?}");
+    let message = err.to_string();
+    assert!(
+        message.contains("404") && message.contains("still names that manifest"),
+        "{message}"
+    );
+    assert_eq!(registry.lines(), delete_lines);
+    assert_eq!(registry.tag("hibernate"), Some(a.clone()));
+    assert_eq!(calls(&metrics, "confirm", "present"), 1);
+
+    registry.answer_deletes(DeleteAnswer::NotFoundRetagged(Some(b.clone())));
+    assert_eq!(
+        wake_delete(&client, &a).await.unwrap(),
+        DeleteOutcome::Moved { found: b.clone() }
+    );
+    assert_eq!(registry.lines()[4..], delete_lines);
+    assert_eq!(registry.tag("hibernate"), Some(b.clone()));
+
+    registry.set_tag("hibernate", &a);
+    registry.answer_deletes(DeleteAnswer::NotFoundRetagged(None));
+    assert_eq!(
+        wake_delete(&client, &a).await.unwrap(),
+        DeleteOutcome::Absent
+    );
+    assert_eq!(registry.lines()[8..], delete_lines);
+    assert_eq!(calls(&metrics, "confirm", "absent"), 1);
+}
+
+/// A log writer that pauses the thread writing it, once, until `until`, at the first
+/// line that contains `at`: a SIGSTOP at that point of the program, and a SIGCONT later.
+struct PauseAt {
+    at: &'static str,
+    until: std::time::Instant,
+    paused: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl std::io::Write for PauseAt {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let line = String::from_utf8_lossy(buf);
+        if line.contains(self.at) && !self.paused.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            std::thread::sleep(
+                self.until
+                    .saturating_duration_since(std::time::Instant::now()),
+            );
+        }
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+// S1/S7: a process paused (SIGSTOP) past its deadline sends nothing when it resumes. The
+// runtime has one thread; right after the HEAD was answered, as the tag list is about to
+// be asked for, that thread is blocked past the deadline (by the log line the request
+// writes first). It goes on inside the same poll of the delete, where tokio's timer has
+// not fired: without the clock read before each request, the tags/list goes out on the
+// pooled connection (seen with that check removed). With it, nothing after the HEAD
+// reaches the registry, and the delete is a Timeout.
+#[tokio::test(flavor = "current_thread")]
+async fn s1_s7_a_process_paused_past_its_deadline_sends_nothing_when_it_resumes() {
+    let a = scripted(1);
+    let registry = Recording::start(&[("hibernate", &a)]).await;
+    let (client, metrics) = registry.client();
+    let not_after = Instant::now() + Duration::from_secs(5);
+    let paused = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = {
+        let paused = paused.clone();
+        let until = (not_after + Duration::from_millis(200)).into_std();
+        move || PauseAt {
+            at: "list_tags",
+            until,
+            paused: paused.clone(),
+        }
+    };
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::TRACE)
+        .with_writer(writer)
+        .finish();
+    let _pausing = tracing::subscriber::set_default(subscriber);
+
+    let err = client
+        .delete_snapshot_before(VM, &a, not_after)
+        .await
+        .unwrap_err();
+    assert!(
+        paused.load(std::sync::atomic::Ordering::SeqCst),
+        "the pause came"
+    );
+    assert!(matches!(err, RegistryError::Timeout { .. }), "{err:?}");
+    // The registry's task reads a request only after this one has gone on: time for a
+    // request on the wire to arrive.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        registry.lines(),
+        [head_line("hibernate")],
+        "nothing after it"
+    );
+    assert_eq!(registry.tag("hibernate"), Some(a));
+    assert_eq!(calls(&metrics, "delete", "timeout"), 1);
+    assert_eq!(calls(&metrics, "list_tags", "error"), 0, "never sent");
 }
 
 // G1/S5: a registry that pages its tag list with `Link` is read to the end, each page
@@ -959,7 +1181,7 @@ async fn g1_s5_shared_digest_found_on_a_later_link_page() {
     let proxy = SlowProxy::start(&upstream.to_string()).await;
     let (client, metrics) = scripted_client(&proxy.host(), Duration::from_secs(30));
     assert_eq!(
-        wake_delete(&client).await.unwrap(),
+        wake_delete(&client, SCRIPTED_DIGEST).await.unwrap(),
         DeleteOutcome::KeptSharedDigest {
             other_tags: vec!["zz-shared".to_string()]
         }
@@ -1016,7 +1238,10 @@ async fn c2_s5_a_tag_list_that_never_ends_times_out_and_deletes_nothing() {
     let proxy = SlowProxy::start(&upstream.to_string()).await;
     let timeout = Duration::from_secs(2);
     let (client, metrics) = scripted_client(&proxy.host(), timeout);
-    let err = client.delete_snapshot(VM).await.unwrap_err();
+    let err = client
+        .delete_snapshot(VM, SCRIPTED_DIGEST)
+        .await
+        .unwrap_err();
     assert!(
         matches!(err, RegistryError::Timeout { after, .. } if after == timeout),
         "{err:?}"
@@ -1071,7 +1296,10 @@ async fn h4_registry_5xx_is_error() {
     );
     assert!(!err.is_permanent(), "S5: a 5xx is transient");
     assert_eq!(calls(&metrics, "probe", "error"), 1);
-    let err = client.delete_snapshot(VM).await.unwrap_err();
+    let err = client
+        .delete_snapshot(VM, SCRIPTED_DIGEST)
+        .await
+        .unwrap_err();
     assert!(
         matches!(err, RegistryError::Server { status: 503, .. }),
         "{err:?}"
@@ -1095,7 +1323,10 @@ async fn h4_invalid_vm_name_is_error_not_panic() {
             matches!(err, RegistryError::InvalidVmName { .. }),
             "{bad}: {err:?}"
         );
-        let err = client.delete_snapshot(bad).await.unwrap_err();
+        let err = client
+            .delete_snapshot(bad, SCRIPTED_DIGEST)
+            .await
+            .unwrap_err();
         assert!(
             matches!(err, RegistryError::InvalidVmName { .. }),
             "{bad}: {err:?}"
@@ -1130,12 +1361,12 @@ fn h4_bad_config_is_refused_at_construction() {
 #[tokio::test]
 async fn h3_probe_and_delete_over_https_with_extra_ca() {
     let server = RegistryServer::launch(RegistryOptions::default().with_tls());
-    server.push_artifact(VM, "hibernate").await;
+    let digest = server.push_artifact(VM, "hibernate").await;
     let (client, _) = client_for(&server);
     assert!(client.snapshot_exists(VM).await.unwrap());
     assert_eq!(
-        client.delete_snapshot(VM).await.unwrap(),
-        DeleteOutcome::DeletedByDigest
+        client.delete_snapshot(VM, &digest).await.unwrap(),
+        DeleteOutcome::Deleted
     );
     assert!(!client.snapshot_exists(VM).await.unwrap());
 

@@ -100,8 +100,8 @@ settings as the server (flags or COCOON_REGISTRY_* variables).
 Nothing is deleted unless --delete is given. Then each tag is checked again just before
 its delete (no CocoonHibernation appeared, the tag was not pushed again), and a tag
 whose VM is still named by a pod is kept: it may be that VM's only copy. The delete is
-the server's own: a registry that cannot delete tags gets the manifest deleted by
-digest, never when another tag shares that digest.")]
+the server's own: it deletes the manifest digest the audit saw, never by tag, and never
+when another tag shares that manifest.")]
     Orphans(OrphansArgs),
 }
 

@@ -3,10 +3,11 @@
 
 use super::config::RegistryConfig;
 use super::error::{Op, RegistryError, Result, describe_chain};
-use super::http::{Http, valid_tag};
+use super::http::{Deadline, Http, valid_tag};
 use super::names::{RegistryBase, SNAPSHOT_TAG};
 use super::{DeleteOutcome, FAR, Fut, SnapshotStore};
 use crate::{USER_AGENT, metrics::Metrics};
+use std::task::Poll;
 use std::time::Duration;
 use tokio::time::Instant;
 use tracing::debug;
@@ -70,49 +71,70 @@ impl RegistryClient {
     /// The VMs whose repository `<base>/<vm>` the catalog lists, sorted, each once (the
     /// tag is not checked). Every page is read once, all within the timeout, on one token.
     pub async fn catalog_vms(&self) -> Result<Vec<String>> {
-        let mut session = self.http.session("registry:catalog:*".into());
-        let listing = session.list("_catalog", "catalog");
-        let repositories = self
-            .within("catalog", Instant::now() + FAR, listing)
-            .await?;
+        let listing = self.within("catalog", Instant::now() + FAR, |deadline| async move {
+            let mut session = self.http.session("registry:catalog:*".into(), deadline);
+            session.list("_catalog", "catalog").await
+        });
         let message = "this registry does not offer its catalog (GET /v2/_catalog); \
                        the orphan audit needs it";
-        let repositories =
-            repositories.ok_or_else(|| RegistryError::from_status("catalog", 404, message))?;
+        let repositories = listing
+            .await?
+            .ok_or_else(|| RegistryError::from_status("catalog", 404, message))?;
         let vms = repositories.iter().filter_map(|r| self.base.vm_of(r));
         Ok(vms.map(str::to_string).collect())
     }
 
-    /// Runs one operation within min(now + timeout, `not_after`) (C2, S1): no request starts
-    /// after it, one still running is dropped, and a deadline already past sends nothing.
-    async fn within<T>(
+    /// Runs one operation within min(now + timeout, `not_after`) (C2, S1, S7): a deadline
+    /// already past sends nothing, every request checks it before it is sent (`Session`),
+    /// and the deadline is looked at before each poll of `call`, so a process resumed past
+    /// it drops the operation instead of carrying on.
+    async fn within<T, F>(
         &self,
         operation: Op,
         not_after: Instant,
-        call: impl Future<Output = Result<T>>,
-    ) -> Result<T> {
+        call: impl FnOnce(Deadline) -> F,
+    ) -> Result<T>
+    where
+        F: Future<Output = Result<T>>,
+    {
         let now = Instant::now();
         // A timeout too large for an Instant means no bound of its own.
-        let at = now.checked_add(self.timeout).unwrap_or(now + FAR);
-        let at = at.min(not_after);
-        let after = at.saturating_duration_since(now);
-        let timeout = || Err(RegistryError::Timeout { operation, after });
-        if after.is_zero() {
-            return timeout();
+        let at = now
+            .checked_add(self.timeout)
+            .unwrap_or(now + FAR)
+            .min(not_after);
+        let budget = at.saturating_duration_since(now);
+        let deadline = Deadline {
+            operation,
+            at,
+            budget,
+        };
+        if budget.is_zero() {
+            return Err(deadline.expired());
         }
-        tokio::time::timeout_at(at, call).await.unwrap_or_else(|_| {
-            self.http.metrics.registry_call(operation, "timeout");
-            timeout()
+        let mut call = std::pin::pin!(call(deadline));
+        let mut timer = std::pin::pin!(tokio::time::sleep_until(at));
+        // The deadline first: tokio's `timeout_at` polls the inner future first.
+        let result = std::future::poll_fn(|cx| {
+            if deadline.check().is_err() || timer.as_mut().poll(cx).is_ready() {
+                return Poll::Ready(Err(deadline.expired()));
+            }
+            call.as_mut().poll(cx)
         })
+        .await;
+        if let Err(RegistryError::Timeout { .. }) = result {
+            self.http.metrics.registry_call(operation, "timeout");
+        }
+        result
     }
 
     /// HEAD `<vm>:hibernate` (H3, H4).
-    async fn probe(&self, vm: &str) -> Result<Option<String>> {
+    async fn probe(&self, vm: &str, deadline: Deadline) -> Result<Option<String>> {
         let snapshot = self.base.snapshot(vm)?;
         let repository = snapshot.repository();
         let scope = format!("repository:{repository}:pull");
         let path = format!("{repository}/manifests/{SNAPSHOT_TAG}");
-        let mut session = self.http.session(scope);
+        let mut session = self.http.session(scope, deadline);
         let result = session.head_digest(&path, "probe").await;
         debug!(%snapshot, ?result, "registry probe");
         result
@@ -122,13 +144,13 @@ impl RegistryClient {
     /// shares it (S5, G1). Never a DELETE by tag: one that lands late would remove whatever
     /// the tag names by then. Left open (Distribution has no conditional DELETE): a tag
     /// put on the digest after the listing goes with it.
-    async fn delete(&self, vm: &str, digest: &str) -> Result<DeleteOutcome> {
+    async fn delete(&self, vm: &str, digest: &str, deadline: Deadline) -> Result<DeleteOutcome> {
         let snapshot = self.base.snapshot(vm)?;
         let repository = snapshot.repository();
         let manifest = |reference: &str| format!("{repository}/manifests/{reference}");
         let tagged = manifest(SNAPSHOT_TAG);
         let scope = format!("repository:{repository}:pull,delete");
-        let mut s = self.http.session(scope);
+        let mut s = self.http.session(scope, deadline);
         // The tag must still name the manifest the caller confirmed: another one is a
         // newer snapshot.
         match s.head_digest(&tagged, "resolve").await? {
@@ -164,19 +186,30 @@ impl RegistryClient {
             }
         }
         let reference = format!("{}/{repository}@{digest}", snapshot.registry());
-        let deleted = s
-            .delete(&manifest(digest), &reference, "delete_digest")
-            .await?;
-        Ok(match deleted {
-            true => DeleteOutcome::Deleted,
-            false => DeleteOutcome::Absent,
-        })
+        if s.delete(&manifest(digest), &reference, "delete_digest")
+            .await?
+        {
+            return Ok(DeleteOutcome::Deleted);
+        }
+        // S5: a 404 ends the debt only once the tag agrees that the snapshot is gone.
+        match s.head_digest(&tagged, "confirm").await? {
+            None => Ok(DeleteOutcome::Absent),
+            Some(found) if found != digest => Ok(DeleteOutcome::Moved { found }),
+            Some(_) => {
+                let message = format!(
+                    "the registry answered 404 to DELETE {reference}, \
+                     yet {snapshot} still names that manifest"
+                );
+                Err(RegistryError::protocol("delete_digest", message))
+            }
+        }
     }
 }
 
 impl SnapshotStore for RegistryClient {
     fn snapshot_digest<'a>(&'a self, vm: &'a str) -> Fut<'a, Option<String>> {
-        Box::pin(self.within("probe", Instant::now() + FAR, self.probe(vm)))
+        let probe = |deadline| self.probe(vm, deadline);
+        Box::pin(self.within("probe", Instant::now() + FAR, probe))
     }
 
     fn delete_snapshot_before<'a>(
@@ -185,8 +218,8 @@ impl SnapshotStore for RegistryClient {
         digest: &'a str,
         at: Instant,
     ) -> Fut<'a, DeleteOutcome> {
-        Box::pin(self.within("delete", at, async move {
-            let result = self.delete(vm, digest).await;
+        Box::pin(self.within("delete", at, move |deadline| async move {
+            let result = self.delete(vm, digest, deadline).await;
             debug!(vm, digest, ?result, "registry delete");
             result
         }))
@@ -210,6 +243,45 @@ mod tests {
         send(&client.snapshot_digest("vm"));
         fn error<T: std::error::Error + Send + Sync + 'static>() {}
         error::<RegistryError>();
+    }
+
+    /// S1/S7: once its deadline has come, an operation is not polled again, though tokio's
+    /// timer fires with it (`timeout_at` polls the inner future first, and a process
+    /// resumed after a pause would go on with it).
+    #[tokio::test(flavor = "current_thread")]
+    async fn s1_s7_an_operation_past_its_deadline_is_not_polled_again() {
+        let config = RegistryConfig {
+            base: "127.0.0.1:9".into(),
+            plain_http: true,
+            auth: RegistryAuth::Anonymous,
+            extra_ca_pems: vec![],
+            timeout: Duration::from_secs(60),
+        };
+        let client = RegistryClient::new(config, Metrics::new()).unwrap();
+        let not_after = Instant::now() + Duration::from_millis(100);
+        // The pause, between two polls of the operation: the runtime's only thread stops
+        // until past the deadline.
+        let pause = tokio::spawn(async move {
+            let left = not_after.saturating_duration_since(Instant::now());
+            std::thread::sleep(left + Duration::from_millis(50));
+        });
+        let polls = std::sync::atomic::AtomicUsize::new(0);
+        let operation = |_| {
+            std::future::poll_fn(|cx| {
+                if polls.fetch_add(1, std::sync::atomic::Ordering::SeqCst) > 0 {
+                    return Poll::Ready(Ok(()));
+                }
+                cx.waker().wake_by_ref();
+                Poll::Pending
+            })
+        };
+        let result = client.within("delete", not_after, operation).await;
+        assert!(
+            matches!(result, Err(RegistryError::Timeout { .. })),
+            "{result:?}"
+        );
+        assert_eq!(polls.load(std::sync::atomic::Ordering::SeqCst), 1);
+        pause.await.unwrap();
     }
 
     #[test]

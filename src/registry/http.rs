@@ -2,7 +2,8 @@
 //! token with the `pull,delete` scope (it asks for `pull` or `pull,push`), and sends
 //! `GET /v2/` before every request on a registry without auth. An operation runs on one
 //! [`Session`]: a probe's HEAD, or a delete's HEADs, `Link`-paged `tags/list` and
-//! DELETEs, on at most one token.
+//! DELETE, on at most one token, each request sent only before the operation's
+//! [`Deadline`].
 
 use super::error::{Op, RegistryError, Result, answer_detail, error_codes};
 use crate::metrics::Metrics;
@@ -15,6 +16,8 @@ use oci_spec::image::Digest;
 use reqwest::header::{ACCEPT, HeaderMap, WWW_AUTHENTICATE};
 use reqwest::{Method, RequestBuilder, Url};
 use std::collections::BTreeSet;
+use std::time::Duration;
+use tokio::time::Instant;
 
 /// Items asked for per page of a listing (Distribution refuses `n` above 1000).
 const PAGE_SIZE: usize = 100;
@@ -37,11 +40,36 @@ pub(super) struct Http {
     pub root: String,
 }
 
+/// When an operation must have sent its last request (C2, S1), and the budget it had.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Deadline {
+    pub operation: Op,
+    pub at: Instant,
+    pub budget: Duration,
+}
+
+impl Deadline {
+    /// Refuses once `at` has come, by the clock read right now (S1, S7): in a process
+    /// resumed after a pause (SIGSTOP), a timer may not have fired yet.
+    pub fn check(&self) -> Result<()> {
+        match Instant::now() < self.at {
+            true => Ok(()),
+            false => Err(self.expired()),
+        }
+    }
+
+    pub fn expired(&self) -> RegistryError {
+        let (operation, after) = (self.operation, self.budget);
+        RegistryError::Timeout { operation, after }
+    }
+}
+
 /// One operation's requests, and the token (at most one, for the whole operation's scope).
 pub(super) struct Session<'a> {
     http: &'a Http,
     scope: String,
     token: Option<String>,
+    deadline: Deadline,
 }
 
 /// An answer's status, headers and body.
@@ -56,18 +84,21 @@ struct Page {
 }
 
 impl Http {
-    pub fn session(&self, scope: String) -> Session<'_> {
+    pub fn session(&self, scope: String, deadline: Deadline) -> Session<'_> {
         Session {
             http: self,
             scope,
             token: None,
+            deadline,
         }
     }
 
-    /// Counts a call in `registry_calls_total`; `ok` names a success's outcome.
+    /// Counts a call in `registry_calls_total`; `ok` names a success's outcome. A call
+    /// refused for the deadline was never sent: the operation's timeout counts it.
     pub fn counted<T>(&self, op: Op, result: Result<T>, ok: fn(&T) -> &'static str) -> Result<T> {
         let outcome = match &result {
             Ok(value) => ok(value),
+            Err(RegistryError::Timeout { .. }) => return result,
             Err(RegistryError::DeleteRefused { .. }) => "unsupported",
             Err(_) => "error",
         };
@@ -85,10 +116,16 @@ impl Session<'_> {
     /// One request, with the session's token, else the configured credentials. A 401 with
     /// a Bearer challenge gets the session its token and is sent again, and so is one that
     /// met a transport error (dead pooled connections; every request here is idempotent).
+    /// Nothing is sent, a retry or a token fetch neither, once the deadline has come.
     async fn send(&mut self, method: Method, url: &Url, op: Op) -> Result<Answer> {
         loop {
+            tracing::trace!(operation = op, %method, "registry request");
+            self.deadline.check()?;
             let answer = match self.try_send(&method, url).await {
-                Err(_) => self.try_send(&method, url).await,
+                Err(_) => {
+                    self.deadline.check()?;
+                    self.try_send(&method, url).await
+                }
                 answer => answer,
             };
             let answer = answer.map_err(|e| RegistryError::transport(op, &e))?;
@@ -124,6 +161,7 @@ impl Session<'_> {
     /// GET `<realm>?service=…&scope=…`, with the basic credentials if any.
     async fn fetch_token(&self, realm: &str, service: Option<&str>) -> Result<String> {
         const OP: Op = "token";
+        self.deadline.check()?;
         let realm_error = |why| RegistryError::protocol(OP, format!("token realm {realm:?} {why}"));
         let mut url = Url::parse(realm).map_err(|e| realm_error(format!("is not a URL: {e}")))?;
         if self.http.root.starts_with("https:") && url.scheme() != "https" {
@@ -196,7 +234,7 @@ impl Session<'_> {
         }
     }
 
-    /// DELETE `<repository>/manifests/<tag or digest>`: true once deleted, false if absent.
+    /// DELETE `<repository>/manifests/<digest>`: true once deleted, false on 404.
     pub async fn delete(&mut self, path: &str, reference: &str, op: Op) -> Result<bool> {
         let answer = self.send(Method::DELETE, &self.url(path)?, op).await;
         let result =
@@ -216,9 +254,8 @@ fn header(headers: &HeaderMap, name: &str) -> Option<String> {
     Some(headers.get(name)?.to_str().ok()?.trim().to_string())
 }
 
-/// What a DELETE answer means: true deleted, false already gone (404). 405, and 400 with
-/// the OCI error code DIGEST_INVALID or UNSUPPORTED (Distribution, for a tag), refuse
-/// this way of deleting.
+/// What a DELETE answer means: true deleted, false 404 (which the caller confirms). 405,
+/// and 400 with the OCI error code DIGEST_INVALID or UNSUPPORTED, refuse deletes.
 pub fn interpret_delete(status: u16, body: &str, reference: &str, op: Op) -> Result<bool> {
     let refusal = |code: &Code| matches!(code, Code::DigestInvalid | Code::Unsupported);
     let refused = status == 405 || (status == 400 && error_codes(body).iter().any(refusal));
