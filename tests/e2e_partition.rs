@@ -1,7 +1,11 @@
-//! End-to-end tests of a product cut off from the apiserver by a network fault (S1, S4),
-//! against the real apiserver, etcd and registry. The fault is a TCP proxy between the
-//! product and the apiserver (tests/support/tcp_proxy.rs).
+//! End-to-end tests of a product cut off from the apiserver by a network fault (S1, S4,
+//! S7, S8), against the real apiserver, etcd and registry. The fault is a TCP proxy
+//! between the product and the apiserver (tests/support/tcp_proxy.rs), or an HTTP-aware
+//! TLS-terminating one that cuts only some calls (tests/support/api_tap.rs); a paused
+//! process is SIGSTOP.
 
+#[path = "support/api_tap.rs"]
+mod api_tap;
 #[path = "support/cluster.rs"]
 mod cluster;
 #[path = "support/lease_log.rs"]
@@ -553,4 +557,660 @@ async fn e2e_s4_change_seen_only_through_a_relist_converges() {
             && e["objectRef"]["resource"].as_str() == Some("cocoonhibernations")
     });
     assert_eq!(others, 0, "S4: nothing else touched the CR after the flip");
+}
+
+// ---------------------------------------------------------------------------------------
+// S1, S7, S8: partial partitions, a paused leader, a lagging pod informer.
+
+/// An [`api_tap::ApiTap`] that reaches the apiserver as the product's own identity.
+async fn product_tap(cluster: &cluster::Cluster) -> api_tap::ApiTap {
+    let identity = product::product_identity(cluster).await;
+    let groups: Vec<&str> = identity.groups.iter().map(String::as_str).collect();
+    api_tap::ApiTap::start(
+        apiserver_addr(&cluster.apiserver_url),
+        cluster.serving_cert(&["127.0.0.1", "localhost"]),
+        cluster.client_cert(&identity.username, &groups),
+        &cluster.ca_cert_pem,
+    )
+    .await
+}
+
+/// `kill -<sig> <pid>`; panics if it fails.
+fn signal(pid: u32, sig: &str) {
+    let status = Command::new("kill")
+        .args([format!("-{sig}"), pid.to_string()])
+        .status()
+        .unwrap_or_else(|e| panic!("run kill -{sig} {pid}: {e}"));
+    assert!(status.success(), "kill -{sig} {pid}: {status}");
+}
+
+/// The digest `<vm>:hibernate` names now, straight from the registry.
+async fn tag_digest(registry: &str, vm: &str) -> Option<String> {
+    let res = reqwest::Client::new()
+        .head(format!("http://{registry}/v2/{vm}/manifests/hibernate"))
+        .header(
+            "accept",
+            "application/vnd.oci.image.manifest.v1+json, application/vnd.docker.distribution.manifest.v2+json",
+        )
+        .timeout(Duration::from_secs(3))
+        .send()
+        .await
+        .expect("HEAD the tag");
+    match res.status().as_u16() {
+        200 => res
+            .headers()
+            .get("docker-content-digest")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned),
+        404 => None,
+        s => panic!("HEAD {vm}:hibernate answered {s}"),
+    }
+}
+
+fn recorded_digest(cr: &CocoonHibernation) -> Option<String> {
+    cr.status
+        .as_ref()
+        .and_then(|s| s.snapshot.as_ref())
+        .and_then(|s| s.digest.clone())
+}
+
+/// Polls a product's `cocoon_hibernation_leader` from a blocking thread (closely, so the
+/// instant is precise) until it reads 0. Set the flag to give up.
+fn leader_drop(
+    port: u16,
+) -> (
+    Arc<AtomicBool>,
+    tokio::task::JoinHandle<Option<jiff::Timestamp>>,
+) {
+    let stop = Arc::new(AtomicBool::new(false));
+    let stop2 = stop.clone();
+    let poll = tokio::task::spawn_blocking(move || {
+        let probe = || -> Option<f64> {
+            use std::io::{Read, Write};
+            let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+            s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+            write!(s, "GET /metrics HTTP/1.0\r\nhost: 127.0.0.1\r\n\r\n").ok()?;
+            let mut out = String::new();
+            s.read_to_string(&mut out).ok()?;
+            out.lines()
+                .find(|l| l.starts_with("cocoon_hibernation_leader "))
+                .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+        };
+        while !stop2.load(Ordering::Relaxed) {
+            if probe() == Some(0.0) {
+                return Some(jiff::Timestamp::now());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
+    });
+    (stop, poll)
+}
+
+/// Keeps hibernate/wake cycles going on every CR of `crs` until `stop`: a Hibernated CR
+/// is flipped to Wake, an Active one whose tag delete is done back to Hibernate, so
+/// wakes complete, and tag deletes fall due, all the time. Returns the flips made.
+async fn drive_cycles(crs: Api<CocoonHibernation>, stop: Arc<AtomicBool>) -> usize {
+    let mut flips = 0;
+    while !stop.load(Ordering::Relaxed) {
+        if let Ok(list) = crs.list(&Default::default()).await {
+            for cr in list.items {
+                let flip = match (product::phase(&cr), cr.spec.desire) {
+                    (Some(Phase::Hibernated), Desire::Hibernate) => Some(Desire::Wake),
+                    (Some(Phase::Active), Desire::Wake)
+                        if condition(&cr, SNAPSHOT_DELETED).as_deref() == Some("True") =>
+                    {
+                        Some(Desire::Hibernate)
+                    }
+                    _ => None,
+                };
+                if let Some(desire) = flip {
+                    let patch = serde_json::json!({ "spec": { "desire": desire } });
+                    let name = cr.metadata.name.clone().unwrap_or_default();
+                    if crs
+                        .patch(&name, &Default::default(), &kube::api::Patch::Merge(&patch))
+                        .await
+                        .is_ok()
+                    {
+                        flips += 1;
+                    }
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    flips
+}
+
+fn fmt_since(t: jiff::Timestamp, since: jiff::Timestamp) -> String {
+    format!("{:+.1}s", t.duration_since(since).as_secs_f64())
+}
+
+/// S1, S8: a partition that cuts only the leader's Lease renewals. Replica A reaches the
+/// apiserver through a TLS-terminating tap that, from the cut on, holds every Lease write
+/// (never forwarded) while Lease reads, CR and pod reads and writes, events and watches
+/// pass. Four CRs cycle hibernate/wake the whole time, so tag deletes fall due before,
+/// around and after A's fence closes (last successful renewal, as the tap forwarded it,
+/// + duration - margin). Each replica reaches the registry through its own logging proxy.
+/// Checked: A sends no registry DELETE after its fence although its reads still succeed
+/// (Lease GETs answered, CR watch events delivered); B takes the lease and pays the
+/// deletes owed after A's fence.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e2e_s1_s8_renewals_only_partition_stops_deletes_at_the_fence() {
+    use api_tap::Kind;
+    let cluster = cluster::cluster();
+    let client = cluster.client().await;
+    product::ensure_crd(&client).await;
+    let ns = cluster.fresh_namespace(&client, "s8-renewals").await;
+    let lease_log = LeaseLog::start(&client, &ns, LEASE);
+    let tap = product_tap(cluster).await;
+    let registry_a = RegistryProxy::start(&cluster.registry).await;
+    let registry_b = RegistryProxy::start(&cluster.registry).await;
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig_a = product_kubeconfig_for(cluster, &tap.url(), dir.path()).await;
+    let mut opts_a = replica(&ns, &registry_a.addr, "replica-a");
+    opts_a.env = vec![
+        ("KUBECONFIG".into(), kubeconfig_a.display().to_string()),
+        ("COCOON_APISERVER_TIMEOUT".into(), "2s".into()),
+    ];
+    let a = Product::start(cluster, &opts_a).await;
+    eventually("replica-a leads", LONG, || async {
+        (a.metric("cocoon_hibernation_leader") == 1.0).then_some(())
+    })
+    .await;
+    let b = Product::start(cluster, &replica(&ns, &registry_b.addr, "replica-b")).await;
+    let _sim = vk_sim::spawn(
+        client.clone(),
+        Some(ns.clone()),
+        cluster.registry.clone(),
+        Arc::new(SimKnobs::new(
+            Duration::from_millis(200),
+            Duration::from_millis(200),
+        )),
+    );
+    let crs: Api<CocoonHibernation> = Api::namespaced(client.clone(), &ns);
+    let names: Vec<String> = (0..4).map(|i| format!("p-{i}")).collect();
+    for name in &names {
+        vk_sim::create_vm_pod(&client, &ns, name, &format!("vm-{ns}-{name}"))
+            .await
+            .unwrap();
+        product::create_cr(&crs, name, name, Desire::Hibernate).await;
+    }
+    for name in &names {
+        wait_phase(&crs, name, Phase::Hibernated, LONG, &mut vec![]).await;
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let driver = tokio::spawn(drive_cycles(crs.clone(), stop.clone()));
+    let deleted = |proxy: &RegistryProxy, after: Option<jiff::Timestamp>| {
+        proxy
+            .deletes()
+            .into_iter()
+            .filter(|d| (200..300).contains(&d.status))
+            .filter(|d| after.is_none_or(|t| d.at > t))
+            .count()
+    };
+    eventually("replica-a deletes tags as wakes complete", LONG, || async {
+        (deleted(&registry_a, None) >= 2).then_some(())
+    })
+    .await;
+
+    // The cut: only A's Lease writes stop.
+    tap.stall_lease_writes(true);
+    let cut = jiff::Timestamp::now();
+    let (give_up, a_down) = leader_drop(a.admin_port);
+    let b_first = eventually("replica-b holds the lease", LONG, || async {
+        lease_log.first_held_by("replica-b")
+    })
+    .await;
+    let b_acquire = b_first.acquire.expect("acquireTime");
+    eventually("replica-b leads", LONG, || async {
+        (b.metric("cocoon_hibernation_leader") == 1.0).then_some(())
+    })
+    .await;
+    // Deletes fall due after A's fence: B pays them.
+    eventually("replica-b deletes tags", LONG, || async {
+        (deleted(&registry_b, Some(b_acquire)) >= 2).then_some(())
+    })
+    .await;
+    // Give a replica that kept deleting time for several passes (requeues are at most
+    // 10 s apart) while its reads still succeed.
+    tokio::time::sleep(Duration::from_secs(15)).await;
+    stop.store(true, Ordering::Relaxed);
+    let flips = driver.await.unwrap();
+    let end = jiff::Timestamp::now();
+    // Checked last: the deletes say more about a replica that never stepped down.
+    give_up.store(true, Ordering::Relaxed);
+    let a_down = a_down.await.unwrap();
+
+    let calls = tap.calls();
+    let last_renewal = calls
+        .iter()
+        .filter(|c| c.kind == Kind::LeaseWrite && (200..300).contains(&c.status))
+        .map(|c| c.at)
+        .max()
+        .expect("replica-a renewed through the tap");
+    let stalled = calls
+        .iter()
+        .filter(|c| c.kind == Kind::LeaseWrite && c.status == 0 && c.at >= cut)
+        .count();
+    // The product counts its fence from just before it sent the renewal; the tap saw it
+    // arrive after that, so this is a bound the real fence closes before.
+    let fence = add(last_renewal, LEASE_DURATION - MARGIN);
+    let a_renew = lease_log
+        .last_held_by("replica-a")
+        .and_then(|r| r.renew)
+        .expect("replica-a's renewTime");
+    let a_deletes = registry_a.deletes();
+    let late: Vec<_> = a_deletes.iter().filter(|d| d.at > fence).collect();
+    let before_fence = a_deletes.iter().filter(|d| d.at <= fence).count();
+    let last_before = a_deletes
+        .iter()
+        .filter(|d| d.at <= fence)
+        .map(|d| d.at)
+        .max();
+    let b_after = deleted(&registry_b, Some(fence));
+    let lease_reads = tap.answered_ok_since(Kind::LeaseRead, fence);
+    let cr_gets_window = calls
+        .iter()
+        .filter(|c| c.kind == Kind::CrGet && (200..300).contains(&c.status))
+        .filter(|c| c.at >= cut && c.at <= fence)
+        .count();
+    let cr_gets_after = tap.answered_ok_since(Kind::CrGet, fence);
+    let cr_watch_after = tap
+        .frames()
+        .iter()
+        .filter(|f| f.kind == Kind::CrWatch && f.at > fence)
+        .count();
+    eprintln!(
+        "S1/S8 renewals-only partition: cut at {cut}; replica-a's last renewal reached the \
+         tap at {} of the cut (renewTime {a_renew}); its fence closed by {fence} ({} of \
+         the cut); {stalled} renewals stalled; replica-a stopped leading at {} of the fence; \
+         replica-b acquired at {} of the fence; watched until {} of the fence; {flips} \
+         desire flips",
+        fmt_since(last_renewal, cut),
+        fmt_since(fence, cut),
+        a_down.map_or("never".into(), |t| fmt_since(t, fence)),
+        fmt_since(b_acquire, fence),
+        fmt_since(end, fence),
+    );
+    eprintln!(
+        "S1/S8 registry DELETEs: replica-a {before_fence} before its fence (last at {} of \
+         it), {} after it; replica-b {b_after} after replica-a's fence",
+        last_before.map_or("-".into(), |t| fmt_since(t, fence)),
+        late.len(),
+    );
+    eprintln!(
+        "S1/S8 replica-a's reads through the tap: {cr_gets_window} fresh CR GETs between the \
+         cut and the fence; after the fence {lease_reads} Lease GETs answered 2xx, \
+         {cr_watch_after} CR watch chunks delivered, {cr_gets_after} CR GETs"
+    );
+    assert!(
+        late.is_empty(),
+        "S1: replica-a sent registry DELETEs after its fence closed at {fence}: {late:#?}"
+    );
+    assert!(stalled > 0, "the tap held replica-a's renewals");
+    assert!(
+        before_fence > 0,
+        "replica-a deleted tags before the cut (the test exercises a deleting leader)"
+    );
+    assert!(b_after > 0, "deletes fell due after replica-a's fence");
+    assert!(
+        lease_reads > 0 && cr_watch_after > 0,
+        "replica-a's reads still succeed after its fence: {lease_reads} Lease GETs, \
+         {cr_watch_after} CR watch chunks"
+    );
+    let a_down = a_down.expect("S1: replica-a never stopped leading");
+    assert!(
+        a_down < b_acquire,
+        "S1: replica-a still led (metric 1 until {a_down}) when replica-b acquired at {b_acquire}"
+    );
+    assert_eq!(a.metric("cocoon_hibernation_leader"), 0.0);
+    assert_eq!(b.metric("cocoon_hibernation_leader"), 1.0);
+}
+
+/// S1, S7: a leader paused (SIGSTOP) after its fresh reads, right as its tag delete asks
+/// the registry, resumes after another replica re-hibernated the VM. Replica A's registry
+/// proxy holds A's first HEAD of `<vm>:hibernate` after the flip to Wake (the delete's
+/// resolve, sent after the fresh GETs of the CR and the pod) and stops A there. While A is
+/// stopped, B takes the lease, finishes the wake and deletes the old snapshot D1 itself,
+/// the CR is flipped to Hibernate and vk pushes a new snapshot D2, which B records. Then
+/// the held HEAD goes on to the registry (so it answers D2, into A's socket) and A is
+/// continued. Checked after a settle: the tag still names D2, the CR is Hibernated with
+/// D2, no DELETE from A after its pause reached the registry unless it named D1 (a
+/// no-op, D1 is gone), and A sent no registry request at all after its fence closed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e2e_s1_s7_sigstop_between_fresh_read_and_delete_keeps_the_new_snapshot() {
+    let cluster = cluster::cluster();
+    let client = cluster.client().await;
+    product::ensure_crd(&client).await;
+    let ns = cluster.fresh_namespace(&client, "s7-sigstop").await;
+    let lease_log = LeaseLog::start(&client, &ns, LEASE);
+    let registry_a = RegistryProxy::start(&cluster.registry).await;
+    let registry_b = RegistryProxy::start(&cluster.registry).await;
+    let a = Product::start(cluster, &replica(&ns, &registry_a.addr, "replica-a")).await;
+    eventually("replica-a leads", LONG, || async {
+        (a.metric("cocoon_hibernation_leader") == 1.0).then_some(())
+    })
+    .await;
+    let b = Product::start(cluster, &replica(&ns, &registry_b.addr, "replica-b")).await;
+    let _sim = vk_sim::spawn(
+        client.clone(),
+        Some(ns.clone()),
+        cluster.registry.clone(),
+        Arc::new(SimKnobs::new(
+            Duration::from_millis(200),
+            Duration::from_millis(200),
+        )),
+    );
+    let crs: Api<CocoonHibernation> = Api::namespaced(client.clone(), &ns);
+    let vm = format!("vm-{ns}");
+    vk_sim::create_vm_pod(&client, &ns, "p-0", &vm)
+        .await
+        .unwrap();
+    product::create_cr(&crs, "p-0", "p-0", Desire::Hibernate).await;
+    let cr = wait_phase(&crs, "p-0", Phase::Hibernated, LONG, &mut vec![]).await;
+    let d1 = recorded_digest(&cr).expect("H3 recorded the digest");
+    assert_eq!(tag_digest(&cluster.registry, &vm).await.as_ref(), Some(&d1));
+
+    let pid = a.pid().expect("replica-a runs");
+    let mut trap = registry_a.trap(
+        http::Method::HEAD,
+        &format!("/v2/{vm}/manifests/hibernate"),
+        move || signal(pid, "STOP"),
+    );
+    product::set_desire(&crs, "p-0", Desire::Wake).await;
+    let stopped = tokio::time::timeout(LONG, trap.hit())
+        .await
+        .expect("replica-a never asked the registry about the tag after the wake");
+    eprintln!("S7 SIGSTOP: replica-a stopped at {stopped}, its resolve HEAD held");
+
+    // B takes over and finishes the wake, deleting D1 itself.
+    let b_first = eventually("replica-b holds the lease", LONG, || async {
+        lease_log.first_held_by("replica-b")
+    })
+    .await;
+    eventually("the wake ends through replica-b", LONG, || async {
+        let cr = crs.get("p-0").await.ok()?;
+        (product::phase(&cr) == Some(Phase::Active)
+            && condition(&cr, SNAPSHOT_DELETED).as_deref() == Some("True"))
+        .then_some(())
+    })
+    .await;
+    assert_eq!(tag_digest(&cluster.registry, &vm).await, None);
+    assert!(
+        registry_b
+            .deletes()
+            .iter()
+            .any(|d| d.path.contains(&d1) && (200..300).contains(&d.status)),
+        "replica-b deleted D1: {:#?}",
+        registry_b.deletes()
+    );
+    // The VM is hibernated again: a new snapshot under the same tag, recorded by B.
+    product::set_desire(&crs, "p-0", Desire::Hibernate).await;
+    let cr = wait_phase(&crs, "p-0", Phase::Hibernated, LONG, &mut vec![]).await;
+    let d2 = recorded_digest(&cr).expect("H3 recorded the new digest");
+    assert_ne!(d1, d2, "the new snapshot has a new digest");
+    assert_eq!(tag_digest(&cluster.registry, &vm).await.as_ref(), Some(&d2));
+
+    // The held HEAD now reaches the registry and its answer (D2) waits in A's socket;
+    // then A runs again, with its delete's deadline long past.
+    trap.release();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    signal(pid, "CONT");
+    let resumed = jiff::Timestamp::now();
+    tokio::time::sleep(Duration::from_secs(15)).await;
+
+    let a_renew = lease_log
+        .last_held_by("replica-a")
+        .and_then(|r| r.renew)
+        .expect("replica-a's renewTime");
+    let fence = add(a_renew, LEASE_DURATION - MARGIN + STAMP_SLACK);
+    let requests = registry_a.requests();
+    // The held HEAD arrived before the stop; everything else A sent after it.
+    let held = requests
+        .iter()
+        .find(|r| r.at < stopped && r.forwarded > stopped)
+        .expect("the held HEAD is logged");
+    let sent_after: Vec<_> = requests.iter().filter(|r| r.at >= stopped).collect();
+    let late_deletes: Vec<_> = sent_after.iter().filter(|r| r.method == "DELETE").collect();
+    let past_fence: Vec<_> = sent_after.iter().filter(|r| r.at > fence).collect();
+    eprintln!(
+        "S7 SIGSTOP: replica-a's fence closed by {fence} ({} of the stop); replica-b \
+         acquired at {} of the stop; replica-a resumed at {} of the stop ({} of its \
+         fence); the held resolve HEAD, sent at {} of the fence, went on to the registry \
+         at {} of it (answered {}, the new snapshot); requests replica-a sent after its \
+         pause: {} [{}]; DELETEs among them: {}",
+        fmt_since(fence, stopped),
+        fmt_since(b_first.acquire.expect("acquireTime"), stopped),
+        fmt_since(resumed, stopped),
+        fmt_since(resumed, fence),
+        fmt_since(held.at, fence),
+        fmt_since(held.forwarded, fence),
+        held.status,
+        sent_after.len(),
+        sent_after
+            .iter()
+            .map(|r| format!(
+                "{} {} -> {} at {} of the fence",
+                r.method,
+                r.path,
+                r.status,
+                fmt_since(r.at, fence)
+            ))
+            .collect::<Vec<_>>()
+            .join("; "),
+        late_deletes.len(),
+    );
+    for d in &late_deletes {
+        assert!(
+            d.path.contains(&d1) && !(200..300).contains(&d.status),
+            "S7: a DELETE from the resumed replica-a did more than a no-op on the old \
+             digest {d1}: {d:#?}"
+        );
+    }
+    assert!(
+        past_fence.is_empty(),
+        "S7: the resumed replica-a sent registry requests after its fence closed at \
+         {fence}: {past_fence:#?}"
+    );
+    assert_eq!(
+        tag_digest(&cluster.registry, &vm).await.as_ref(),
+        Some(&d2),
+        "S7: the new snapshot (the VM's only copy) survives"
+    );
+    let cr = crs.get("p-0").await.unwrap();
+    assert_eq!(product::phase(&cr), Some(Phase::Hibernated));
+    assert_eq!(recorded_digest(&cr).as_ref(), Some(&d2));
+    assert_eq!(a.metric("cocoon_hibernation_leader"), 0.0, "A follows");
+    assert_eq!(b.metric("cocoon_hibernation_leader"), 1.0);
+}
+
+/// S7: after a failover with a lagging pod informer, a Waking CR next to the
+/// pre-hibernate pod view (Running, old VMID, no annotation) must not delete the tag
+/// while vk restores the VM from it. Replica B follows behind a tap that, once the pod is
+/// running, holds back B's pod watch events (pod LISTs and all else pass). A leads, the
+/// VM is hibernated (snapshot D1), vk is made slow to restore, the CR is flipped to Wake
+/// and A removes the hibernate annotation; then A is killed (SIGKILL). B takes over with
+/// a CR cache that says Waking and a pod cache that says running. Checked: no DELETE of
+/// the tag reached the registry before vk finished restoring (the new VMID), and the CR
+/// ends Active with the tag deleted afterwards. Before the fresh pod read (S7) B ended
+/// the wake at once from its cache and deleted the VM's only copy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e2e_s7_a_lagging_pod_informer_deletes_nothing() {
+    use api_tap::Kind;
+    use cocoon_hibernation::api::annotations::PodView;
+    use k8s_openapi::api::core::v1::Pod;
+    const RESTORE: Duration = Duration::from_secs(25);
+    const SLACK: Duration = Duration::from_secs(3);
+    let cluster = cluster::cluster();
+    let client = cluster.client().await;
+    product::ensure_crd(&client).await;
+    let ns = cluster.fresh_namespace(&client, "s7-lagging").await;
+    let lease_log = LeaseLog::start(&client, &ns, LEASE);
+    let tap = product_tap(cluster).await;
+    let registry_a = RegistryProxy::start(&cluster.registry).await;
+    let registry_b = RegistryProxy::start(&cluster.registry).await;
+    let mut a = Product::start(cluster, &replica(&ns, &registry_a.addr, "replica-a")).await;
+    eventually("replica-a leads", LONG, || async {
+        (a.metric("cocoon_hibernation_leader") == 1.0).then_some(())
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig_b = product_kubeconfig_for(cluster, &tap.url(), dir.path()).await;
+    let mut opts_b = replica(&ns, &registry_b.addr, "replica-b");
+    opts_b.env = vec![
+        ("KUBECONFIG".into(), kubeconfig_b.display().to_string()),
+        ("COCOON_APISERVER_TIMEOUT".into(), "2s".into()),
+    ];
+    let b = Product::start(cluster, &opts_b).await;
+    let sim = vk_sim::spawn(
+        client.clone(),
+        Some(ns.clone()),
+        cluster.registry.clone(),
+        Arc::new(SimKnobs::new(
+            Duration::from_millis(200),
+            Duration::from_millis(200),
+        )),
+    );
+    let crs: Api<CocoonHibernation> = Api::namespaced(client.clone(), &ns);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let vm = format!("vm-{ns}");
+    let pod_chunks = || {
+        tap.frames()
+            .iter()
+            .filter(|f| f.kind == Kind::PodWatch)
+            .count()
+    };
+    let before = pod_chunks();
+    let created = vk_sim::create_vm_pod(&client, &ns, "p-0", &vm)
+        .await
+        .unwrap();
+    let old_vmid = PodView::of(&created).vm_id.expect("a VMID");
+    // B's pod cache sees the VM running (its creation and status), then lags.
+    eventually(
+        "replica-b's pod watch delivers the running pod",
+        LONG,
+        || async { (pod_chunks() > before).then_some(()) },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    tap.hold_pod_watches();
+    let held = jiff::Timestamp::now();
+
+    product::create_cr(&crs, "p-0", "p-0", Desire::Hibernate).await;
+    let cr = wait_phase(&crs, "p-0", Phase::Hibernated, LONG, &mut vec![]).await;
+    let d1 = recorded_digest(&cr).expect("H3 recorded the digest");
+    sim.knobs.set_wake_delay(RESTORE);
+    product::set_desire(&crs, "p-0", Desire::Wake).await;
+    eventually("replica-a starts the wake", LONG, || async {
+        let cr = crs.get("p-0").await.ok()?;
+        let pod = pods.get("p-0").await.ok()?;
+        (product::phase(&cr) == Some(Phase::Waking) && !PodView::of(&pod).hibernate_requested)
+            .then_some(())
+    })
+    .await;
+    a.kill9();
+    let killed = jiff::Timestamp::now();
+
+    // When vk is done restoring: the pod carries a new VMID.
+    let restored = {
+        let pods = pods.clone();
+        let old_vmid = old_vmid.clone();
+        tokio::spawn(async move {
+            eventually("vk restores the VM", LONG, || async {
+                let pod = pods.get("p-0").await.ok()?;
+                PodView::of(&pod)
+                    .vm_id
+                    .filter(|id| *id != old_vmid)
+                    .map(|_| jiff::Timestamp::now())
+            })
+            .await
+        })
+    };
+    let b_first = eventually("replica-b holds the lease", LONG, || async {
+        lease_log.first_held_by("replica-b")
+    })
+    .await;
+    let b_acquire = b_first.acquire.expect("acquireTime");
+    let restored = restored.await.unwrap();
+    // B may end the wake from fresh reads with its cache still lagging; give it a while,
+    // then let the held pod events through.
+    let active_early = tokio::time::timeout(Duration::from_secs(20), async {
+        wait_phase(&crs, "p-0", Phase::Active, LONG, &mut vec![]).await
+    })
+    .await
+    .is_ok();
+    let released = jiff::Timestamp::now();
+    tap.release_pod_watches();
+    wait_phase(&crs, "p-0", Phase::Active, LONG, &mut vec![]).await;
+    eventually("SnapshotDeleted=True", LONG, || async {
+        let cr = crs.get("p-0").await.ok()?;
+        (condition(&cr, SNAPSHOT_DELETED).as_deref() == Some("True")).then_some(())
+    })
+    .await;
+
+    let prefix = format!("/v2/{vm}/");
+    let deletes: Vec<_> = registry_a
+        .deletes()
+        .into_iter()
+        .chain(registry_b.deletes())
+        .filter(|d| d.path.starts_with(&prefix))
+        .collect();
+    let first_delete = deletes.iter().map(|d| d.at).min();
+    let held_chunks = tap
+        .frames()
+        .iter()
+        .filter(|f| f.kind == Kind::PodWatch)
+        .filter(|f| f.at > add(held, Duration::from_secs(1)) && f.at < released)
+        .count();
+    let released_chunks = tap
+        .frames()
+        .iter()
+        .filter(|f| f.kind == Kind::PodWatch && f.at >= released)
+        .count();
+    let b_log = b.log_text();
+    let deferred = b_log
+        .lines()
+        .filter(|l| l.contains("the pod does not show the VM running again"))
+        .count();
+    eprintln!(
+        "S7 lagging pod informer: replica-a killed at {killed}; replica-b acquired {} \
+         after; vk restored {} after the kill ({} after replica-b acquired); first tag \
+         DELETE at {} of the restore ({} DELETEs in all); CR Active before the pod events \
+         were released: {active_early}; pod watch chunks delivered while held: \
+         {held_chunks}, after the release: {released_chunks}; replica-b deferred the \
+         delete on the fresh pod read {deferred} times",
+        fmt_since(b_acquire, killed),
+        fmt_since(restored, killed),
+        fmt_since(restored, b_acquire),
+        first_delete.map_or("-".into(), |t| fmt_since(t, restored)),
+        deletes.len(),
+    );
+    let early: Vec<_> = deletes
+        .iter()
+        .filter(|d| add(d.at, SLACK) < restored)
+        .collect();
+    assert!(
+        early.is_empty(),
+        "S7: the tag was deleted while vk restored the VM from it (restored at {restored}): \
+         {early:#?}"
+    );
+    assert!(
+        restored > add(b_acquire, SLACK),
+        "the restore outlasted the takeover, so replica-b acted on the stale view"
+    );
+    assert!(
+        deletes
+            .iter()
+            .any(|d| d.path.contains(&d1) && (200..300).contains(&d.status)),
+        "the old snapshot D1 is deleted once the VM runs: {deletes:#?}"
+    );
+    assert_eq!(tag_digest(&cluster.registry, &vm).await, None);
+    assert_eq!(held_chunks, 0, "replica-b's pod watch lagged");
+    assert!(released_chunks > 0, "the held pod events came through");
+    assert!(
+        deferred > 0,
+        "replica-b's cache showed the VM running before vk restored it, and the fresh pod \
+         read kept the tag"
+    );
 }

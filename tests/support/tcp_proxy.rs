@@ -7,7 +7,8 @@
 //!   forwarding. TLS passes through untouched: point a kubeconfig at
 //!   `https://127.0.0.1:<port>` (the test apiserver's certificate covers 127.0.0.1).
 //! - [`RegistryProxy`]: a plain-HTTP proxy in front of a registry that logs every request
-//!   (method, path, wall-clock time, status) and can answer 503 to every DELETE.
+//!   (method, path, wall-clock time, status), can answer 503 to every DELETE, and can hold
+//!   one chosen request before it reaches the registry ([`RegistryProxy::trap`]).
 //!
 //! Include with `#[path = "support/tcp_proxy.rs"] mod tcp_proxy;`.
 #![allow(dead_code)] // each test binary uses a different subset
@@ -158,7 +159,41 @@ pub struct Logged {
     pub path: String,
     /// When the request arrived (wall clock, comparable with Lease times).
     pub at: jiff::Timestamp,
+    /// When it went on to the registry (later than `at` only for a trapped request).
+    pub forwarded: jiff::Timestamp,
     pub status: u16,
+}
+
+/// One request to hold, armed by [`RegistryProxy::trap`].
+struct Trap {
+    method: http::Method,
+    path: String,
+    on_hit: Box<dyn FnOnce() + Send>,
+    hit: watch::Sender<Option<jiff::Timestamp>>,
+    release: watch::Receiver<bool>,
+}
+
+/// The test's side of a [`RegistryProxy::trap`].
+pub struct TrapHandle {
+    hit: watch::Receiver<Option<jiff::Timestamp>>,
+    release: watch::Sender<bool>,
+}
+
+impl TrapHandle {
+    /// Waits until the trapped request arrived; returns when (after `on_hit` ran).
+    pub async fn hit(&mut self) -> jiff::Timestamp {
+        let hit = self
+            .hit
+            .wait_for(Option::is_some)
+            .await
+            .expect("trap alive");
+        hit.expect("set")
+    }
+
+    /// Sends the held request on to the registry.
+    pub fn release(&self) {
+        self.release.send_replace(true);
+    }
 }
 
 /// A logging HTTP proxy in front of a plain-http registry. Stops on drop.
@@ -167,6 +202,7 @@ pub struct RegistryProxy {
     pub addr: String,
     log: Arc<Mutex<Vec<Logged>>>,
     refuse_deletes: Arc<AtomicBool>,
+    trap: Arc<Mutex<Option<Trap>>>,
     task: JoinHandle<()>,
 }
 
@@ -182,6 +218,7 @@ struct ProxyState {
     http: reqwest::Client,
     log: Arc<Mutex<Vec<Logged>>>,
     refuse_deletes: Arc<AtomicBool>,
+    trap: Arc<Mutex<Option<Trap>>>,
 }
 
 impl RegistryProxy {
@@ -194,6 +231,7 @@ impl RegistryProxy {
         let addr = listener.local_addr().expect("proxy address").to_string();
         let log = Arc::new(Mutex::new(Vec::new()));
         let refuse_deletes = Arc::new(AtomicBool::new(false));
+        let trap = Arc::new(Mutex::new(None));
         let state = ProxyState {
             upstream: upstream.to_owned(),
             http: reqwest::Client::builder()
@@ -202,6 +240,7 @@ impl RegistryProxy {
                 .expect("http client"),
             log: log.clone(),
             refuse_deletes: refuse_deletes.clone(),
+            trap: trap.clone(),
         };
         let app = axum::Router::new().fallback(forward).with_state(state);
         let task = tokio::spawn(async move {
@@ -211,8 +250,30 @@ impl RegistryProxy {
             addr,
             log,
             refuse_deletes,
+            trap,
             task,
         }
+    }
+
+    /// Holds the next `method` request of `path` (query ignored) before it reaches the
+    /// registry: runs `on_hit` the moment it arrives (e.g. SIGSTOP its sender), then
+    /// forwards it only once the handle's [`TrapHandle::release`] is called.
+    pub fn trap(
+        &self,
+        method: http::Method,
+        path: &str,
+        on_hit: impl FnOnce() + Send + 'static,
+    ) -> TrapHandle {
+        let (hit_tx, hit) = watch::channel(None);
+        let (release, release_rx) = watch::channel(false);
+        *self.trap.lock().unwrap() = Some(Trap {
+            method,
+            path: path.to_owned(),
+            on_hit: Box::new(on_hit),
+            hit: hit_tx,
+            release: release_rx,
+        });
+        TrapHandle { hit, release }
     }
 
     /// While set, every DELETE is answered 503 without reaching the registry.
@@ -245,11 +306,28 @@ async fn forward(
         .path_and_query()
         .map(|p| p.as_str().to_owned())
         .unwrap_or_default();
+    let trapped = {
+        let mut trap = state.trap.lock().unwrap();
+        let hit = trap
+            .as_ref()
+            .is_some_and(|t| t.method == method && path.split('?').next() == Some(t.path.as_str()));
+        if hit { trap.take() } else { None }
+    };
+    if let Some(trap) = trapped {
+        (trap.on_hit)();
+        trap.hit.send_replace(Some(jiff::Timestamp::now()));
+        let mut release = trap.release;
+        let _ = release.wait_for(|r| *r).await;
+        // Keep the sender alive until here: the handle waits on it.
+        drop(trap.hit);
+    }
+    let forwarded = jiff::Timestamp::now();
     let record = |status: u16| {
         state.log.lock().unwrap().push(Logged {
             method: method.to_string(),
             path: path.clone(),
             at,
+            forwarded,
             status,
         });
     };
