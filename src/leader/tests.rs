@@ -338,7 +338,10 @@ async fn s8_a_stalled_cache_steps_down_releases_and_does_not_lead() {
     let deadline = h.election.fence.deadline().expect("fence open");
     stalled.store(true, Ordering::SeqCst);
     let stalled_at = Instant::now();
-    h.election.leading.wait_for(|l| !*l).await.unwrap();
+    tokio::time::timeout(timing.lease_duration, h.election.leading.wait_for(|l| !*l))
+        .await
+        .expect("stepped down on the stall")
+        .unwrap();
     assert!(Instant::now() <= stalled_at + timing.retry_period);
     assert!(
         Instant::now() < deadline,
