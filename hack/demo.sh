@@ -92,7 +92,7 @@ start_daemon "$SERVER" "$BIN" run \
   --webhook-addr "127.0.0.1:$WEBHOOK_PORT" --admin-addr "127.0.0.1:$ADMIN_PORT" \
   --tls-cert-file "$DEMO_DIR/tls.crt" --tls-key-file "$DEMO_DIR/tls.key" \
   --registry-base "$COCOON_REGISTRY" --registry-plain-http \
-  --leader-election=true --lease-namespace default
+  --leader-election=true --lease-namespace default --identity "cocoon-hibernation-demo"
 start_daemon "$SIMULATOR" "$SIM" --registry "$COCOON_REGISTRY" --hibernate-delay-ms 2000 --wake-delay-ms 2000
 # Ready means: our own server process is alive, and it answers /readyz on its port. A
 # server that cannot bind its port exits, so another program there cannot fool this.

@@ -59,6 +59,13 @@ pub struct ServerArgs {
     /// dead connection cannot hold a reconcile pass or a lease renewal.
     #[arg(long, env = "COCOON_APISERVER_TIMEOUT", value_parser = parse_duration, default_value = "15s")]
     pub apiserver_timeout: Duration,
+    /// S8: /healthz fails, and this replica stops leading, when an informer has shown no
+    /// progress (no event, bookmark, or watch or list reply) for this long. The apiserver
+    /// sends a bookmark about once a minute, and each informer watch is asked to end after
+    /// a third of this (at most 290 s, kube's default), so a healthy idle informer shows
+    /// progress several times within the limit.
+    #[arg(long, env = "COCOON_INFORMER_STALL_LIMIT", value_parser = parse_duration, default_value = "5m")]
+    pub informer_stall_limit: Duration,
     /// How long SIGTERM waits for in-flight admission requests.
     #[arg(long, env = "COCOON_SHUTDOWN_GRACE", value_parser = parse_duration, default_value = "20s")]
     pub shutdown_grace: Duration,
@@ -167,7 +174,8 @@ pub struct ElectionArgs {
     /// Namespace of the Lease; defaults to the pod's namespace.
     #[arg(long, env = "POD_NAMESPACE", default_value = "default")]
     pub lease_namespace: String,
-    /// This replica's identity; defaults to the pod name.
+    /// This replica's identity in the Lease; required with election on (S8), and unique
+    /// per replica: the chart passes the pod name.
     #[arg(long, env = "POD_NAME")]
     pub identity: Option<String>,
     /// How long a holder's record stays valid for the others (whole seconds). The leader
@@ -246,7 +254,22 @@ impl ServerArgs {
                 "choose one of --registry-username, --registry-docker-config, --registry-token-file",
             );
         }
+        if self.informer_stall_limit < Duration::from_secs(3) {
+            return err("--informer-stall-limit must be at least 3s");
+        }
         if self.election.leader_election {
+            // S8: a shared fallback (e.g. the pid, 1 in every container) would let two
+            // replicas both believe they hold the Lease.
+            if self
+                .election
+                .identity
+                .as_deref()
+                .is_none_or(|id| id.trim().is_empty())
+            {
+                return err(
+                    "leader election needs this replica's own identity: set --identity or POD_NAME (or turn election off with --leader-election=false)",
+                );
+            }
             if self.election.lease_duration < Duration::from_secs(2) {
                 return err("--lease-duration must be at least 2s");
             }
@@ -268,6 +291,10 @@ mod tests {
 
     fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
         let mut all = vec!["cocoon-hibernation"];
+        // An explicit identity, so POD_NAME in the test's environment cannot decide.
+        if !args.iter().any(|a| a.starts_with("--identity")) {
+            all.extend(["--identity", "replica-a"]);
+        }
         if !args.iter().any(|a| a.starts_with("--registry-base")) {
             all.extend(["--registry-base", "127.0.0.1:5000/snap"]);
         }
@@ -297,6 +324,9 @@ mod tests {
     #[case::scheme_in_base(&["--registry-base", "https://r.example/x"], "without a scheme")]
     #[case::same_ports(&["--webhook-addr", "0.0.0.0:8080"], "must differ")]
     #[case::two_credential_sources(&["--registry-username", "u", "--registry-token-file", "/t"], "choose one")]
+    #[case::s8_election_without_an_identity(&["--identity", ""], "--identity or POD_NAME")]
+    #[case::s8_election_with_a_blank_identity(&["--identity", "  "], "--identity or POD_NAME")]
+    #[case::s8_stall_limit_too_short(&["--informer-stall-limit", "1s"], "--informer-stall-limit")]
     fn p3_bad_settings_are_refused_with_the_flag_named(
         #[case] args: &[&str],
         #[case] needle: &str,
@@ -304,6 +334,25 @@ mod tests {
         let cli = parse(args).unwrap();
         let e = cli.server.validate().unwrap_err();
         assert!(e.to_string().contains(needle), "{e}");
+    }
+
+    /// SPEC S8: no identity of our own is refused only while election is on; with it off
+    /// nothing needs one.
+    #[test]
+    fn s8_an_identity_is_required_only_with_election_on() {
+        let unset = |extra: &[&str]| {
+            let mut all = vec!["x", "--registry-base", "r:5000"];
+            all.extend_from_slice(extra);
+            let mut cli = Cli::try_parse_from(all).unwrap();
+            // Whatever POD_NAME the test runs with: no identity at all.
+            cli.server.election.identity = None;
+            cli.server.validate()
+        };
+        let e = unset(&[]).unwrap_err();
+        assert!(e.0.contains("--identity or POD_NAME"), "{e}");
+        assert_eq!(unset(&["--leader-election=false"]), Ok(()));
+        let cli = parse(&[]).unwrap();
+        assert_eq!(cli.server.informer_stall_limit, Duration::from_secs(300));
     }
 
     /// SPEC P3: secrets never logged.

@@ -19,6 +19,9 @@ pub enum Error {
     Io(#[from] std::io::Error),
     #[error("leader election: {0}")]
     Lease(String),
+    /// S8: a task the process cannot run without (cache, controller) ended.
+    #[error("{0}")]
+    TaskEnded(String),
     /// S1: a leader-only effect was refused because this replica's lease is not fresh.
     #[error("not acting as leader: {0}")]
     Fenced(String),
@@ -38,6 +41,7 @@ impl Error {
             Error::Io(_) => "io",
             Error::Lease(_) => "lease",
             Error::Fenced(_) => "fenced",
+            Error::TaskEnded(_) => "task_ended",
         }
     }
 }

@@ -1,10 +1,12 @@
 //! Wiring of the one process (P1): cache, webhook, admin endpoints, election, controller.
 
-use crate::cache::{self, CacheScope};
+use crate::cache::progress::{self, Progress, ProgressLayer, Verdict};
+use crate::cache::{self, CacheScope, SharedCache};
 use crate::config::{RegistryArgs, ServerArgs};
 use crate::controller::{self, plan::Settings};
 use crate::error::{Error, Result};
 use crate::leader::Election;
+use crate::leader::decide::Readiness;
 use crate::metrics::Metrics;
 use crate::registry::{RegistryAuth, RegistryClient, RegistryConfig, auth_from_docker_config};
 use crate::webhook::{self, tls};
@@ -12,13 +14,17 @@ use axum_server::tls_rustls::RustlsConfig;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 pub async fn run(args: ServerArgs) -> Result<()> {
     args.validate()?;
     let metrics = Metrics::new();
     let registry = RegistryClient::new(registry_config(&args.registry)?, metrics.clone())?;
-    let (watch_client, client) = kube_clients(args.apiserver_timeout).await?;
+    let progress = Progress::new();
+    let stall_limit = args.informer_stall_limit;
+    let (watch_client, client) =
+        kube_clients(args.apiserver_timeout, stall_limit, progress.clone()).await?;
     let shutdown = CancellationToken::new();
 
     let (trigger_tx, trigger_rx) = mpsc::unbounded_channel();
@@ -26,8 +32,14 @@ pub async fn run(args: ServerArgs) -> Result<()> {
         namespace: args.controller.watch_namespace.clone(),
         pod_selector: args.controller.pod_selector.clone(),
     };
-    let (cache, cache_driver) = cache::start(watch_client, &scope, trigger_tx);
-    let cache_task = tokio::spawn(cache_driver);
+    let (cache, cache_driver) = cache::start_tracked(
+        watch_client,
+        &scope,
+        trigger_tx,
+        progress,
+        Some(progress::watch_timeout(stall_limit)),
+    );
+    let mut cache_task = tokio::spawn(cache_driver);
 
     // Webhook: fail fast on a bad certificate, then reload on change (V6).
     let tls_config = RustlsConfig::from_config(Arc::new(tls::server_config(
@@ -50,7 +62,7 @@ pub async fn run(args: ServerArgs) -> Result<()> {
     );
 
     let admin_listener = tokio::net::TcpListener::bind(args.admin_addr).await?;
-    let admin_app = crate::admin::router(cache.clone(), metrics.clone());
+    let admin_app = crate::admin::router(cache.clone(), metrics.clone(), stall_limit);
     let admin_stop = shutdown.clone();
     let admin_server = tokio::spawn(async move {
         axum::serve(admin_listener, admin_app)
@@ -59,21 +71,34 @@ pub async fn run(args: ServerArgs) -> Result<()> {
     });
     tracing::info!(webhook = %args.webhook.webhook_addr, admin = %args.admin_addr, "serving");
 
+    // S8: validate() refused election without an identity of our own.
     let identity = args
         .election
         .identity
         .clone()
-        .unwrap_or_else(|| format!("cocoon-hibernation-{}", std::process::id()));
-    let election = if args.election.leader_election {
-        Election::start(
-            client.clone(),
-            &args.election,
-            identity.clone(),
-            args.apiserver_timeout,
-        )
-        .await?
-    } else {
-        Election::always()
+        .filter(|id| !id.trim().is_empty());
+    let readiness = {
+        let cache = cache.clone();
+        let reported = std::sync::atomic::AtomicBool::new(false);
+        move || readiness(&cache, stall_limit, &reported)
+    };
+    let election = match (&identity, args.election.leader_election) {
+        (Some(identity), true) => {
+            Election::start(
+                client.clone(),
+                &args.election,
+                identity.clone(),
+                args.apiserver_timeout,
+                readiness,
+            )
+            .await?
+        }
+        (None, true) => {
+            return Err(Error::Config(crate::config::ConfigError(
+                "leader election needs --identity or POD_NAME".into(),
+            )));
+        }
+        (_, false) => Election::always_while(readiness, Duration::from_secs(1)),
     };
     let settings = Settings {
         hibernate_timeout: args.controller.hibernate_timeout,
@@ -90,12 +115,12 @@ pub async fn run(args: ServerArgs) -> Result<()> {
         registry,
         metrics,
         settings,
-        Some(identity),
+        identity,
         election.fence.clone(),
     );
     let census_task = tokio::spawn(controller::report_census(ctx.clone(), shutdown.clone()));
     let concurrency = u16::try_from(args.controller.concurrency).unwrap_or(u16::MAX);
-    let controller_task = tokio::spawn(controller::run(
+    let mut controller_task = tokio::spawn(controller::run(
         ctx,
         trigger_rx,
         election.leading.clone(),
@@ -107,14 +132,20 @@ pub async fn run(args: ServerArgs) -> Result<()> {
     let outcome = tokio::select! {
         _ = wait_for_signal() => Ok(()),
         res = &mut webhook_server => Err(Error::Tls(format!("webhook server stopped: {}", flatten(res)))),
+        ended = until_a_task_ends(&mut cache_task, &mut controller_task) => Err(ended),
     };
+    if let Err(e) = &outcome {
+        tracing::error!(error = %e, "a part of the process stopped: releasing the lease and exiting");
+    }
 
     // P4: stop accepting, finish in-flight reviews, stop reconciling, release the lease
     // (only after the controller stopped, so no leader-only effect follows the release).
     tracing::info!("shutting down");
     webhook_handle.graceful_shutdown(Some(args.shutdown_grace));
     shutdown.cancel();
-    let _ = controller_task.await;
+    if !controller_task.is_finished() {
+        let _ = controller_task.await;
+    }
     census_task.abort();
     election.stop.cancel();
     if let Some(task) = election.task {
@@ -133,30 +164,91 @@ pub async fn run(args: ServerArgs) -> Result<()> {
     outcome
 }
 
-/// Two clients on the same kubeconfig (S1): one without a read timeout for the cache's
-/// watches, which kube-runtime guards with its own idle timeout, and one whose every
-/// request (reads, writes, events, the Lease) fails after `timeout` of silence, so a dead
-/// connection cannot hold a reconcile pass or a lease renewal forever.
-async fn kube_clients(timeout: Duration) -> Result<(kube::Client, kube::Client)> {
+/// S8: the cache's fitness to lead on, for the elector; logs each stall once.
+fn readiness(
+    cache: &SharedCache,
+    stall_limit: Duration,
+    reported: &std::sync::atomic::AtomicBool,
+) -> Readiness {
+    use std::sync::atomic::Ordering;
+    let verdict = cache.verdict(stall_limit);
+    let stalled = matches!(verdict, Verdict::Stalled { .. });
+    if reported.swap(stalled, Ordering::Relaxed) != stalled {
+        match verdict {
+            Verdict::Stalled { informer, silent } => tracing::error!(
+                informer = informer.name(),
+                silent_s = silent.as_secs(),
+                "informer made no progress for longer than --informer-stall-limit: not leading"
+            ),
+            _ => tracing::info!("informers progressing again"),
+        }
+    }
+    match verdict {
+        Verdict::Ready => Readiness::Ready,
+        Verdict::Syncing(_) => Readiness::Syncing,
+        Verdict::Stalled { .. } => Readiness::Stalled,
+    }
+}
+
+/// S8: resolves when the cache or the controller task ends, which neither does while the
+/// process is healthy: a process without either serves a frozen view or does nothing.
+async fn until_a_task_ends(cache: &mut JoinHandle<()>, controller: &mut JoinHandle<()>) -> Error {
+    let (what, res) = tokio::select! {
+        res = cache => ("informer cache", res),
+        res = controller => ("controller", res),
+    };
+    let how = match res {
+        Ok(()) => "returned".to_owned(),
+        Err(e) if e.is_panic() => "panicked".to_owned(),
+        Err(e) => e.to_string(),
+    };
+    Error::TaskEnded(format!("the {what} task {how}"))
+}
+
+/// Slack of the watch client's read timeout over the server-side watch timeout: past
+/// kube-runtime's own 5 s idle margin, so a healthy watch the apiserver ends on time is
+/// never cut by it.
+const WATCH_READ_SLACK: Duration = Duration::from_secs(15);
+
+/// Two clients on the same kubeconfig (S1): one for the cache's lists and watches, and
+/// one whose every request (reads, writes, events, the Lease) fails after `timeout` of
+/// silence, so a dead connection cannot hold a reconcile pass or a lease renewal forever.
+async fn kube_clients(
+    timeout: Duration,
+    stall_limit: Duration,
+    progress: Progress,
+) -> Result<(kube::Client, kube::Client)> {
     let config = kube::Config::infer()
         .await
         .map_err(|e| Error::Kube(kube::Error::InferConfig(e)))?;
-    let (watch, timed) = client_configs(config, timeout);
-    Ok((
-        kube::Client::try_from(watch)?,
-        kube::Client::try_from(timed)?,
-    ))
+    let (watch, timed) = client_configs(config, timeout, stall_limit);
+    let watch = kube::client::ClientBuilder::try_from(watch)?
+        .with_layer(&ProgressLayer(progress))
+        .build();
+    Ok((watch, kube::Client::try_from(timed)?))
 }
 
 /// (watch config, timed config) from one inferred config.
-fn client_configs(mut config: kube::Config, timeout: Duration) -> (kube::Config, kube::Config) {
+fn client_configs(
+    mut config: kube::Config,
+    timeout: Duration,
+    stall_limit: Duration,
+) -> (kube::Config, kube::Config) {
     // The apiserver's audit log then tells our calls from everyone else's.
     config.headers.push((
         http::header::USER_AGENT,
         http::HeaderValue::from_static(crate::USER_AGENT),
     ));
     let mut watch = config.clone();
-    watch.read_timeout = None;
+    // S8: a half-open connection during a list or a watch's open would otherwise hang
+    // the informer forever (kube-runtime's idle timeout covers only an open stream).
+    // Longer than the server-side watch timeout, within which the apiserver sends a
+    // bookmark or ends the watch, so a healthy idle watch is never cut.
+    watch.read_timeout = Some(
+        Duration::from_secs(u64::from(progress::watch_timeout(stall_limit))) + WATCH_READ_SLACK,
+    );
+    watch.connect_timeout = Some(timeout);
+    watch.reset_reader_on_write = true;
     let mut timed = config;
     timed.connect_timeout = Some(timeout);
     timed.read_timeout = Some(timeout);
@@ -259,7 +351,8 @@ mod tests {
     #[test]
     fn o4_kube_clients_send_our_user_agent() {
         let config = kube::Config::new("https://127.0.0.1:6443".parse().unwrap());
-        let (watch, timed) = client_configs(config, Duration::from_secs(3));
+        let (watch, timed) =
+            client_configs(config, Duration::from_secs(3), Duration::from_secs(300));
         for c in [watch, timed] {
             let ua = c
                 .headers
@@ -298,18 +391,69 @@ mod tests {
         assert!(matches!(cfg.auth, RegistryAuth::Basic(ref username, _) if username == "alice"));
     }
 
-    /// SPEC S1: every non-watch call has connect, read and write timeouts; watches keep
-    /// no read timeout (kube-runtime's watcher has its own idle timeout).
-    #[test]
-    fn s1_only_the_watch_client_lacks_a_read_timeout() {
+    /// SPEC S1 S8: every non-watch call has connect, read and write timeouts; the watch
+    /// client has a read timeout too (a list or a watch's open on a half-open connection
+    /// ends), longer than the watch the apiserver is asked to end (plus kube-runtime's own
+    /// 5 s idle margin), so a healthy idle watch is never cut, and longer than the
+    /// apiserver's one-minute bookmark cadence at the default stall limit.
+    #[rstest::rstest]
+    #[case::default_limit(300, 115)]
+    #[case::short_limit(9, 18)]
+    #[case::long_limit(3600, 305)]
+    fn s8_the_watch_client_has_a_read_timeout_beyond_its_watches(
+        #[case] stall_limit: u64,
+        #[case] want_read: u64,
+    ) {
         let base = kube::Config::new("https://127.0.0.1:6443".parse().unwrap());
         let t = Duration::from_secs(7);
-        let (watch, timed) = client_configs(base, t);
-        assert_eq!(watch.read_timeout, None);
+        let limit = Duration::from_secs(stall_limit);
+        let (watch, timed) = client_configs(base, t, limit);
+        let read = watch
+            .read_timeout
+            .expect("the watch client has a read timeout");
+        assert_eq!(read, Duration::from_secs(want_read));
+        let server_side = Duration::from_secs(u64::from(progress::watch_timeout(limit)));
+        assert!(read > server_side + Duration::from_secs(5), "{read:?}");
+        if stall_limit >= 300 {
+            assert!(
+                read > Duration::from_secs(60),
+                "beyond the bookmark cadence"
+            );
+        }
+        assert!(watch.reset_reader_on_write);
+        assert_eq!(watch.connect_timeout, Some(t));
         assert_eq!(timed.read_timeout, Some(t));
         assert_eq!(timed.write_timeout, Some(t));
         assert_eq!(timed.connect_timeout, Some(t));
         assert!(timed.reset_reader_on_write);
+    }
+
+    /// SPEC S8: the process notices when its cache or controller task ends, by return
+    /// or by panic, and says which.
+    #[rstest::rstest]
+    #[case::s8_cache_returns(true, false, "the informer cache task returned")]
+    #[case::s8_cache_panics(true, true, "the informer cache task panicked")]
+    #[case::s8_controller_returns(false, false, "the controller task returned")]
+    #[case::s8_controller_panics(false, true, "the controller task panicked")]
+    #[tokio::test]
+    async fn s8_a_dead_cache_or_controller_task_is_noticed(
+        #[case] cache_dies: bool,
+        #[case] panics: bool,
+        #[case] want: &str,
+    ) {
+        let dying = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            assert!(!panics, "the driver panicked");
+        });
+        let living = tokio::spawn(std::future::pending::<()>());
+        let (mut cache, mut controller) = if cache_dies {
+            (dying, living)
+        } else {
+            (living, dying)
+        };
+        let e = until_a_task_ends(&mut cache, &mut controller).await;
+        assert!(matches!(e, Error::TaskEnded(_)));
+        assert_eq!(e.to_string(), want);
     }
 
     /// SPEC P3: an unreadable file is a clear error naming the flag, not a panic.

@@ -1,13 +1,15 @@
 //! End-to-end tests of a product cut off from the apiserver by a network fault (S1, S4,
 //! S7, S8), against the real apiserver, etcd and registry. The fault is a TCP proxy
 //! between the product and the apiserver (tests/support/tcp_proxy.rs), or an HTTP-aware
-//! TLS-terminating one that cuts only some calls (tests/support/api_tap.rs); a paused
-//! process is SIGSTOP.
+//! TLS-terminating one that cuts only some calls (tests/support/api_tap.rs) or freezes
+//! only the informers (tests/support/freeze_proxy.rs); a paused process is SIGSTOP.
 
 #[path = "support/api_tap.rs"]
 mod api_tap;
 #[path = "support/cluster.rs"]
 mod cluster;
+#[path = "support/freeze_proxy.rs"]
+mod freeze_proxy;
 #[path = "support/lease_log.rs"]
 mod lease_log;
 #[path = "support/ports.rs"]
@@ -21,6 +23,7 @@ mod vk_sim;
 
 use cocoon_hibernation::api::conditions::{self, SNAPSHOT_DELETED};
 use cocoon_hibernation::api::{CocoonHibernation, Desire, Phase};
+use freeze_proxy::FreezeProxy;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::Api;
@@ -1213,4 +1216,115 @@ async fn e2e_s7_a_lagging_pod_informer_deletes_nothing() {
         "replica-b's cache showed the VM running before vk restored it, and the fresh pod \
          read kept the tag"
     );
+}
+
+/// S8 No frozen view: replica A reaches the apiserver through a proxy that, once A leads,
+/// freezes A's informers: their open list and watch replies send nothing more (no event,
+/// no bookmark, no end) and stay open, and new ones are never answered, while A's Lease
+/// calls pass. Before the freeze, three stall limits of a quiet but healthy cache keep A
+/// healthy and leading (watch ends and bookmarks are progress). After it: /healthz turns
+/// 503 naming the stalled informer, A stops leading (`cocoon_hibernation_leader` 0) and
+/// gives the Lease up (holder cleared), while its renewals could still succeed, and the
+/// process keeps running. Thawed, A is healthy and leads again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e2e_s8_a_stalled_informer_fails_healthz_and_stops_leading() {
+    const STALL: Duration = Duration::from_secs(9);
+    let cluster = cluster::cluster();
+    let client = cluster.client().await;
+    product::ensure_crd(&client).await;
+    let ns = cluster.fresh_namespace(&client, "s8-stall").await;
+    let leases: Api<Lease> = Api::namespaced(client.clone(), &ns);
+    let identity = product::product_identity(cluster).await;
+    let groups: Vec<&str> = identity.groups.iter().map(String::as_str).collect();
+    let proxy = FreezeProxy::start(
+        apiserver_addr(&cluster.apiserver_url),
+        cluster.serving_cert(&["127.0.0.1"]),
+        cluster.client_cert(&identity.username, &groups),
+        &cluster.ca_cert_pem,
+    )
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = product_kubeconfig_for(cluster, &proxy.url(), dir.path()).await;
+    let mut opts = replica(&ns, &cluster.registry, "replica-a");
+    opts.env = vec![("KUBECONFIG".into(), kubeconfig.display().to_string())];
+    opts.extra_args = vec![format!("--informer-stall-limit={}s", STALL.as_secs())];
+    let mut a = Product::start(cluster, &opts).await;
+    let holder = || async {
+        leases
+            .get_opt(LEASE)
+            .await
+            .ok()
+            .flatten()
+            .and_then(|l| l.spec)
+            .and_then(|s| s.holder_identity)
+            .unwrap_or_default()
+    };
+    eventually("replica-a leads", LONG, || async {
+        (a.metric("cocoon_hibernation_leader") == 1.0 && holder().await == "replica-a")
+            .then_some(())
+    })
+    .await;
+
+    // Quiet is not frozen: no object changes, yet the informers show progress.
+    let quiet_until = Instant::now() + STALL * 3;
+    while Instant::now() < quiet_until {
+        let (code, body) = a.get("/healthz").expect("GET /healthz");
+        assert_eq!(code, 200, "healthy while quiet: {body}");
+        assert_eq!(
+            a.metric("cocoon_hibernation_leader"),
+            1.0,
+            "leads while quiet"
+        );
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+
+    proxy.freeze_informers();
+    let (code, body) = eventually("/healthz fails", STALL + LONG, || async {
+        let (code, body) = a.get("/healthz").ok()?;
+        (code != 200).then_some((code, body))
+    })
+    .await;
+    assert_eq!(code, 503, "{body}");
+    assert!(
+        body.contains("stalled: no progress for") && body.contains("(limit 9s)"),
+        "names the informer and its silence: {body}"
+    );
+    assert!(
+        body.starts_with("informer pods ") || body.starts_with("informer cocoonhibernations "),
+        "{body}"
+    );
+    eventually(
+        "replica-a stops leading and gives the lease up",
+        LONG,
+        || async {
+            (a.metric("cocoon_hibernation_leader") == 0.0 && holder().await.is_empty())
+                .then_some(())
+        },
+    )
+    .await;
+    assert!(
+        a.exited().is_none(),
+        "a stall is not a crash: the process keeps serving"
+    );
+    let log = a.log_text();
+    assert!(
+        log.contains("informer cache stalled: stopped leading"),
+        "the step-down names its cause"
+    );
+    assert!(
+        !log.contains("last lease renewal too old") && !log.contains("no successful lease renewal"),
+        "stepped down for the stall, not for a lost lease"
+    );
+    // Still unhealthy and not leading a stall limit later: the Lease stays free.
+    tokio::time::sleep(STALL).await;
+    assert_eq!(a.get("/healthz").expect("GET /healthz").0, 503);
+    assert_eq!(a.metric("cocoon_hibernation_leader"), 0.0);
+    assert_eq!(holder().await, "", "not taken back while stalled");
+
+    proxy.thaw();
+    eventually("replica-a healthy and leading again", LONG, || async {
+        let (code, _) = a.get("/healthz").ok()?;
+        (code == 200 && a.metric("cocoon_hibernation_leader") == 1.0).then_some(())
+    })
+    .await;
 }

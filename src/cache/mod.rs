@@ -5,6 +5,7 @@
 //! Delete still reach the CRs that target it (C3).
 
 pub mod index;
+pub mod progress;
 
 use crate::api::CocoonHibernation;
 use crate::api::annotations::PodView;
@@ -14,6 +15,7 @@ use index::{Key, PodChangeTracker, PodRefIndex};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
+use progress::{Informer, InformerState, Progress, Verdict};
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
@@ -31,6 +33,10 @@ pub struct SharedCache {
     pod_views: Arc<RwLock<PodChangeTracker>>,
     crs_synced: Arc<AtomicBool>,
     pods_synced: Arc<AtomicBool>,
+    /// S8: between `Init` and `InitDone` of a (re)list.
+    crs_relisting: Arc<AtomicBool>,
+    pods_relisting: Arc<AtomicBool>,
+    progress: Progress,
 }
 
 /// What to watch.
@@ -45,6 +51,31 @@ impl SharedCache {
     /// Readiness (P1, V3): both stores have delivered their initial list.
     pub fn is_synced(&self) -> bool {
         self.crs_synced.load(Ordering::Acquire) && self.pods_synced.load(Ordering::Acquire)
+    }
+
+    /// S8: each informer's progress and list state, as of now.
+    pub fn informer_states(&self) -> [InformerState; 2] {
+        Informer::ALL.map(|informer| {
+            let (synced, relisting) = match informer {
+                Informer::CocoonHibernations => (&self.crs_synced, &self.crs_relisting),
+                Informer::Pods => (&self.pods_synced, &self.pods_relisting),
+            };
+            InformerState {
+                informer,
+                last_progress: self.progress.last(informer),
+                synced: synced.load(Ordering::Acquire),
+                relisting: relisting.load(Ordering::Acquire),
+            }
+        })
+    }
+
+    /// S8: the verdict on this cache now, for /healthz and the elector.
+    pub fn verdict(&self, stall_limit: std::time::Duration) -> Verdict {
+        progress::judge(
+            &self.informer_states(),
+            tokio::time::Instant::now(),
+            stall_limit,
+        )
     }
 
     pub fn pod(&self, namespace: &str, name: &str) -> Option<Arc<PodSlice>> {
@@ -124,6 +155,22 @@ pub fn start(
     SharedCache,
     impl std::future::Future<Output = ()> + Send + 'static,
 ) {
+    start_tracked(client, scope, triggers, Progress::new(), None)
+}
+
+/// [`start`] recording progress into `progress` (which the watch client's
+/// [`progress::ProgressLayer`] should share), with each watch asked to end after
+/// `watch_timeout` seconds (kube's 290 s when `None`).
+pub fn start_tracked(
+    client: Client,
+    scope: &CacheScope,
+    triggers: UnboundedSender<Trigger>,
+    progress: Progress,
+    watch_timeout: Option<u32>,
+) -> (
+    SharedCache,
+    impl std::future::Future<Output = ()> + Send + 'static,
+) {
     let (cr_store, cr_writer) = reflector::store::<CocoonHibernation>();
     let (pod_store, pod_writer) = reflector::store::<PodSlice>();
     let (cr_api, pod_api): (Api<CocoonHibernation>, Api<PodSlice>) = if scope.namespace.is_empty() {
@@ -136,7 +183,12 @@ pub fn start(
     };
     // Each list page is read whole before it is decoded: 500 pods of ~8 KB are 4 MB of
     // JSON at once, and the allocator keeps that peak as RSS. Small pages keep it small.
+    let mut cr_cfg = watcher::Config::default();
     let mut pod_cfg = watcher::Config::default().page_size(POD_LIST_PAGE);
+    if let Some(secs) = watch_timeout {
+        cr_cfg = cr_cfg.timeout(secs);
+        pod_cfg = pod_cfg.timeout(secs);
+    }
     if !scope.pod_selector.is_empty() {
         pod_cfg = pod_cfg.labels(&scope.pod_selector);
     }
@@ -147,9 +199,12 @@ pub fn start(
         pod_views: Arc::default(),
         crs_synced: Arc::default(),
         pods_synced: Arc::default(),
+        crs_relisting: Arc::default(),
+        pods_relisting: Arc::default(),
+        progress,
     };
 
-    let cr_events = watcher(cr_api, watcher::Config::default())
+    let cr_events = watcher(cr_api, cr_cfg)
         .default_backoff()
         .modify(|cr: &mut CocoonHibernation| cr.managed_fields_mut().clear())
         .reflect(cr_writer);
@@ -197,6 +252,13 @@ async fn drive(
     let merged = futures::stream::select(cr_events, pod_events);
     futures::pin_mut!(merged);
     while let Some(item) = merged.next().await {
+        // S8: every event is progress (errors are not: the watcher retries them).
+        let now = tokio::time::Instant::now();
+        match &item {
+            Either::Cr(Ok(_)) => cache.progress.record(Informer::CocoonHibernations, now),
+            Either::Pod(Ok(_)) => cache.progress.record(Informer::Pods, now),
+            _ => {}
+        }
         match item {
             Either::Cr(Ok(ev)) => handler.on_cr(ev),
             Either::Pod(Ok(ev)) => handler.on_pod(ev),
@@ -252,6 +314,7 @@ impl EventHandler {
     fn on_cr(&mut self, ev: watcher::Event<CocoonHibernation>) {
         match ev {
             watcher::Event::Init => {
+                self.cache.crs_relisting.store(true, Ordering::Release);
                 self.index().begin_resync();
                 self.relist.crs = Some(HashSet::new());
             }
@@ -286,6 +349,7 @@ impl EventHandler {
             watcher::Event::InitDone => {
                 let gone = self.index().finish_resync();
                 self.cache.crs_synced.store(true, Ordering::Release);
+                self.cache.crs_relisting.store(false, Ordering::Release);
                 for ((ns, name), pod, vm) in gone {
                     self.cr_versions.remove(&(ns.clone(), name));
                     self.on_cr_gone(&ns, &pod, vm.as_deref());
@@ -316,6 +380,7 @@ impl EventHandler {
     fn on_pod(&mut self, ev: watcher::Event<PodSlice>) {
         match ev {
             watcher::Event::Init => {
+                self.cache.pods_relisting.store(true, Ordering::Release);
                 self.pods().begin_resync();
                 self.relist.pods = Some(HashSet::new());
             }
@@ -342,6 +407,7 @@ impl EventHandler {
                 let mut changed = self.relist.pods.take().unwrap_or_default();
                 changed.extend(self.pods().finish_resync());
                 self.cache.pods_synced.store(true, Ordering::Release);
+                self.cache.pods_relisting.store(false, Ordering::Release);
                 for key in changed {
                     self.enqueue_for_pod(&key);
                 }
@@ -377,6 +443,9 @@ impl SharedCache {
             pod_views: Arc::default(),
             crs_synced: Arc::new(AtomicBool::new(true)),
             pods_synced: Arc::new(AtomicBool::new(true)),
+            crs_relisting: Arc::default(),
+            pods_relisting: Arc::default(),
+            progress: Progress::new(),
         };
         for cr in crs {
             if let Ok(mut idx) = cache.index.write() {

@@ -304,10 +304,6 @@ async fn fail_request(handle: &mut ApiHandle, code: u16) -> (http::Method, Strin
     (req.method().clone(), req.uri().to_string())
 }
 
-fn not_found() -> Value {
-    json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 404, "reason": "NotFound", "message": "not found"})
-}
-
 /// Answers the fresh reads of a delete: the CR as `obj`, the pod as `pod` (None: 404).
 async fn fresh_reads(handle: &mut ApiHandle, obj: &CocoonHibernation, pod: Option<Pod>) {
     let (method, uri, _, body) = expect_request(handle, serde_json::to_value(obj).unwrap()).await;

@@ -74,6 +74,28 @@ impl Observed {
     }
 }
 
+/// Whether this replica's view of the cluster is fit to lead on (S8), from the cache.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Readiness {
+    /// Synced, not relisting, making progress.
+    Ready,
+    /// Not synced yet, or relisting: a leader keeps leading, nobody begins.
+    Syncing,
+    /// An informer made no progress for the stall limit: must not lead at all.
+    Stalled,
+}
+
+/// Why a leader stops leading.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StepDownReason {
+    /// S1: our last successful renewal is older than the fence span.
+    RenewalTooOld,
+    /// S8: the Lease names another holder; whatever our fence says, two must not lead.
+    OtherHolder,
+    /// S8: our informer cache is frozen.
+    Stalled,
+}
+
 /// What the elector does next.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Decision {
@@ -85,22 +107,26 @@ pub enum Decision {
     Renew,
     /// Held by another replica and not yet expired.
     Wait,
-    /// Our last successful renewal is too old: stop leading now, whatever the Lease says.
-    StepDown,
-    /// Shutting down while holding it: clear the holder so a follower takes it at once.
+    /// Stop leading now: close the fence (and, next round, give the Lease up if it is
+    /// still ours and we may not lead).
+    StepDown(StepDownReason),
+    /// Holding it but must not lead (shutting down, or a stalled cache): clear the holder
+    /// so a follower takes it at once.
     Release,
     /// Shutting down without holding it: nothing to write.
     Exit,
 }
 
 /// The rules. `lease` is `None` when no Lease object exists; `last_renewal` is when the
-/// request of our last successful renewal was sent, while we lead.
+/// request of our last successful renewal was sent, while we lead; `readiness` is the
+/// cache's (S8).
 pub fn decide(
     lease: Option<&Observed>,
     identity: &str,
     now: Instant,
     last_renewal: Option<Instant>,
     stopping: bool,
+    readiness: Readiness,
     timing: &Timing,
 ) -> Decision {
     let ours = lease.and_then(Observed::holder) == Some(identity);
@@ -111,11 +137,29 @@ pub fn decide(
             Decision::Exit
         };
     }
+    let leading = last_renewal.is_some();
     // S1: our own clock decides, before anything the Lease says.
     if let Some(sent) = last_renewal
         && now >= sent + timing.fence_span()
     {
-        return Decision::StepDown;
+        return Decision::StepDown(StepDownReason::RenewalTooOld);
+    }
+    // S8: another holder on the record means someone else believes it leads (a write we
+    // did not see, a clock that ran fast): stop at once, open fence or not.
+    if leading
+        && lease
+            .and_then(Observed::holder)
+            .is_some_and(|h| h != identity)
+    {
+        return Decision::StepDown(StepDownReason::OtherHolder);
+    }
+    match readiness {
+        // S8: a frozen view must not lead, and must not keep the Lease from others.
+        Readiness::Stalled if leading => return Decision::StepDown(StepDownReason::Stalled),
+        Readiness::Stalled if ours => return Decision::Release,
+        // S8: never begin leading on an unsynced or relisting cache.
+        Readiness::Stalled | Readiness::Syncing if !leading => return Decision::Wait,
+        _ => {}
     }
     let Some(lease) = lease else {
         return Decision::Create;
@@ -163,10 +207,10 @@ mod tests {
     #[case::p2_expiry_counts_from_our_sighting(Some((Some(OTHER), 10, 5.0)), 14.0, None, false, Decision::Wait)]
     // S1: a renewal older than the fence span steps down on our own clock, even while the
     // Lease read (possibly stale, or unread) still names us.
-    #[case::s1_step_down_when_renewal_too_old(Some((Some(ME), 10, 0.0)), 8.0, Some(0.0), false, Decision::StepDown)]
+    #[case::s1_step_down_when_renewal_too_old(Some((Some(ME), 10, 0.0)), 8.0, Some(0.0), false, STALE)]
     #[case::s1_still_leading_just_before_the_fence(Some((Some(ME), 10, 0.0)), 7.99, Some(0.0), false, Decision::Renew)]
-    #[case::s1_step_down_when_lease_gone(None, 8.5, Some(0.0), false, Decision::StepDown)]
-    #[case::s1_step_down_when_other_holder_seen(Some((Some(OTHER), 10, 8.0)), 8.0, Some(0.0), false, Decision::StepDown)]
+    #[case::s1_step_down_when_lease_gone(None, 8.5, Some(0.0), false, STALE)]
+    #[case::s1_step_down_when_other_holder_seen(Some((Some(OTHER), 10, 8.0)), 8.0, Some(0.0), false, STALE)]
     // P4: shutdown releases only a lease we hold.
     #[case::p4_release_own_lease_on_shutdown(Some((Some(ME), 10, 0.0)), 1.0, Some(0.0), true, Decision::Release)]
     #[case::p4_release_even_after_fence_closed(Some((Some(ME), 10, 0.0)), 20.0, Some(0.0), true, Decision::Release)]
@@ -178,6 +222,17 @@ mod tests {
         #[case] last_renewal: Option<f64>,
         #[case] stopping: bool,
         #[case] want: Decision,
+    ) {
+        table(lease, now, last_renewal, stopping, Readiness::Ready, want);
+    }
+
+    fn table(
+        lease: Option<(Option<&str>, u64, f64)>,
+        now: f64,
+        last_renewal: Option<f64>,
+        stopping: bool,
+        readiness: Readiness,
+        want: Decision,
     ) {
         let t0 = Instant::now();
         let observed = lease.map(|(holder, duration, seen)| Observed {
@@ -191,9 +246,57 @@ mod tests {
             t0 + secs(now),
             last_renewal.map(|s| t0 + secs(s)),
             stopping,
+            readiness,
             &timing(),
         );
         assert_eq!(got, want);
+    }
+
+    const STALE: Decision = Decision::StepDown(StepDownReason::RenewalTooOld);
+    const OTHER_HOLDER: Decision = Decision::StepDown(StepDownReason::OtherHolder);
+    const STALLED: Decision = Decision::StepDown(StepDownReason::Stalled);
+
+    /// The S8 decisions: (lease, now, last renewal, readiness) with the same timing; a
+    /// last renewal at 0 s means leading with the fence open until 8 s.
+    #[rstest]
+    // Another holder ends our term at once, with 5 s of fence left.
+    #[case::s8_other_holder_while_the_fence_is_open(Some((Some(OTHER), 10, 3.0)), 3.0, Some(0.0), Readiness::Ready, OTHER_HOLDER)]
+    #[case::s8_other_holder_just_after_our_renewal(Some((Some(OTHER), 10, 0.1)), 0.1, Some(0.0), Readiness::Ready, OTHER_HOLDER)]
+    #[case::s8_a_released_record_is_not_another_holder(Some((Some(""), 10, 3.0)), 3.0, Some(0.0), Readiness::Ready, Decision::Acquire)]
+    #[case::s8_a_follower_still_waits_on_the_holder(Some((Some(OTHER), 10, 3.0)), 3.0, None, Readiness::Ready, Decision::Wait)]
+    // A stalled cache ends the term, gives the Lease up, and never takes it.
+    #[case::s8_stalled_leader_steps_down(Some((Some(ME), 10, 0.0)), 2.0, Some(0.0), Readiness::Stalled, STALLED)]
+    #[case::s8_stalled_after_step_down_releases_its_lease(Some((Some(ME), 10, 0.0)), 2.0, None, Readiness::Stalled, Decision::Release)]
+    #[case::s8_stalled_does_not_take_a_free_lease(Some((None, 10, 0.0)), 2.0, None, Readiness::Stalled, Decision::Wait)]
+    #[case::s8_stalled_does_not_take_an_expired_lease(Some((Some(OTHER), 10, 0.0)), 20.0, None, Readiness::Stalled, Decision::Wait)]
+    #[case::s8_stalled_does_not_create_the_lease(
+        None,
+        2.0,
+        None,
+        Readiness::Stalled,
+        Decision::Wait
+    )]
+    #[case::s8_fence_rule_still_comes_first(Some((Some(ME), 10, 0.0)), 9.0, Some(0.0), Readiness::Stalled, STALE)]
+    // Syncing (first list or a relist): never begin, but a leader keeps renewing.
+    #[case::s8_syncing_does_not_take_a_free_lease(Some((None, 10, 0.0)), 2.0, None, Readiness::Syncing, Decision::Wait)]
+    #[case::s8_syncing_does_not_create_the_lease(
+        None,
+        2.0,
+        None,
+        Readiness::Syncing,
+        Decision::Wait
+    )]
+    #[case::s8_syncing_does_not_renew_a_term_it_lost(Some((Some(ME), 10, 0.0)), 9.0, None, Readiness::Syncing, Decision::Wait)]
+    #[case::s8_a_leader_keeps_leading_through_a_relist(Some((Some(ME), 10, 0.0)), 2.0, Some(0.0), Readiness::Syncing, Decision::Renew)]
+    #[case::s8_ready_again_takes_the_lease(Some((None, 10, 0.0)), 2.0, None, Readiness::Ready, Decision::Acquire)]
+    fn s8_elector_decision_table(
+        #[case] lease: Option<(Option<&str>, u64, f64)>,
+        #[case] now: f64,
+        #[case] last_renewal: Option<f64>,
+        #[case] readiness: Readiness,
+        #[case] want: Decision,
+    ) {
+        table(lease, now, last_renewal, false, readiness, want);
     }
 
     /// S1 P4: the documented timing: margin max(d/5, 1 s), retry min(d/5, 2 s), and a

@@ -5,7 +5,7 @@
 //! replica's own clock, whatever the loop is blocked on.
 
 use super::Fence;
-use super::decide::{Decision, Observed, Timing, decide};
+use super::decide::{Decision, Observed, Readiness, StepDownReason, Timing, decide};
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use kube::Api;
@@ -55,7 +55,8 @@ impl Leadership {
         })
     }
 
-    fn step_down(&self) -> bool {
+    /// Stops leading now, whatever the fence's deadline. True if this call stepped down.
+    pub fn step_down(&self) -> bool {
         self.fence.with(|cur| {
             *cur = None;
             self.leading.send_replace(false)
@@ -95,6 +96,8 @@ pub(super) struct Elector {
     pub identity: String,
     pub timing: Timing,
     pub leadership: Arc<Leadership>,
+    /// S8: the cache's fitness to lead on, asked before every decision.
+    pub readiness: Arc<dyn Fn() -> Readiness + Send + Sync>,
 }
 
 /// The last version of the Lease this replica read or wrote.
@@ -132,7 +135,13 @@ impl Elector {
     /// One read and, if the rules say so, one write. Returns the pause before the next.
     async fn step(&self, seen: &mut Seen) -> Duration {
         let retry = self.timing.retry_period;
-        if !self.read(seen).await {
+        let read = self.read(seen).await;
+        let readiness = (self.readiness)();
+        if !read {
+            // S8: a frozen cache ends the term even while the Lease cannot be read.
+            if readiness == Readiness::Stalled && self.leadership.step_down() {
+                tracing::error!("informer cache stalled: stopped leading");
+            }
             return retry;
         }
         let now = Instant::now();
@@ -143,20 +152,38 @@ impl Elector {
             now,
             last,
             false,
+            readiness,
             &self.timing,
         ) {
             Decision::Wait => retry,
-            Decision::StepDown => {
-                if self.leadership.expire_if_due(now) {
-                    tracing::warn!("last lease renewal too old: stopped leading");
+            Decision::StepDown(reason) => {
+                // The fence closes now, open or not (S8: another holder).
+                if self.leadership.step_down() {
+                    match reason {
+                        StepDownReason::RenewalTooOld => {
+                            tracing::warn!("last lease renewal too old: stopped leading");
+                        }
+                        StepDownReason::OtherHolder => tracing::error!(
+                            holder = seen.observed.as_ref().and_then(|o| o.holder.as_deref()),
+                            "the lease names another holder: stopped leading"
+                        ),
+                        StepDownReason::Stalled => {
+                            tracing::error!("informer cache stalled: stopped leading");
+                        }
+                    }
                 }
                 Duration::ZERO
+            }
+            // S8: holding the Lease while unfit to lead: give it to a healthy replica.
+            Decision::Release => {
+                self.release(seen).await;
+                retry
             }
             Decision::Create => self.write(seen, Write::Create).await,
             Decision::Acquire => self.write(seen, Write::Acquire).await,
             Decision::Renew => self.write(seen, Write::Renew).await,
             // Only returned while stopping.
-            Decision::Release | Decision::Exit => retry,
+            Decision::Exit => retry,
         }
     }
 
@@ -299,6 +326,7 @@ impl Elector {
                 Instant::now(),
                 None,
                 true,
+                Readiness::Ready,
                 &self.timing,
             );
             if decision != Decision::Release {

@@ -16,7 +16,7 @@ mod elector;
 
 use crate::config::ElectionArgs;
 use crate::error::Result;
-use decide::Timing;
+use decide::{Readiness, Timing};
 use elector::{Elector, Leadership};
 use k8s_openapi::api::coordination::v1::Lease;
 use std::sync::{Arc, Mutex};
@@ -107,12 +107,52 @@ impl Election {
         }
     }
 
-    /// Starts electing on `client`, which must have request timeouts (S1).
+    /// No election, but the controller runs only while `readiness` allows (S8): it stops
+    /// while the cache is stalled and begins only on a ready cache.
+    pub fn always_while(
+        readiness: impl Fn() -> Readiness + Send + Sync + 'static,
+        poll: Duration,
+    ) -> Self {
+        let (tx, rx) = watch::channel(false);
+        let stop = CancellationToken::new();
+        let done = stop.clone();
+        let task = tokio::spawn(async move {
+            loop {
+                let leading = *tx.borrow();
+                let lead = match readiness() {
+                    Readiness::Ready => true,
+                    Readiness::Syncing => leading,
+                    Readiness::Stalled => false,
+                };
+                if lead != leading {
+                    if !lead {
+                        tracing::error!("informer cache stalled: controller stopped");
+                    }
+                    tx.send_replace(lead);
+                }
+                tokio::select! {
+                    _ = done.cancelled() => return,
+                    _ = tokio::time::sleep(poll) => {}
+                }
+            }
+        });
+        Self {
+            leading: rx,
+            task: Some(task),
+            fence: Fence::unfenced(),
+            stop,
+            _always: None,
+        }
+    }
+
+    /// Starts electing on `client`, which must have request timeouts (S1). `readiness`
+    /// is the cache's fitness to lead on (S8), asked before every decision.
     pub async fn start(
         client: kube::Client,
         args: &ElectionArgs,
         identity: String,
         apiserver_timeout: Duration,
+        readiness: impl Fn() -> Readiness + Send + Sync + 'static,
     ) -> Result<Self> {
         let timing = Timing::new(args.lease_duration, apiserver_timeout);
         let fence = Fence::closed();
@@ -128,6 +168,7 @@ impl Election {
             identity: identity.clone(),
             timing,
             leadership,
+            readiness: Arc::new(readiness),
         };
         let stop = CancellationToken::new();
         let task = tokio::spawn(elector.run(stop.clone()));

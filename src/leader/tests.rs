@@ -1,7 +1,7 @@
 //! The election loop against a mocked apiserver (tower-test), on tokio's paused clock:
 //! exact instants, no waiting.
 
-use super::decide::Timing;
+use super::decide::{Readiness, Timing};
 use super::elector::{Elector, Leadership};
 use super::*;
 use http::{Method, Request, Response, StatusCode};
@@ -46,8 +46,14 @@ struct Harness {
 /// Starts an election (lease duration 6 s: margin 1.2 s, fence span 4.8 s, retry 1.2 s,
 /// request timeout 1 s)
 /// against a mock that answers with `serve(method, n-th request of that method, body)`.
-fn start(
+fn start(serve: impl FnMut(&Method, usize, &Value) -> Reply + Send + 'static) -> (Harness, Timing) {
+    start_with(serve, Arc::new(|| Readiness::Ready))
+}
+
+/// [`start`] with the cache's readiness given by `readiness` (S8).
+fn start_with(
     mut serve: impl FnMut(&Method, usize, &Value) -> Reply + Send + 'static,
+    readiness: Arc<dyn Fn() -> Readiness + Send + Sync>,
 ) -> (Harness, Timing) {
     let (service, mut handle) = mock::pair::<Request<Body>, Response<Body>>();
     let client = kube::Client::new(service, "ns");
@@ -95,6 +101,7 @@ fn start(
             leading: leading_tx,
             span: timing.fence_span(),
         }),
+        readiness,
     };
     let stop = CancellationToken::new();
     let task = tokio::spawn(elector.run(stop.clone()));
@@ -259,4 +266,157 @@ async fn p2_held_lease_is_taken_only_after_its_duration_unchanged() {
     let patches = h.patches.lock().unwrap();
     assert_eq!(patches[0]["metadata"]["resourceVersion"], "7");
     assert_eq!(patches[0]["spec"]["holderIdentity"], ME);
+}
+
+/// SPEC S8: a leader whose read of the Lease names another holder stops leading at that
+/// read, with most of its fence still open, and writes nothing more.
+#[tokio::test(start_paused = true)]
+async fn s8_another_holder_closes_an_open_fence_at_once() {
+    let t0 = Instant::now();
+    let (mut h, timing) = start(|method, n, _| match (method.as_str(), n) {
+        ("GET", 1) => not_found(),
+        ("POST", _) => Reply::Answer(StatusCode::CREATED, lease(1, ME, 6)),
+        // replica-b keeps renewing.
+        (_, n) => Reply::Answer(StatusCode::OK, lease(n as u64 + 1, "replica-b", 6)),
+    });
+    let leading = &mut h.election.leading;
+    leading.wait_for(|l| *l).await.unwrap();
+    let deadline = h.election.fence.deadline().expect("fence open");
+    tokio::time::timeout(Duration::from_secs(60), leading.wait_for(|l| !*l))
+        .await
+        .expect("stepped down")
+        .unwrap();
+    // At the first read after the acquisition: one retry period, not the fence span.
+    assert_eq!(Instant::now() - t0, timing.retry_period);
+    assert!(Instant::now() < deadline, "the fence was still open");
+    assert!(
+        h.election.fence.deadline().is_none(),
+        "fence closed at once"
+    );
+    tokio::time::sleep(timing.lease_duration * 3).await;
+    assert!(!*h.election.leading.borrow(), "never leads again meanwhile");
+    assert!(
+        h.patches.lock().unwrap().is_empty(),
+        "no write over the other holder"
+    );
+}
+
+/// SPEC S8: a stalled cache ends the term at once (fence closed, `leading` false),
+/// gives the Lease up (holder cleared) and never takes it back while stalled; once
+/// ready again it leads again.
+#[tokio::test(start_paused = true)]
+async fn s8_a_stalled_cache_steps_down_releases_and_does_not_lead() {
+    let stalled = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let s = stalled.clone();
+    let readiness = Arc::new(move || {
+        if s.load(Ordering::SeqCst) {
+            Readiness::Stalled
+        } else {
+            Readiness::Ready
+        }
+    });
+    let holder = Arc::new(Mutex::new(ME.to_owned()));
+    let hold = holder.clone();
+    let (mut h, timing) = start_with(
+        move |method, n, body| match (method.as_str(), n) {
+            ("GET", 1) => not_found(),
+            ("POST", _) => Reply::Answer(StatusCode::CREATED, lease(1, ME, 6)),
+            ("GET", n) => Reply::Answer(
+                StatusCode::OK,
+                lease(n as u64 + 10, &hold.lock().unwrap(), 6),
+            ),
+            (_, n) => {
+                let who = body["spec"]["holderIdentity"].as_str().unwrap_or_default();
+                *hold.lock().unwrap() = who.to_owned();
+                Reply::Answer(StatusCode::OK, lease(n as u64 + 100, who, 6))
+            }
+        },
+        readiness,
+    );
+    h.election.leading.wait_for(|l| *l).await.unwrap();
+    tokio::time::sleep(timing.retry_period * 3).await;
+    let deadline = h.election.fence.deadline().expect("fence open");
+    stalled.store(true, Ordering::SeqCst);
+    let stalled_at = Instant::now();
+    tokio::time::timeout(timing.lease_duration, h.election.leading.wait_for(|l| !*l))
+        .await
+        .expect("stepped down on the stall")
+        .unwrap();
+    assert!(Instant::now() <= stalled_at + timing.retry_period);
+    assert!(
+        Instant::now() < deadline,
+        "before the fence would have closed"
+    );
+    assert!(h.election.fence.deadline().is_none());
+    tokio::time::sleep(timing.lease_duration * 3).await;
+    assert_eq!(*holder.lock().unwrap(), "", "the lease was released");
+    assert!(
+        !*h.election.leading.borrow(),
+        "not taken back while stalled"
+    );
+    let writes = h.patches.lock().unwrap().len();
+    tokio::time::sleep(timing.lease_duration * 3).await;
+    assert_eq!(
+        h.patches.lock().unwrap().len(),
+        writes,
+        "no write while stalled and released"
+    );
+
+    stalled.store(false, Ordering::SeqCst);
+    tokio::time::timeout(timing.lease_duration, h.election.leading.wait_for(|l| *l))
+        .await
+        .expect("leads again once ready")
+        .unwrap();
+}
+
+/// SPEC S8: with a cache still syncing (first list or relist) nothing begins leading: no
+/// Lease is created or taken until the cache is ready.
+#[tokio::test(start_paused = true)]
+async fn s8_a_syncing_cache_never_begins_leading() {
+    let ready = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let r = ready.clone();
+    let readiness = Arc::new(move || {
+        if r.load(Ordering::SeqCst) {
+            Readiness::Ready
+        } else {
+            Readiness::Syncing
+        }
+    });
+    let (mut h, timing) = start_with(
+        |method, _, _| match method.as_str() {
+            "GET" => Reply::Answer(StatusCode::OK, lease(7, "", 1)),
+            _ => Reply::Answer(StatusCode::OK, lease(8, ME, 6)),
+        },
+        readiness,
+    );
+    tokio::time::sleep(timing.lease_duration * 5).await;
+    assert!(!*h.election.leading.borrow());
+    assert!(
+        h.patches.lock().unwrap().is_empty(),
+        "a free lease was not taken"
+    );
+    ready.store(true, Ordering::SeqCst);
+    tokio::time::timeout(timing.lease_duration, h.election.leading.wait_for(|l| *l))
+        .await
+        .expect("takes the lease once ready")
+        .unwrap();
+}
+
+/// SPEC S8: without election the controller still stops on a stalled cache and begins
+/// only on a ready one.
+#[tokio::test(start_paused = true)]
+async fn s8_without_election_a_stalled_cache_stops_the_controller() {
+    let state = Arc::new(Mutex::new(Readiness::Syncing));
+    let s = state.clone();
+    let mut e = Election::always_while(move || *s.lock().unwrap(), Duration::from_secs(1));
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert!(!*e.leading.borrow(), "does not begin while syncing");
+    *state.lock().unwrap() = Readiness::Ready;
+    e.leading.wait_for(|l| *l).await.unwrap();
+    *state.lock().unwrap() = Readiness::Syncing;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert!(*e.leading.borrow(), "a relist does not stop it");
+    *state.lock().unwrap() = Readiness::Stalled;
+    e.leading.wait_for(|l| !*l).await.unwrap();
+    e.stop.cancel();
 }

@@ -164,6 +164,8 @@ entries of the same name replace these (duplicate names break server-side apply)
   value: {{ .Values.controller.hibernateTimeout | quote }}
 - name: COCOON_WAKE_TIMEOUT
   value: {{ .Values.controller.wakeTimeout | quote }}
+- name: COCOON_INFORMER_STALL_LIMIT
+  value: {{ .Values.controller.informerStallLimit | quote }}
 {{- with .Values.controller.watchNamespace }}
 - name: COCOON_WATCH_NAMESPACE
   value: {{ . | quote }}
