@@ -257,6 +257,9 @@ fn s1_fresh_read_must_still_owe_the_delete(
     DeleteResult::SharedDigest(vec!["vm-x:keep".into()]), "False", "SharedDigest", "vm-x:keep")]
 #[case::failed(
     DeleteResult::Failed { message: "HTTP 503: down".into() }, "False", "DeleteFailed", "HTTP 503: down")]
+#[case::s7_moved_names_both_digests(
+    DeleteResult::Moved { confirmed: "sha256:old".into(), found: "sha256:new".into() },
+    "False", "SnapshotMoved", "sha256:new now, a newer snapshot than sha256:old")]
 fn s5_snapshot_deleted_tells_the_truth(
     #[case] result: DeleteResult,
     #[case] status: &str,
@@ -269,6 +272,141 @@ fn s5_snapshot_deleted_tells_the_truth(
     assert_eq!((c.status.as_str(), c.reason.as_str()), (status, reason));
     assert!(c.message.contains(in_message), "{}", c.message);
     assert_eq!(next.phase, Some(Phase::Active), "the CR stays Active (W3)");
+}
+
+/// SPEC S7 W3: a tag that moved to a newer snapshot settles the debt: the Active CR
+/// neither retries the delete nor counts as owing one, until a new hibernate request
+/// reaches its pod (which may store a snapshot this CR owes again).
+#[test]
+fn s7_a_moved_tag_settles_the_debt_without_a_retry() {
+    let mut c = woken("vm-x");
+    let moved = DeleteResult::Moved {
+        confirmed: "sha256:old".into(),
+        found: "sha256:new".into(),
+    };
+    c.status = Some(plan::after_delete(
+        c.status.as_ref().unwrap(),
+        "vm-x",
+        &moved,
+        at(5),
+    ));
+    assert!(!plan::owes_tag_delete(&c));
+    assert!(!plan::still_owes(
+        &c,
+        Some("uid-a-me"),
+        "vm-x",
+        Debt::AfterWake
+    ));
+    let settled = plan::plan(
+        &c,
+        Some(&pod("vm-x")),
+        &Ownership::Sole,
+        &Probe::NotProbed,
+        at(9),
+        &Settings::default(),
+    );
+    assert_eq!((settled.status, settled.delete_tag), (None, None));
+    let asked = PodView {
+        hibernate_requested: true,
+        ..pod("vm-x")
+    };
+    let again = plan::plan(
+        &c,
+        Some(&asked),
+        &Ownership::Sole,
+        &Probe::NotProbed,
+        at(9),
+        &Settings::default(),
+    );
+    let status = again.status.expect("the debt is recorded again");
+    let owed = conditions::find(&status.conditions, SNAPSHOT_DELETED).unwrap();
+    assert_eq!(owed.reason, "HibernateNotRecorded");
+}
+
+/// SPEC S9: a CR holding a VM whose pod now names another VM fails with VMChanged, keeps
+/// its claim (status.vmName), never touches the pod, and stays quiet while that lasts;
+/// once the pod names its VM again it acts as before.
+#[rstest]
+#[case::hibernated(Phase::Hibernated, Desire::Hibernate)]
+#[case::hibernating(Phase::Hibernating, Desire::Hibernate)]
+#[case::waking(Phase::Waking, Desire::Wake)]
+#[case::active(Phase::Active, Desire::Wake)]
+fn s9_a_vm_changed_under_the_cr_keeps_the_old_claim(#[case] phase: Phase, #[case] desire: Desire) {
+    let mut c = holding(cr("a", "me", "p", 0), "vm-old", phase);
+    c.spec.desire = desire;
+    let p = plan::plan(
+        &c,
+        Some(&pod("vm-new")),
+        &Ownership::Sole,
+        &Probe::NotProbed,
+        at(9),
+        &Settings::default(),
+    );
+    assert_eq!(
+        (p.pod_patch, p.delete_tag.clone(), p.needs_probe),
+        (None, None, false)
+    );
+    let status = p.status.expect("Failed is written");
+    assert_eq!(status.phase, Some(Phase::Failed));
+    assert_eq!(
+        status.vm_name.as_deref(),
+        Some("vm-old"),
+        "the claim is kept"
+    );
+    let failure = status.last_failure.clone().unwrap();
+    assert_eq!(failure.reason, "VMChanged");
+    assert!(failure.message.contains("vm-new") && failure.message.contains("vm-old"));
+    // The next pass, with the failure recorded, writes nothing more.
+    let mut failed = c.clone();
+    failed.status = Some(status);
+    let quiet = plan::plan(
+        &failed,
+        Some(&pod("vm-new")),
+        &Ownership::Sole,
+        &Probe::NotProbed,
+        at(19),
+        &Settings::default(),
+    );
+    assert_eq!((quiet.status, quiet.pod_patch), (None, None));
+    // The pod names the old VM again: the CR acts on it (F2 retry).
+    let back = plan::plan(
+        &failed,
+        Some(&pod("vm-old")),
+        &Ownership::Sole,
+        &Probe::NotProbed,
+        at(29),
+        &Settings::default(),
+    );
+    let back_status = back.status.expect("retried");
+    assert_ne!(back_status.phase, Some(Phase::Failed));
+    assert_eq!(back_status.vm_name.as_deref(), Some("vm-old"));
+}
+
+/// SPEC S5: the owed-deletes gauge is computed from the CRs (every replica, any
+/// failover): settled Wake CRs whose delete is owed count; a moved tag does not.
+#[test]
+fn s5_the_owed_gauge_counts_from_the_crs() {
+    use cocoon_hibernation::controller::census::census;
+    let owed = woken("vm-x");
+    let mut moved = woken("vm-y");
+    moved.status = Some(plan::after_delete(
+        moved.status.as_ref().unwrap(),
+        "vm-y",
+        &DeleteResult::Moved {
+            confirmed: "sha256:a".into(),
+            found: "sha256:b".into(),
+        },
+        at(5),
+    ));
+    let mut deleting = woken("vm-z");
+    deleting.metadata.deletion_timestamp = Some(at(3));
+    let hibernated = holding(cr("a", "h", "h", 0), "vm-h", Phase::Hibernated);
+    let c = census(
+        [&owed, &moved, &deleting, &hibernated],
+        &at(10),
+        &Settings::default(),
+    );
+    assert_eq!(c.deletes_owed, 1);
 }
 
 /// SPEC S5 W3: a recorded failure is not overwritten by the retry's plan, so a retry

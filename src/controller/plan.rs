@@ -467,7 +467,7 @@ pub fn plan(
         let message = format!(
             "pod {ns}/{pod_name} now names vm {vm}, but this CocoonHibernation holds vm {held}, whose snapshot {held}:hibernate may be its only copy; it keeps that claim and does nothing until the pod names {held} again (deleting this CocoonHibernation releases {held} and discards its snapshot)"
         );
-        pass.set_phase(Phase::Failed, READY_FAILED, &message, false);
+        pass.set_phase(Phase::Failed, (false, REASON_VM_CHANGED), &message, false);
         pass.failure(REASON_VM_CHANGED, &message);
         return pass.finish(Some(settings.conflict_recheck));
     }

@@ -174,6 +174,18 @@ mod tests {
         }
     }
 
+    /// S9: a CR whose pod now names another VM still holds the one in its status: that
+    /// tag is never an orphan.
+    #[test]
+    fn s9_a_tag_named_in_status_is_held_though_the_pod_names_another_vm() {
+        let crs = [cr("a", "web-0", "web-0", Some("vm-old"))];
+        let pods = [pod("a", "web-0", Some("vm-new"))];
+        let claims = Claims::build(&crs, &pods);
+        assert_eq!(claims.holders("vm-old"), ["a/web-0"]);
+        let found = orphans(vec![tag("vm-old")], &claims);
+        assert!(found.is_empty(), "{found:?}");
+    }
+
     /// G1 S2: a CR in any namespace holds a VM by status.vmName, or through its pod
     /// before it has one; only tags nobody holds are orphans.
     #[test]

@@ -78,8 +78,9 @@ pub enum Step {
     Reversed(String),
 }
 
-/// S2's reason: the controller does not retry it while the conflict lasts.
-const CONFLICT: &str = "Conflict";
+/// Failures the controller does not retry while their cause lasts: S2's conflict, S9's
+/// changed VM.
+const NOT_RETRIED: [&str; 2] = ["Conflict", "VMChanged"];
 
 pub fn judge(target: &Target, cr: Option<&CrView>) -> Step {
     let Some(cr) = cr else {
@@ -118,7 +119,7 @@ pub fn judge(target: &Target, cr: Option<&CrView>) -> Step {
         },
     };
     if current && phase == Some("Failed") {
-        let conflict = ready.is_some_and(|c| c.reason == CONFLICT);
+        let conflict = ready.is_some_and(|c| NOT_RETRIED.contains(&c.reason.as_str()));
         let stale = target
             .stale_failure
             .is_some_and(|t| t == ready.and_then(|c| c.last_transition));
@@ -220,9 +221,9 @@ mod tests {
     }
 
     /// F2: a failure seen before the wait began is being retried; only a new one counts.
-    /// S2: a Conflict is not retried, so it always ends the wait.
+    /// S2, S9: a Conflict or a VMChanged is not retried, so it always ends the wait.
     #[test]
-    fn f2_an_earlier_failure_waits_for_the_retry_but_s2_conflict_does_not() {
+    fn f2_an_earlier_failure_waits_for_the_retry_but_s2_conflict_and_s9_vm_changed_do_not() {
         let failed = cr(2, 2, "Failed", ("False", "Failed", "timed out"));
         let view = CrView::from_json(&failed);
         let t = Target::new(Want::Hibernate, &view, false);
@@ -232,16 +233,21 @@ mod tests {
         again["status"]["conditions"][0]["lastTransitionTime"] = "2026-01-01T00:05:00Z".into();
         assert!(matches!(judge_json(&t, &again), Step::Failed { .. }));
 
-        let conflict = cr(2, 2, "Failed", ("False", "Conflict", "held by ns/other"));
-        let view = CrView::from_json(&conflict);
-        let t = Target::new(Want::Hibernate, &view, false);
-        assert_eq!(
-            judge(&t, Some(&view)),
-            Step::Failed {
-                reason: "Conflict".into(),
-                message: "held by ns/other".into()
-            }
-        );
+        for (reason, message) in [
+            ("Conflict", "held by ns/other"),
+            ("VMChanged", "pod names vm-b"),
+        ] {
+            let failed = cr(2, 2, "Failed", ("False", reason, message));
+            let view = CrView::from_json(&failed);
+            let t = Target::new(Want::Hibernate, &view, false);
+            assert_eq!(
+                judge(&t, Some(&view)),
+                Step::Failed {
+                    reason: reason.into(),
+                    message: message.into()
+                }
+            );
+        }
     }
 
     /// F1: a failure that flashed past between two events still ends the wait.
