@@ -290,11 +290,16 @@ fuzz_target!(|input: Input| {
     check_still_owes(&cr, input.fresh_same_uid);
 });
 
-/// A status that leaves the CR settled: the desire's terminal phase, or a Conflict.
+/// A status that leaves the CR settled: the desire's terminal phase, a Conflict (S2) or a
+/// changed VM (S9).
 fn settles(cr: &CocoonHibernation, next: &CocoonHibernationStatus, owner: &Ownership) -> bool {
+    let vm_changed = next
+        .last_failure
+        .as_ref()
+        .is_some_and(|f| f.reason == "VMChanged");
     match (next.phase, cr.spec.desire) {
         (Some(Phase::Hibernated), Desire::Hibernate) | (Some(Phase::Active), Desire::Wake) => true,
-        (Some(Phase::Failed), _) => *owner != Ownership::Sole,
+        (Some(Phase::Failed), _) => *owner != Ownership::Sole || vm_changed,
         _ => false,
     }
 }
@@ -430,6 +435,8 @@ fn check_plan(
         && cr.status.as_ref().and_then(|s| s.observed_generation) == cr.metadata.generation
         && view.is_some_and(|v| {
             v.vm_name.is_some()
+                // S9: a pod naming another VM than the one held is not settled.
+                && cr.vm_name().is_none_or(|held| v.vm_name.as_deref() == Some(held))
                 && match (before, desire) {
                     (Some(Phase::Hibernated), Desire::Hibernate) => v.hibernate_requested,
                     (Some(Phase::Active), Desire::Wake) => !v.hibernate_requested,
