@@ -1,15 +1,15 @@
 //! End-to-end tests of a product cut off from the apiserver by a network fault (S1, S4,
 //! S7, S8), against the real apiserver, etcd and registry. The fault is a TCP proxy
 //! between the product and the apiserver (tests/support/tcp_proxy.rs), or an HTTP-aware
-//! TLS-terminating one that cuts only some calls (tests/support/api_tap.rs) or freezes
-//! only the informers (tests/support/freeze_proxy.rs); a paused process is SIGSTOP.
+//! TLS-terminating one that cuts only some calls: Lease writes, pod watch replies or the
+//! informers' lists and watches (tests/support/api_tap.rs); a paused process is SIGSTOP.
 
 #[path = "support/api_tap.rs"]
 mod api_tap;
 #[path = "support/cluster.rs"]
 mod cluster;
-#[path = "support/freeze_proxy.rs"]
-mod freeze_proxy;
+#[path = "support/env.rs"]
+mod env;
 #[path = "support/lease_log.rs"]
 mod lease_log;
 #[path = "support/ports.rs"]
@@ -18,12 +18,14 @@ mod ports;
 mod product;
 #[path = "support/tcp_proxy.rs"]
 mod tcp_proxy;
+#[path = "support/tls_proxy.rs"]
+mod tls_proxy;
 #[path = "support/vk_sim.rs"]
 mod vk_sim;
 
-use cocoon_hibernation::api::conditions::{self, SNAPSHOT_DELETED};
+use cocoon_hibernation::api::conditions::SNAPSHOT_DELETED;
 use cocoon_hibernation::api::{CocoonHibernation, Desire, Phase};
-use freeze_proxy::FreezeProxy;
+use env::{condition_status, tag_exists};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::Api;
@@ -100,34 +102,80 @@ async fn client_for(kubeconfig: &Path) -> kube::Client {
     kube::Client::try_from(config).expect("client")
 }
 
-/// HEAD `<vm>:hibernate`: `Some(present)`, `None` if the registry is unreachable.
-async fn tag_exists(registry: &str, vm: &str) -> Option<bool> {
-    let res = reqwest::Client::new()
-        .head(format!("http://{registry}/v2/{vm}/manifests/hibernate"))
-        .header(
-            "accept",
-            "application/vnd.oci.image.manifest.v1+json, application/vnd.docker.distribution.manifest.v2+json",
-        )
-        .timeout(Duration::from_secs(3))
-        .send()
-        .await
-        .ok()?;
-    Some(res.status().is_success())
-}
-
-fn condition(cr: &CocoonHibernation, type_: &str) -> Option<String> {
-    cr.status
-        .as_ref()
-        .and_then(|s| conditions::find(&s.conditions, type_))
-        .map(|c| c.status.clone())
-}
-
 fn replica(ns: &str, registry: &str, identity: &str) -> ProductOptions {
     let mut o = ProductOptions::new(ns, registry);
     o.lease = Some(LEASE.into());
     o.lease_duration = "6s".into();
     o.identity = Some(identity.into());
     o
+}
+
+/// `opts` for a product that reaches the apiserver through `server_url` (its kubeconfig
+/// written to `dir`), with a 2 s apiserver timeout so a cut call fails fast.
+async fn via(
+    cluster: &cluster::Cluster,
+    mut opts: ProductOptions,
+    server_url: &str,
+    dir: &Path,
+) -> ProductOptions {
+    let kubeconfig = product_kubeconfig_for(cluster, server_url, dir).await;
+    opts.env = vec![
+        ("KUBECONFIG".into(), kubeconfig.display().to_string()),
+        ("COCOON_APISERVER_TIMEOUT".into(), "2s".into()),
+    ];
+    opts
+}
+
+/// The shared cluster, an admin client and a fresh namespace, with the CRD installed.
+async fn fresh_namespace(prefix: &str) -> (&'static cluster::Cluster, kube::Client, String) {
+    let cluster = cluster::cluster();
+    let client = cluster.client().await;
+    product::ensure_crd(&client).await;
+    let ns = cluster.fresh_namespace(&client, prefix).await;
+    (cluster, client, ns)
+}
+
+/// The vk-cocoon simulator on `ns`, 200 ms per hibernate and per wake.
+fn quick_sim(cluster: &cluster::Cluster, client: &kube::Client, ns: &str) -> vk_sim::SimHandle {
+    vk_sim::spawn(
+        client.clone(),
+        Some(ns.to_owned()),
+        cluster.registry.clone(),
+        Arc::new(SimKnobs::new(
+            Duration::from_millis(200),
+            Duration::from_millis(200),
+        )),
+    )
+}
+
+/// Waits until `p` reports that it leads.
+async fn wait_leads(p: &Product, who: &str) {
+    eventually(&format!("{who} leads"), LONG, || async {
+        (p.metric("cocoon_hibernation_leader") == 1.0).then_some(())
+    })
+    .await;
+}
+
+/// A pod `name` in `ns` running `vm`, and a CR of the same name (in `crs`, of `ns`) that
+/// hibernates it; returns the CR once Hibernated.
+async fn hibernate_new_vm(
+    client: &kube::Client,
+    ns: &str,
+    crs: &Api<CocoonHibernation>,
+    name: &str,
+    vm: &str,
+) -> CocoonHibernation {
+    vk_sim::create_vm_pod(client, ns, name, vm).await.unwrap();
+    product::create_cr(crs, name, name, Desire::Hibernate).await;
+    wait_phase(crs, name, Phase::Hibernated, LONG, &mut vec![]).await
+}
+
+/// The first Lease record that names `who` its holder, once there is one.
+async fn first_held(lease_log: &LeaseLog, who: &str) -> lease_log::Record {
+    eventually(&format!("{who} holds the lease"), LONG, || async {
+        lease_log.first_held_by(who)
+    })
+    .await
 }
 
 /// The product's timing for a 6 s lease (src/leader/decide.rs): margin max(6/5, 1) s.
@@ -153,10 +201,7 @@ fn add(t: jiff::Timestamp, d: Duration) -> jiff::Timestamp {
 /// the new snapshot.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn e2e_s1_partitioned_leader_steps_down_and_deletes_nothing_after_its_fence() {
-    let cluster = cluster::cluster();
-    let client = cluster.client().await;
-    product::ensure_crd(&client).await;
-    let ns = cluster.fresh_namespace(&client, "s1-partition").await;
+    let (cluster, client, ns) = fresh_namespace("s1-partition").await;
     let lease_log = LeaseLog::start(&client, &ns, LEASE);
     let leases: Api<Lease> = Api::namespaced(client.clone(), &ns);
 
@@ -164,45 +209,22 @@ async fn e2e_s1_partitioned_leader_steps_down_and_deletes_nothing_after_its_fenc
     let registry_proxy = RegistryProxy::start(&cluster.registry).await;
     registry_proxy.refuse_deletes(true);
     let dir = tempfile::tempdir().unwrap();
-    let kubeconfig_a = product_kubeconfig_for(
-        cluster,
-        &format!("https://127.0.0.1:{}", api_proxy.port),
-        dir.path(),
-    )
-    .await;
-    let mut opts_a = replica(&ns, &registry_proxy.addr, "replica-a");
-    opts_a.env = vec![
-        ("KUBECONFIG".into(), kubeconfig_a.display().to_string()),
-        ("COCOON_APISERVER_TIMEOUT".into(), "2s".into()),
-    ];
+    let api_url = format!("https://127.0.0.1:{}", api_proxy.port);
+    let opts_a = replica(&ns, &registry_proxy.addr, "replica-a");
+    let opts_a = via(cluster, opts_a, &api_url, dir.path()).await;
     let a = Product::start(cluster, &opts_a).await;
-    eventually("replica-a leads", LONG, || async {
-        (a.metric("cocoon_hibernation_leader") == 1.0).then_some(())
-    })
-    .await;
+    wait_leads(&a, "replica-a").await;
     let b = Product::start(cluster, &replica(&ns, &cluster.registry, "replica-b")).await;
-    let _sim = vk_sim::spawn(
-        client.clone(),
-        Some(ns.clone()),
-        cluster.registry.clone(),
-        Arc::new(SimKnobs::new(
-            Duration::from_millis(200),
-            Duration::from_millis(200),
-        )),
-    );
+    let _sim = quick_sim(cluster, &client, &ns);
     let crs: Api<CocoonHibernation> = Api::namespaced(client.clone(), &ns);
     let vm = format!("vm-{ns}");
-    vk_sim::create_vm_pod(&client, &ns, "p-0", &vm)
-        .await
-        .unwrap();
-    product::create_cr(&crs, "p-0", "p-0", Desire::Hibernate).await;
-    wait_phase(&crs, "p-0", Phase::Hibernated, LONG, &mut vec![]).await;
+    hibernate_new_vm(&client, &ns, &crs, "p-0", &vm).await;
     product::set_desire(&crs, "p-0", Desire::Wake).await;
     wait_phase(&crs, "p-0", Phase::Active, LONG, &mut vec![]).await;
     // A owes the delete: its attempts reach the proxy and are refused.
     eventually("a refused DELETE by replica-a", LONG, || async {
         let cr = crs.get("p-0").await.ok()?;
-        (condition(&cr, SNAPSHOT_DELETED).as_deref() == Some("False")
+        (condition_status(&cr, SNAPSHOT_DELETED).as_deref() == Some("False")
             && !registry_proxy.deletes().is_empty())
         .then_some(())
     })
@@ -219,29 +241,7 @@ async fn e2e_s1_partitioned_leader_steps_down_and_deletes_nothing_after_its_fenc
 
     // (b) A steps down on its own clock; watched closely so the instant is precise.
     let a_down = {
-        let stop = Arc::new(AtomicBool::new(false));
-        let port = a.admin_port;
-        let stop2 = stop.clone();
-        let poll = tokio::task::spawn_blocking(move || {
-            let probe = |path: &str| -> Option<f64> {
-                use std::io::{Read, Write};
-                let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
-                s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
-                write!(s, "GET {path} HTTP/1.0\r\nhost: 127.0.0.1\r\n\r\n").ok()?;
-                let mut out = String::new();
-                s.read_to_string(&mut out).ok()?;
-                out.lines()
-                    .find(|l| l.starts_with("cocoon_hibernation_leader "))
-                    .and_then(|l| l.rsplit(' ').next()?.parse().ok())
-            };
-            while !stop2.load(Ordering::Relaxed) {
-                if probe("/metrics") == Some(0.0) {
-                    return Some(jiff::Timestamp::now());
-                }
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            None
-        });
+        let (stop, poll) = leader_drop(a.admin_port);
         let down = tokio::time::timeout(LONG, poll).await;
         stop.store(true, Ordering::Relaxed);
         down.expect("replica-a never stopped leading while partitioned")
@@ -254,14 +254,8 @@ async fn e2e_s1_partitioned_leader_steps_down_and_deletes_nothing_after_its_fenc
     );
 
     // (a) B takes the lease.
-    let b_first = eventually("replica-b holds the lease", LONG, || async {
-        lease_log.first_held_by("replica-b")
-    })
-    .await;
-    eventually("replica-b leads", LONG, || async {
-        (b.metric("cocoon_hibernation_leader") == 1.0).then_some(())
-    })
-    .await;
+    let b_first = first_held(&lease_log, "replica-b").await;
+    wait_leads(&b, "replica-b").await;
     let a_last = lease_log
         .last_held_by("replica-a")
         .expect("replica-a's records");
@@ -293,7 +287,7 @@ async fn e2e_s1_partitioned_leader_steps_down_and_deletes_nothing_after_its_fenc
     // (c) B finishes the owed delete, then the VM is hibernated again through B.
     eventually("SnapshotDeleted=True through replica-b", LONG, || async {
         let cr = crs.get("p-0").await.ok()?;
-        (condition(&cr, SNAPSHOT_DELETED).as_deref() == Some("True")).then_some(())
+        (condition_status(&cr, SNAPSHOT_DELETED).as_deref() == Some("True")).then_some(())
     })
     .await;
     product::set_desire(&crs, "p-0", Desire::Hibernate).await;
@@ -444,40 +438,17 @@ async fn etcd_revision(http: &reqwest::Client, etcd: &str) -> i64 {
 /// drops its connections.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn e2e_s4_change_seen_only_through_a_relist_converges() {
-    let cluster = cluster::cluster();
-    let client = cluster.client().await;
-    product::ensure_crd(&client).await;
-    let ns = cluster.fresh_namespace(&client, "s4-relist").await;
+    let (cluster, client, ns) = fresh_namespace("s4-relist").await;
     let uncached = UncachedApiserver::start(cluster).await;
     let proxy = TcpProxy::start(apiserver_addr(&uncached.url)).await;
     let dir = tempfile::tempdir().unwrap();
-    let kubeconfig = product_kubeconfig_for(
-        cluster,
-        &format!("https://127.0.0.1:{}", proxy.port),
-        dir.path(),
-    )
-    .await;
-    let mut opts = ProductOptions::new(&ns, &cluster.registry);
-    opts.env = vec![
-        ("KUBECONFIG".into(), kubeconfig.display().to_string()),
-        ("COCOON_APISERVER_TIMEOUT".into(), "2s".into()),
-    ];
+    let proxy_url = format!("https://127.0.0.1:{}", proxy.port);
+    let opts = ProductOptions::new(&ns, &cluster.registry);
+    let opts = via(cluster, opts, &proxy_url, dir.path()).await;
     let p = Product::start(cluster, &opts).await;
-    let _sim = vk_sim::spawn(
-        client.clone(),
-        Some(ns.clone()),
-        cluster.registry.clone(),
-        Arc::new(SimKnobs::new(
-            Duration::from_millis(200),
-            Duration::from_millis(200),
-        )),
-    );
+    let _sim = quick_sim(cluster, &client, &ns);
     let crs: Api<CocoonHibernation> = Api::namespaced(client.clone(), &ns);
-    vk_sim::create_vm_pod(&client, &ns, "r-0", &format!("vm-{ns}"))
-        .await
-        .unwrap();
-    product::create_cr(&crs, "r-0", "r-0", Desire::Hibernate).await;
-    let hibernated = wait_phase(&crs, "r-0", Phase::Hibernated, LONG, &mut vec![]).await;
+    let hibernated = hibernate_new_vm(&client, &ns, &crs, "r-0", &format!("vm-{ns}")).await;
     // Let the product's own last writes land and reach its watch.
     tokio::time::sleep(Duration::from_secs(2)).await;
     let old_rv = crs
@@ -589,16 +560,7 @@ fn signal(pid: u32, sig: &str) {
 
 /// The digest `<vm>:hibernate` names now, straight from the registry.
 async fn tag_digest(registry: &str, vm: &str) -> Option<String> {
-    let res = reqwest::Client::new()
-        .head(format!("http://{registry}/v2/{vm}/manifests/hibernate"))
-        .header(
-            "accept",
-            "application/vnd.oci.image.manifest.v1+json, application/vnd.docker.distribution.manifest.v2+json",
-        )
-        .timeout(Duration::from_secs(3))
-        .send()
-        .await
-        .expect("HEAD the tag");
+    let res = env::head_tag(registry, vm).await.expect("HEAD the tag");
     match res.status().as_u16() {
         200 => res
             .headers()
@@ -661,7 +623,7 @@ async fn drive_cycles(crs: Api<CocoonHibernation>, stop: Arc<AtomicBool>) -> usi
                 let flip = match (product::phase(&cr), cr.spec.desire) {
                     (Some(Phase::Hibernated), Desire::Hibernate) => Some(Desire::Wake),
                     (Some(Phase::Active), Desire::Wake)
-                        if condition(&cr, SNAPSHOT_DELETED).as_deref() == Some("True") =>
+                        if condition_status(&cr, SNAPSHOT_DELETED).as_deref() == Some("True") =>
                     {
                         Some(Desire::Hibernate)
                     }
@@ -701,36 +663,18 @@ fn fmt_since(t: jiff::Timestamp, since: jiff::Timestamp) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn e2e_s1_s8_renewals_only_partition_stops_deletes_at_the_fence() {
     use api_tap::Kind;
-    let cluster = cluster::cluster();
-    let client = cluster.client().await;
-    product::ensure_crd(&client).await;
-    let ns = cluster.fresh_namespace(&client, "s8-renewals").await;
+    let (cluster, client, ns) = fresh_namespace("s8-renewals").await;
     let lease_log = LeaseLog::start(&client, &ns, LEASE);
     let tap = product_tap(cluster).await;
     let registry_a = RegistryProxy::start(&cluster.registry).await;
     let registry_b = RegistryProxy::start(&cluster.registry).await;
     let dir = tempfile::tempdir().unwrap();
-    let kubeconfig_a = product_kubeconfig_for(cluster, &tap.url(), dir.path()).await;
-    let mut opts_a = replica(&ns, &registry_a.addr, "replica-a");
-    opts_a.env = vec![
-        ("KUBECONFIG".into(), kubeconfig_a.display().to_string()),
-        ("COCOON_APISERVER_TIMEOUT".into(), "2s".into()),
-    ];
+    let opts_a = replica(&ns, &registry_a.addr, "replica-a");
+    let opts_a = via(cluster, opts_a, &tap.url(), dir.path()).await;
     let a = Product::start(cluster, &opts_a).await;
-    eventually("replica-a leads", LONG, || async {
-        (a.metric("cocoon_hibernation_leader") == 1.0).then_some(())
-    })
-    .await;
+    wait_leads(&a, "replica-a").await;
     let b = Product::start(cluster, &replica(&ns, &registry_b.addr, "replica-b")).await;
-    let _sim = vk_sim::spawn(
-        client.clone(),
-        Some(ns.clone()),
-        cluster.registry.clone(),
-        Arc::new(SimKnobs::new(
-            Duration::from_millis(200),
-            Duration::from_millis(200),
-        )),
-    );
+    let _sim = quick_sim(cluster, &client, &ns);
     let crs: Api<CocoonHibernation> = Api::namespaced(client.clone(), &ns);
     let names: Vec<String> = (0..4).map(|i| format!("p-{i}")).collect();
     for name in &names {
@@ -761,15 +705,9 @@ async fn e2e_s1_s8_renewals_only_partition_stops_deletes_at_the_fence() {
     tap.stall_lease_writes(true);
     let cut = jiff::Timestamp::now();
     let (give_up, a_down) = leader_drop(a.admin_port);
-    let b_first = eventually("replica-b holds the lease", LONG, || async {
-        lease_log.first_held_by("replica-b")
-    })
-    .await;
+    let b_first = first_held(&lease_log, "replica-b").await;
     let b_acquire = b_first.acquire.expect("acquireTime");
-    eventually("replica-b leads", LONG, || async {
-        (b.metric("cocoon_hibernation_leader") == 1.0).then_some(())
-    })
-    .await;
+    wait_leads(&b, "replica-b").await;
     // Deletes fall due after A's fence: B pays them.
     eventually("replica-b deletes tags", LONG, || async {
         (deleted(&registry_b, Some(b_acquire)) >= 2).then_some(())
@@ -883,35 +821,17 @@ async fn e2e_s1_s8_renewals_only_partition_stops_deletes_at_the_fence() {
 /// no-op, D1 is gone), and A sent no registry request at all after its fence closed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn e2e_s1_s7_sigstop_between_fresh_read_and_delete_keeps_the_new_snapshot() {
-    let cluster = cluster::cluster();
-    let client = cluster.client().await;
-    product::ensure_crd(&client).await;
-    let ns = cluster.fresh_namespace(&client, "s7-sigstop").await;
+    let (cluster, client, ns) = fresh_namespace("s7-sigstop").await;
     let lease_log = LeaseLog::start(&client, &ns, LEASE);
     let registry_a = RegistryProxy::start(&cluster.registry).await;
     let registry_b = RegistryProxy::start(&cluster.registry).await;
     let a = Product::start(cluster, &replica(&ns, &registry_a.addr, "replica-a")).await;
-    eventually("replica-a leads", LONG, || async {
-        (a.metric("cocoon_hibernation_leader") == 1.0).then_some(())
-    })
-    .await;
+    wait_leads(&a, "replica-a").await;
     let b = Product::start(cluster, &replica(&ns, &registry_b.addr, "replica-b")).await;
-    let _sim = vk_sim::spawn(
-        client.clone(),
-        Some(ns.clone()),
-        cluster.registry.clone(),
-        Arc::new(SimKnobs::new(
-            Duration::from_millis(200),
-            Duration::from_millis(200),
-        )),
-    );
+    let _sim = quick_sim(cluster, &client, &ns);
     let crs: Api<CocoonHibernation> = Api::namespaced(client.clone(), &ns);
     let vm = format!("vm-{ns}");
-    vk_sim::create_vm_pod(&client, &ns, "p-0", &vm)
-        .await
-        .unwrap();
-    product::create_cr(&crs, "p-0", "p-0", Desire::Hibernate).await;
-    let cr = wait_phase(&crs, "p-0", Phase::Hibernated, LONG, &mut vec![]).await;
+    let cr = hibernate_new_vm(&client, &ns, &crs, "p-0", &vm).await;
     let d1 = recorded_digest(&cr).expect("H3 recorded the digest");
     assert_eq!(tag_digest(&cluster.registry, &vm).await.as_ref(), Some(&d1));
 
@@ -928,14 +848,11 @@ async fn e2e_s1_s7_sigstop_between_fresh_read_and_delete_keeps_the_new_snapshot(
     eprintln!("S7 SIGSTOP: replica-a stopped at {stopped}, its resolve HEAD held");
 
     // B takes over and finishes the wake, deleting D1 itself.
-    let b_first = eventually("replica-b holds the lease", LONG, || async {
-        lease_log.first_held_by("replica-b")
-    })
-    .await;
+    let b_first = first_held(&lease_log, "replica-b").await;
     eventually("the wake ends through replica-b", LONG, || async {
         let cr = crs.get("p-0").await.ok()?;
         (product::phase(&cr) == Some(Phase::Active)
-            && condition(&cr, SNAPSHOT_DELETED).as_deref() == Some("True"))
+            && condition_status(&cr, SNAPSHOT_DELETED).as_deref() == Some("True"))
         .then_some(())
     })
     .await;
@@ -1045,36 +962,18 @@ async fn e2e_s7_a_lagging_pod_informer_deletes_nothing() {
     use k8s_openapi::api::core::v1::Pod;
     const RESTORE: Duration = Duration::from_secs(25);
     const SLACK: Duration = Duration::from_secs(3);
-    let cluster = cluster::cluster();
-    let client = cluster.client().await;
-    product::ensure_crd(&client).await;
-    let ns = cluster.fresh_namespace(&client, "s7-lagging").await;
+    let (cluster, client, ns) = fresh_namespace("s7-lagging").await;
     let lease_log = LeaseLog::start(&client, &ns, LEASE);
     let tap = product_tap(cluster).await;
     let registry_a = RegistryProxy::start(&cluster.registry).await;
     let registry_b = RegistryProxy::start(&cluster.registry).await;
     let mut a = Product::start(cluster, &replica(&ns, &registry_a.addr, "replica-a")).await;
-    eventually("replica-a leads", LONG, || async {
-        (a.metric("cocoon_hibernation_leader") == 1.0).then_some(())
-    })
-    .await;
+    wait_leads(&a, "replica-a").await;
     let dir = tempfile::tempdir().unwrap();
-    let kubeconfig_b = product_kubeconfig_for(cluster, &tap.url(), dir.path()).await;
-    let mut opts_b = replica(&ns, &registry_b.addr, "replica-b");
-    opts_b.env = vec![
-        ("KUBECONFIG".into(), kubeconfig_b.display().to_string()),
-        ("COCOON_APISERVER_TIMEOUT".into(), "2s".into()),
-    ];
+    let opts_b = replica(&ns, &registry_b.addr, "replica-b");
+    let opts_b = via(cluster, opts_b, &tap.url(), dir.path()).await;
     let b = Product::start(cluster, &opts_b).await;
-    let sim = vk_sim::spawn(
-        client.clone(),
-        Some(ns.clone()),
-        cluster.registry.clone(),
-        Arc::new(SimKnobs::new(
-            Duration::from_millis(200),
-            Duration::from_millis(200),
-        )),
-    );
+    let sim = quick_sim(cluster, &client, &ns);
     let crs: Api<CocoonHibernation> = Api::namespaced(client.clone(), &ns);
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
     let vm = format!("vm-{ns}");
@@ -1130,10 +1029,7 @@ async fn e2e_s7_a_lagging_pod_informer_deletes_nothing() {
             .await
         })
     };
-    let b_first = eventually("replica-b holds the lease", LONG, || async {
-        lease_log.first_held_by("replica-b")
-    })
-    .await;
+    let b_first = first_held(&lease_log, "replica-b").await;
     let b_acquire = b_first.acquire.expect("acquireTime");
     let restored = restored.await.unwrap();
     // B may end the wake from fresh reads with its cache still lagging; give it a while,
@@ -1148,7 +1044,7 @@ async fn e2e_s7_a_lagging_pod_informer_deletes_nothing() {
     wait_phase(&crs, "p-0", Phase::Active, LONG, &mut vec![]).await;
     eventually("SnapshotDeleted=True", LONG, || async {
         let cr = crs.get("p-0").await.ok()?;
-        (condition(&cr, SNAPSHOT_DELETED).as_deref() == Some("True")).then_some(())
+        (condition_status(&cr, SNAPSHOT_DELETED).as_deref() == Some("True")).then_some(())
     })
     .await;
 
@@ -1229,20 +1125,9 @@ async fn e2e_s7_a_lagging_pod_informer_deletes_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn e2e_s8_a_stalled_informer_fails_healthz_and_stops_leading() {
     const STALL: Duration = Duration::from_secs(9);
-    let cluster = cluster::cluster();
-    let client = cluster.client().await;
-    product::ensure_crd(&client).await;
-    let ns = cluster.fresh_namespace(&client, "s8-stall").await;
+    let (cluster, client, ns) = fresh_namespace("s8-stall").await;
     let leases: Api<Lease> = Api::namespaced(client.clone(), &ns);
-    let identity = product::product_identity(cluster).await;
-    let groups: Vec<&str> = identity.groups.iter().map(String::as_str).collect();
-    let proxy = FreezeProxy::start(
-        apiserver_addr(&cluster.apiserver_url),
-        cluster.serving_cert(&["127.0.0.1"]),
-        cluster.client_cert(&identity.username, &groups),
-        &cluster.ca_cert_pem,
-    )
-    .await;
+    let proxy = product_tap(cluster).await;
     let dir = tempfile::tempdir().unwrap();
     let kubeconfig = product_kubeconfig_for(cluster, &proxy.url(), dir.path()).await;
     let mut opts = replica(&ns, &cluster.registry, "replica-a");

@@ -35,6 +35,8 @@ mod ports;
 #[path = "../support/product.rs"]
 mod product;
 mod proxy;
+#[path = "../support/tls_proxy.rs"]
+mod tls_proxy;
 #[path = "../support/vk_sim.rs"]
 mod vk_sim;
 

@@ -11,13 +11,15 @@
 //!   `<vm>:hibernate` and every DELETE under `/v2/<vm>/manifests/` passes through the
 //!   [`Tap`]: serialized per VM, bracketed by the etcd revision and by the observer's own
 //!   HEAD of the tag, so each one is placed in the apiserver's history.
+//!
+//! The TLS ends and the upstream connections are tests/support/tls_proxy.rs's.
 
+use super::tls_proxy::{self, BoxError, Connect, Io};
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Bytes;
 use hyper::body::Incoming;
-use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
@@ -28,12 +30,10 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpSocket, TcpStream};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 type Body = BoxBody<Bytes, hyper::Error>;
 
 /// What a proxied request ends with when it gets no answer: hyper then closes the
@@ -55,13 +55,6 @@ impl From<BoxError> for Dropped {
     }
 }
 
-pub trait Io: AsyncRead + AsyncWrite + Unpin + Send + 'static {}
-impl<T: AsyncRead + AsyncWrite + Unpin + Send + 'static> Io for T {}
-
-type Connect = Arc<
-    dyn Fn() -> Pin<Box<dyn Future<Output = std::io::Result<Box<dyn Io>>> + Send>> + Send + Sync,
->;
-
 fn full(bytes: impl Into<Bytes>) -> Body {
     Full::new(bytes.into())
         .map_err(|never| match never {})
@@ -72,30 +65,7 @@ fn stream(body: Incoming) -> Body {
     body.boxed()
 }
 
-/// The upstream side of one proxied connection; reconnects when the old one closed.
-struct Upstream {
-    connect: Connect,
-    sender: Option<SendRequest<Body>>,
-}
-
-impl Upstream {
-    async fn send(&mut self, req: Request<Body>) -> Result<Response<Incoming>, BoxError> {
-        let usable = match self.sender.as_mut() {
-            Some(s) => !s.is_closed() && s.ready().await.is_ok(),
-            None => false,
-        };
-        if !usable {
-            let io = (self.connect)().await?;
-            let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(io)).await?;
-            tokio::spawn(async move {
-                let _ = conn.await;
-            });
-            self.sender = Some(sender);
-        }
-        let sender = self.sender.as_mut().ok_or("no upstream connection")?;
-        Ok(sender.send_request(req).await?)
-    }
-}
+type Upstream = tls_proxy::Upstream<Body>;
 
 /// What a handler does with one request.
 type Handler = Arc<
@@ -114,10 +84,7 @@ async fn serve_connection(
     handler: Handler,
     mut kill: watch::Receiver<bool>,
 ) {
-    let upstream = Arc::new(tokio::sync::Mutex::new(Upstream {
-        connect,
-        sender: None,
-    }));
+    let upstream = Arc::new(tokio::sync::Mutex::new(Upstream::new(connect)));
     let service = hyper::service::service_fn(move |req| handler(req, upstream.clone()));
     let conn =
         hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(down), service);
@@ -230,40 +197,8 @@ impl ApiProxy {
         ca_pem: &str,
         seed: u64,
     ) -> Self {
-        use rustls::pki_types::pem::PemObject;
-        use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
-        let _ = rustls::crypto::ring::default_provider().install_default();
-        let certs = |pem: &str| -> Vec<CertificateDer<'static>> {
-            CertificateDer::pem_slice_iter(pem.as_bytes())
-                .collect::<Result<_, _>>()
-                .expect("certificate PEM")
-        };
-        let key = |pem: &str| PrivateKeyDer::from_pem_slice(pem.as_bytes()).expect("key PEM");
-        let mut server = rustls::ServerConfig::builder()
-            .with_no_client_auth()
-            .with_single_cert(certs(&serving.0), key(&serving.1))
-            .expect("proxy serving config");
-        server.alpn_protocols = vec![b"http/1.1".to_vec()];
-        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(server));
-        let mut roots = rustls::RootCertStore::empty();
-        for c in certs(ca_pem) {
-            roots.add(c).expect("CA certificate");
-        }
-        let mut client_cfg = rustls::ClientConfig::builder()
-            .with_root_certificates(roots)
-            .with_client_auth_cert(certs(&client.0), key(&client.1))
-            .expect("proxy client config");
-        client_cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
-        let connector = tokio_rustls::TlsConnector::from(Arc::new(client_cfg));
-        let connect: Connect = Arc::new(move || {
-            let connector = connector.clone();
-            Box::pin(async move {
-                let tcp = TcpStream::connect(upstream).await?;
-                let name = ServerName::from(upstream.ip());
-                let tls = connector.connect(name, tcp).await?;
-                Ok(Box::new(tls) as Box<dyn Io>)
-            })
-        });
+        let (acceptor, connector) = tls_proxy::tls_ends(&serving, &client, ca_pem);
+        let connect = tls_proxy::tls_connect(connector, upstream);
         let faults = Arc::new(ApiFaults::default());
         let counters = Arc::new(ApiCounters::default());
         let rng = Arc::new(Mutex::new(StdRng::seed_from_u64(seed)));
@@ -314,30 +249,13 @@ impl ApiProxy {
                 })
             })
         };
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind the apiserver proxy");
-        let port = listener.local_addr().expect("proxy address").port();
-        let (_kill_tx, kill_rx) = watch::channel(false);
-        let task = tokio::spawn(async move {
-            let _keep = _kill_tx;
-            loop {
-                let Ok((tcp, _)) = listener.accept().await else {
-                    continue;
-                };
-                let (acceptor, connect, handler, kill) = (
-                    acceptor.clone(),
-                    connect.clone(),
-                    handler.clone(),
-                    kill_rx.clone(),
-                );
-                tokio::spawn(async move {
-                    if let Ok(tls) = acceptor.accept(tcp).await {
-                        serve_connection(tls, connect, handler, kill).await;
-                    }
-                });
-            }
-        });
+        // Never switched: ApiProxy drops no connection wholesale; the sender lives as long
+        // as the accept loop, which owns it through the closure.
+        let (kill, _) = watch::channel(false);
+        let (port, task) = tls_proxy::serve_tls(acceptor, move |tls| {
+            serve_connection(tls, connect.clone(), handler.clone(), kill.subscribe())
+        })
+        .await;
         Self {
             port,
             faults,

@@ -1,5 +1,6 @@
 //! Test support: a TLS-terminating, HTTP-aware proxy in front of kube-apiserver that
-//! logs every call of the product by kind and can cut precise parts of its traffic:
+//! logs every call of the product by kind and can cut precise parts of its traffic, each
+//! a switch of its own:
 //! - [`ApiTap::stall_lease_writes`]: Lease writes (POST, PUT, PATCH under
 //!   `/apis/coordination.k8s.io/v1/namespaces/*/leases`) are held unanswered and never
 //!   forwarded, while Lease reads, CR and pod reads and writes, events and watches pass
@@ -8,27 +9,30 @@
 //!   bookmarks are held back in order, the connection stays open) while pod LISTs and
 //!   everything else pass: a lagging pod informer (S7). [`ApiTap::release_pod_watches`]
 //!   lets the held events through.
+//! - [`ApiTap::freeze_informers`]: the informers' traffic (a GET on a collection of pods
+//!   or cocoonhibernations, a list or a watch) stops: open replies send not one more
+//!   byte, not even their end, and stay open; new informer requests are held unanswered.
+//!   Lease, event and single-object calls pass (a frozen view, S8). [`ApiTap::thaw`] lets
+//!   everything through again.
 //!
-//! It serves a certificate of the test cluster's CA (which the product's kubeconfig
-//! trusts) and reaches the apiserver with a client certificate of the product's own
-//! identity, so the product authenticates as before. Include with
-//! `#[path = "support/api_tap.rs"] mod api_tap;`.
+//! The TLS ends and the forwarding are tests/support/tls_proxy.rs's. Include with
+//! `#[path = "support/api_tap.rs"] mod api_tap;` and
+//! `#[path = "support/tls_proxy.rs"] mod tls_proxy;`.
 #![allow(dead_code)] // each test binary uses a different subset
 
+use super::tls_proxy::{self, BoxError};
 use futures::StreamExt;
 use http::{Method, Request, Response};
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, BodyStream, Full, StreamBody};
 use hyper::body::{Bytes, Incoming};
 use hyper_util::rt::TokioIo;
-use rustls::pki_types::ServerName;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use tokio::net::TcpStream;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 type Body = UnsyncBoxBody<Bytes, BoxError>;
 
 /// What a call was, as far as these tests care.
@@ -83,6 +87,12 @@ fn kind(method: &Method, path: &str, query: &str) -> Kind {
     }
 }
 
+/// A list or a watch of one of the product's informers.
+fn is_informer(method: &Method, path: &str) -> bool {
+    let last = path.trim_end_matches('/').rsplit('/').next();
+    method == Method::GET && matches!(last, Some("pods" | "cocoonhibernations"))
+}
+
 /// One call seen by the tap.
 #[derive(Clone, Debug)]
 pub struct Call {
@@ -111,10 +121,14 @@ struct Log {
     frames: Vec<Frame>,
 }
 
+/// The switches, each a watch that requests and replies wait on.
 #[derive(Clone)]
 struct Switches {
     stall_leases: watch::Receiver<bool>,
     hold_pods: watch::Receiver<bool>,
+    frozen: watch::Receiver<bool>,
+    /// Informer requests that arrived while frozen.
+    held: Arc<AtomicUsize>,
     log: Arc<Mutex<Log>>,
 }
 
@@ -123,6 +137,8 @@ pub struct ApiTap {
     pub port: u16,
     stall_leases: watch::Sender<bool>,
     hold_pods: watch::Sender<bool>,
+    frozen: watch::Sender<bool>,
+    held: Arc<AtomicUsize>,
     log: Arc<Mutex<Log>>,
     task: JoinHandle<()>,
 }
@@ -142,76 +158,42 @@ impl ApiTap {
         client: (String, String),
         ca_pem: &str,
     ) -> Self {
-        use rustls::pki_types::pem::PemObject;
-        use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-        let _ = rustls::crypto::ring::default_provider().install_default();
-        let certs = |pem: &str| -> Vec<CertificateDer<'static>> {
-            CertificateDer::pem_slice_iter(pem.as_bytes())
-                .collect::<Result<_, _>>()
-                .expect("certificate PEM")
-        };
-        let key = |pem: &str| PrivateKeyDer::from_pem_slice(pem.as_bytes()).expect("key PEM");
-        let mut server = rustls::ServerConfig::builder()
-            .with_no_client_auth()
-            .with_single_cert(certs(&serving.0), key(&serving.1))
-            .expect("tap serving config");
-        server.alpn_protocols = vec![b"http/1.1".to_vec()];
-        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(server));
-        let mut roots = rustls::RootCertStore::empty();
-        for c in certs(ca_pem) {
-            roots.add(c).expect("CA certificate");
-        }
-        let mut client_cfg = rustls::ClientConfig::builder()
-            .with_root_certificates(roots)
-            .with_client_auth_cert(certs(&client.0), key(&client.1))
-            .expect("tap client config");
-        client_cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
-        let connector = tokio_rustls::TlsConnector::from(Arc::new(client_cfg));
-
+        let (acceptor, connector) = tls_proxy::tls_ends(&serving, &client, ca_pem);
+        let connect = tls_proxy::tls_connect(connector, upstream);
         let (stall_leases, stall_rx) = watch::channel(false);
         let (hold_pods, hold_rx) = watch::channel(false);
+        let (frozen, frozen_rx) = watch::channel(false);
+        let held = Arc::new(AtomicUsize::new(0));
         let log = Arc::new(Mutex::new(Log::default()));
         let switches = Switches {
             stall_leases: stall_rx,
             hold_pods: hold_rx,
+            frozen: frozen_rx,
+            held: held.clone(),
             log: log.clone(),
         };
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind the api tap");
-        let port = listener.local_addr().expect("tap address").port();
-        let task = tokio::spawn(async move {
-            loop {
-                let Ok((tcp, _)) = listener.accept().await else {
-                    continue;
-                };
-                let (acceptor, connector, switches) =
-                    (acceptor.clone(), connector.clone(), switches.clone());
-                tokio::spawn(async move {
-                    let Ok(down) = acceptor.accept(tcp).await else {
-                        return;
-                    };
-                    // One upstream connection per downstream one, opened on first use.
-                    let up: Upstream = Arc::new(tokio::sync::Mutex::new(None));
-                    let service = hyper::service::service_fn(move |req: Request<Incoming>| {
-                        handle(
-                            req,
-                            connector.clone(),
-                            up.clone(),
-                            switches.clone(),
-                            upstream,
-                        )
-                    });
-                    let _ = hyper::server::conn::http1::Builder::new()
-                        .serve_connection(TokioIo::new(down), service)
-                        .await;
-                });
+        let (port, task) = tls_proxy::serve_tls(acceptor, move |down| {
+            // One upstream connection per downstream one, opened on first use.
+            let up = Arc::new(tokio::sync::Mutex::new(tls_proxy::Upstream::new(
+                connect.clone(),
+            )));
+            let switches = switches.clone();
+            let service = hyper::service::service_fn(move |req: Request<Incoming>| {
+                handle(req, up.clone(), switches.clone())
+            });
+            async move {
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(down), service)
+                    .await;
             }
-        });
+        })
+        .await;
         Self {
             port,
             stall_leases,
             hold_pods,
+            frozen,
+            held,
             log,
             task,
         }
@@ -238,6 +220,21 @@ impl ApiTap {
         self.hold_pods.send_replace(false);
     }
 
+    /// From now on no informer reply moves and no new informer request is answered.
+    pub fn freeze_informers(&self) {
+        self.frozen.send_replace(true);
+    }
+
+    /// Lets the frozen informer traffic through again.
+    pub fn thaw(&self) {
+        self.frozen.send_replace(false);
+    }
+
+    /// Informer requests that arrived while frozen.
+    pub fn held(&self) -> usize {
+        self.held.load(Ordering::SeqCst)
+    }
+
     pub fn calls(&self) -> Vec<Call> {
         self.log.lock().unwrap().calls.clone()
     }
@@ -256,7 +253,7 @@ impl ApiTap {
     }
 }
 
-type Upstream = Arc<tokio::sync::Mutex<Option<hyper::client::conn::http1::SendRequest<Body>>>>;
+type Upstream = Arc<tokio::sync::Mutex<tls_proxy::Upstream<Body>>>;
 
 fn empty(status: u16) -> Response<Body> {
     let mut res = Response::new(
@@ -276,15 +273,16 @@ async fn until(mut flag: watch::Receiver<bool>, want: bool) {
     }
 }
 
+/// Logs one request, holds it while a switch says so, forwards it on this connection's
+/// upstream connection, and hands its reply on through the switches that apply to it.
 async fn handle(
     req: Request<Incoming>,
-    connector: tokio_rustls::TlsConnector,
     up: Upstream,
     switches: Switches,
-    upstream: SocketAddr,
 ) -> Result<Response<Body>, BoxError> {
     let path = req.uri().path().to_owned();
     let k = kind(req.method(), &path, req.uri().query().unwrap_or_default());
+    let informer = is_informer(req.method(), &path);
     let index = {
         let mut log = switches.log.lock().unwrap();
         log.calls.push(Call {
@@ -302,64 +300,55 @@ async fn handle(
         until(switches.stall_leases.clone(), false).await;
         return Ok(empty(503));
     }
-    let mut guard = up.lock().await;
-    let usable = match guard.as_mut() {
-        Some(s) => !s.is_closed() && s.ready().await.is_ok(),
-        None => false,
-    };
-    if !usable {
-        let tcp = TcpStream::connect(upstream).await?;
-        let tls = connector
-            .connect(ServerName::from(upstream.ip()), tcp)
-            .await?;
-        let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls)).await?;
-        tokio::spawn(async move {
-            let _ = conn.await;
-        });
-        *guard = Some(sender);
+    if informer && *switches.frozen.borrow() {
+        switches.held.fetch_add(1, Ordering::SeqCst);
+        until(switches.frozen.clone(), false).await;
     }
-    let Some(sender) = guard.as_mut() else {
-        return Err("no upstream connection".into());
-    };
     let req = req.map(|b| b.map_err(BoxError::from).boxed_unsync());
-    let res = sender.send_request(req).await?;
-    drop(guard);
+    let res = up.lock().await.send(req).await?;
     {
         let mut log = switches.log.lock().unwrap();
         let call = &mut log.calls[index];
         call.answered = Some(jiff::Timestamp::now());
         call.status = res.status().as_u16();
     }
-    let watch_kind = matches!(k, Kind::PodWatch | Kind::CrWatch);
-    Ok(if watch_kind {
-        let held = if k == Kind::PodWatch {
-            Some(switches.hold_pods.clone())
-        } else {
-            None
-        };
-        res.map(|b| counted(b, k, held, switches.log.clone()))
-    } else {
+    // Each reply waits on the switches that apply to it; watch replies are logged.
+    let mut gates = Vec::new();
+    if k == Kind::PodWatch {
+        gates.push(switches.hold_pods.clone());
+    }
+    if informer {
+        gates.push(switches.frozen.clone());
+    }
+    let logged = matches!(k, Kind::PodWatch | Kind::CrWatch).then(|| switches.log.clone());
+    Ok(if gates.is_empty() && logged.is_none() {
         res.map(|b| b.map_err(BoxError::from).boxed_unsync())
+    } else {
+        res.map(|b| gated(b, k, gates, logged))
     })
 }
 
-/// A reply body whose chunks are logged as they go on; with `held`, each chunk and the
-/// end wait while it is set.
-fn counted(
+/// A reply body whose chunks each wait, and whose end waits, until every gate is open;
+/// with `log`, each chunk is logged as it goes on.
+fn gated(
     body: Incoming,
     kind: Kind,
-    held: Option<watch::Receiver<bool>>,
-    log: Arc<Mutex<Log>>,
+    gates: Vec<watch::Receiver<bool>>,
+    log: Option<Arc<Mutex<Log>>>,
 ) -> Body {
-    let end = held.clone();
+    let end = gates.clone();
+    let open = |gates: Vec<watch::Receiver<bool>>| async move {
+        for gate in gates {
+            until(gate, false).await;
+        }
+    };
     let frames = BodyStream::new(body)
         .then(move |frame| {
-            let (held, log) = (held.clone(), log.clone());
+            let (gates, log) = (gates.clone(), log.clone());
             async move {
-                if let Some(held) = held {
-                    until(held, false).await;
-                }
-                if let Ok(f) = &frame
+                open(gates).await;
+                if let Some(log) = log
+                    && let Ok(f) = &frame
                     && let Some(data) = f.data_ref()
                 {
                     log.lock().unwrap().frames.push(Frame {
@@ -371,14 +360,7 @@ fn counted(
                 frame.map_err(BoxError::from)
             }
         })
-        .chain(
-            futures::stream::once(async move {
-                if let Some(end) = end {
-                    until(end, false).await;
-                }
-            })
-            .filter_map(|()| async { None }),
-        );
+        .chain(futures::stream::once(open(end)).filter_map(|()| async { None }));
     StreamBody::new(frames).boxed_unsync()
 }
 
@@ -419,5 +401,20 @@ mod tests {
             Kind::PodWatch
         );
         assert_eq!(k(Method::GET, pods, "limit=500"), Kind::PodList);
+    }
+
+    #[test]
+    fn informers() {
+        let crs = "/apis/cocoonset.cocoonstack.io/v1/namespaces/ns/cocoonhibernations";
+        assert!(is_informer(&Method::GET, crs));
+        assert!(is_informer(&Method::GET, "/api/v1/pods"));
+        assert!(is_informer(&Method::GET, "/api/v1/namespaces/ns/pods/"));
+        assert!(!is_informer(&Method::POST, "/api/v1/namespaces/ns/pods"));
+        assert!(!is_informer(&Method::GET, "/api/v1/namespaces/ns/pods/p"));
+        assert!(!is_informer(&Method::GET, &format!("{crs}/a/status")));
+        assert!(!is_informer(
+            &Method::GET,
+            "/apis/coordination.k8s.io/v1/namespaces/ns/leases"
+        ));
     }
 }

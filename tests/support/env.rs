@@ -126,8 +126,14 @@ impl Env {
 
 /// HEAD `<vm>:hibernate` on a plain-http registry: `Some(present)`, `None` if unreachable.
 pub async fn tag_exists(registry: &str, vm: &str) -> Option<bool> {
+    let res = head_tag(registry, vm).await.ok()?;
+    Some(res.status().is_success())
+}
+
+/// HEAD `<vm>:hibernate` on a plain-http registry, as an OCI or Docker manifest.
+pub async fn head_tag(registry: &str, vm: &str) -> reqwest::Result<reqwest::Response> {
     let url = format!("http://{registry}/v2/{vm}/manifests/hibernate");
-    let res = reqwest::Client::new()
+    reqwest::Client::new()
         .head(&url)
         .header(
             "accept",
@@ -136,8 +142,6 @@ pub async fn tag_exists(registry: &str, vm: &str) -> Option<bool> {
         .timeout(Duration::from_secs(3))
         .send()
         .await
-        .ok()?;
-    Some(res.status().is_success())
 }
 
 pub fn ready_message(cr: &CocoonHibernation) -> String {
