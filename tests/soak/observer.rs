@@ -818,6 +818,10 @@ pub fn self_check() -> Vec<String> {
         Hibernating,
         /// Hibernated for the round, VMID gone.
         Hibernated,
+        /// As Hibernated, with the request withdrawn (a wake vk has not done yet).
+        Restoring,
+        /// `hibernating` with the VMID, the request withdrawn (vk has not noticed yet).
+        HibernatingWithdrawn,
         /// A stale `hibernated` pair from an earlier round, VMID there, Running.
         StaleLifecycle,
     }
@@ -827,6 +831,8 @@ pub fn self_check() -> Vec<String> {
             P::Requested => ("ready", true, true, true, false, true),
             P::Hibernating => ("hibernating", true, true, true, false, false),
             P::Hibernated => ("hibernated", false, false, true, true, false),
+            P::Restoring => ("hibernated", false, false, false, true, false),
+            P::HibernatingWithdrawn => ("hibernating", true, true, false, false, false),
             P::StaleLifecycle => ("hibernated", true, true, false, false, true),
         };
         PodVersion {
@@ -893,9 +899,17 @@ pub fn self_check() -> Vec<String> {
             want: (1, 0, 0, 1),
         },
         Case {
+            name: "Hibernating even when the pod no longer asks and runs (a recreated pod)",
+            crs: vec![("u1", vec![cr(10, Some(Hibernating), false, false)], None)],
+            pods: vec![pod(9, P::Running, false)],
+            events: Some(vec![]),
+            ops: vec![op(p, 20, 22)],
+            want: (1, 0, 0, 1),
+        },
+        Case {
             name: "Waking before vk restored the VM",
             crs: vec![("u1", vec![cr(10, Some(Waking), false, false)], None)],
-            pods: vec![pod(9, P::Hibernated, false)],
+            pods: vec![pod(9, P::Restoring, false)],
             events: Some(vec![]),
             ops: vec![op(p, 20, 22)],
             want: (1, 0, 0, 1),
@@ -903,7 +917,7 @@ pub fn self_check() -> Vec<String> {
         Case {
             name: "Waking once the VM runs again (W2's delete)",
             crs: vec![("u1", vec![cr(10, Some(Waking), false, false)], None)],
-            pods: vec![pod(9, P::Hibernated, false), pod(15, P::Running, false)],
+            pods: vec![pod(9, P::Restoring, false), pod(15, P::Running, false)],
             events: Some(vec![]),
             ops: vec![op(p, 20, 22)],
             want: (0, 0, 0, 1),
@@ -912,6 +926,22 @@ pub fn self_check() -> Vec<String> {
             name: "a Failed hibernate that vk finished",
             crs: vec![("u1", vec![cr(10, Some(Failed), false, false)], None)],
             pods: vec![pod(9, P::Hibernated, false)],
+            events: Some(vec![]),
+            ops: vec![op(p, 20, 22)],
+            want: (1, 0, 0, 1),
+        },
+        Case {
+            name: "a Failed wake whose VM vk has not restored",
+            crs: vec![("u1", vec![cr(10, Some(Failed), false, false)], None)],
+            pods: vec![pod(9, P::Restoring, false)],
+            events: Some(vec![]),
+            ops: vec![op(p, 20, 22)],
+            want: (1, 0, 0, 1),
+        },
+        Case {
+            name: "vk still says hibernating after the request was withdrawn (a Failed CR)",
+            crs: vec![("u1", vec![cr(10, Some(Failed), false, false)], None)],
+            pods: vec![pod(9, P::HibernatingWithdrawn, false)],
             events: Some(vec![]),
             ops: vec![op(p, 20, 22)],
             want: (1, 0, 0, 1),
@@ -975,7 +1005,7 @@ pub fn self_check() -> Vec<String> {
         Case {
             name: "G1 discard of a Waking CR whose VM vk removed, unannounced",
             crs: vec![("u1", vec![cr(10, Some(Waking), true, false)], None)],
-            pods: vec![pod(9, P::Hibernated, false)],
+            pods: vec![pod(9, P::Restoring, false)],
             events: Some(vec![]),
             ops: vec![op(p, 20, 22)],
             want: (1, 0, 0, 1),
@@ -999,7 +1029,7 @@ pub fn self_check() -> Vec<String> {
         Case {
             name: "vk dropping the tag it restored from",
             crs: vec![("u1", vec![cr(10, Some(Waking), false, false)], None)],
-            pods: vec![pod(9, P::Hibernated, false)],
+            pods: vec![pod(9, P::Restoring, false)],
             events: Some(vec![]),
             ops: vec![op(Source::Vk, 20, 22)],
             want: (0, 0, 1, 0),
@@ -1022,7 +1052,7 @@ pub fn self_check() -> Vec<String> {
         Case {
             name: "no CR at all while the VM is hibernated",
             crs: vec![],
-            pods: vec![pod(9, P::Hibernated, false)],
+            pods: vec![pod(9, P::Restoring, false)],
             events: Some(vec![]),
             ops: vec![op(p, 20, 22)],
             want: (1, 0, 0, 1),
