@@ -255,8 +255,8 @@ fn plan(pod: &Pod, knobs: &SimKnobs) -> Option<Action> {
     } else {
         // Wake only a VM this runtime removed (hibernated, no VMID): a staged stale
         // lifecycle with its VMID is left alone. A ready VM not reported Running (a wake
-        // whose status write failed) gets its status.
-        // A hibernate withdrawn before the VM was removed goes back to ready.
+        // whose status write failed) gets its status. A hibernate withdrawn before the VM
+        // was removed goes back to ready.
         let removed = state == Some(STATE_HIBERNATED) && vm_gone;
         let unreported = state == Some(STATE_READY) && !vm_gone && !view.container_running;
         let withdrawn = state == Some(STATE_HIBERNATING) && !vm_gone;
