@@ -1438,6 +1438,9 @@ async fn run(cfg: Cfg) -> bool {
         for m in v.violations.iter().take(20) {
             let _ = writeln!(text, "      - {m}");
         }
+        for m in v.undecided.iter().take(10) {
+            let _ = writeln!(text, "      ? {m}");
+        }
     }
     let p =
         |q: f64| bench_report::pct(&converge_s, q).map_or("-".to_owned(), |s| format!("{s:.1}s"));

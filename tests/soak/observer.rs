@@ -41,6 +41,10 @@ pub struct CrVersion {
     pub reason: String,
     /// Seen through a relist: versions before it may have been missed.
     pub gap: bool,
+    /// For a version seen through a relist: the watch had delivered every change up to
+    /// this revision before the relist (events come in revision order), so only versions
+    /// after it can have been missed.
+    pub complete_to: u64,
 }
 
 #[derive(Clone, Debug)]
@@ -50,6 +54,9 @@ pub struct CrTrack {
     pub versions: Vec<CrVersion>,
     /// When the object was seen gone, and its last revision if a watch event said so.
     pub gone: Option<(Instant, Option<u64>)>,
+    /// Seen gone only by a relist: it was still there, unchanged since its last version,
+    /// up to this revision (see [`CrVersion::complete_to`]).
+    pub gone_complete_to: u64,
 }
 
 #[derive(Clone, Debug)]
@@ -67,6 +74,8 @@ pub struct PodVersion {
     pub vm_id: Option<String>,
     pub container_running: bool,
     pub gap: bool,
+    /// As [`CrVersion::complete_to`].
+    pub complete_to: u64,
 }
 
 /// One Event the observer saw, by its first sighting.
@@ -112,7 +121,9 @@ fn rv_of(meta: &kube::api::ObjectMeta) -> u64 {
 }
 
 impl World {
-    fn record_cr(&mut self, cr: &CocoonHibernation, gap: bool) {
+    /// `relist`: seen through a relist, after the watch had delivered everything up to
+    /// that revision.
+    fn record_cr(&mut self, cr: &CocoonHibernation, relist: Option<u64>) {
         let (Some(uid), Some(name)) = (cr.metadata.uid.clone(), cr.metadata.name.clone()) else {
             return;
         };
@@ -122,6 +133,7 @@ impl World {
             name: name.clone(),
             versions: Vec::new(),
             gone: None,
+            gone_complete_to: 0,
         });
         if track.versions.last().is_some_and(|v| v.rv >= rv) {
             return; // a relist repeats what we have
@@ -140,12 +152,13 @@ impl World {
             vm: cr.vm_name().map(str::to_owned),
             deleting: cr.is_deleting(),
             reason,
-            gap,
+            gap: relist.is_some(),
+            complete_to: relist.unwrap_or(0),
         });
         self.by_name.insert(name, uid);
     }
 
-    fn record_pod(&mut self, pod: &Pod, gap: bool) {
+    fn record_pod(&mut self, pod: &Pod, relist: Option<u64>) {
         let Some(name) = pod.metadata.name.clone() else {
             return;
         };
@@ -167,7 +180,8 @@ impl World {
             vm_id: view.vm_id.clone(),
             container_running: view.container_running,
             lifecycle: view.lifecycle_state.clone(),
-            gap,
+            gap: relist.is_some(),
+            complete_to: relist.unwrap_or(0),
         });
     }
 
@@ -203,12 +217,16 @@ impl World {
     /// exist yet or was gone.
     pub fn cr_at(t: &CrTrack, rv: u64) -> At<Option<&CrVersion>> {
         let idx = t.versions.partition_point(|v| v.rv <= rv);
-        if t.versions.get(idx).is_some_and(|next| next.gap) {
+        if t.versions
+            .get(idx)
+            .is_some_and(|next| next.gap && rv >= next.complete_to)
+        {
             return At::Unknown;
         }
         // Seen gone only by a relist: after its last seen version it may have changed
         // (been marked for deletion, say) at any revision before it vanished.
-        if matches!(t.gone, Some((_, None))) && idx == t.versions.len() {
+        if matches!(t.gone, Some((_, None))) && idx == t.versions.len() && rv >= t.gone_complete_to
+        {
             return At::Unknown;
         }
         if let Some((_, Some(gone))) = t.gone
@@ -224,7 +242,10 @@ impl World {
             return At::Known(None);
         };
         let idx = versions.partition_point(|v| v.rv <= rv);
-        if versions.get(idx).is_some_and(|next| next.gap) {
+        if versions
+            .get(idx)
+            .is_some_and(|next| next.gap && rv >= next.complete_to)
+        {
             return At::Unknown;
         }
         At::Known(idx.checked_sub(1).and_then(|i| versions.get(i)))
@@ -240,6 +261,35 @@ impl World {
             counts[i] += 1;
         }
         self.timeline.push((ms, counts));
+    }
+}
+
+/// How far one watch is known complete: a watch delivers changes in revision order, so
+/// once it has delivered revision R, every change up to R has been seen. A list counts
+/// only once it is whole.
+#[derive(Default)]
+struct Sync {
+    /// Highest revision up to which every change has been delivered.
+    to: u64,
+    /// `to` when the current relist began.
+    relist_from: u64,
+    /// Highest revision among the objects of the list in progress.
+    listing: u64,
+}
+
+impl Sync {
+    fn seen(&mut self, meta: &kube::api::ObjectMeta) {
+        self.to = self.to.max(rv_of(meta));
+    }
+    fn relist_begins(&mut self) {
+        self.relist_from = self.to;
+        self.listing = 0;
+    }
+    fn listed(&mut self, meta: &kube::api::ObjectMeta) {
+        self.listing = self.listing.max(rv_of(meta));
+    }
+    fn relist_done(&mut self) {
+        self.to = self.to.max(self.listing);
     }
 }
 
@@ -284,12 +334,14 @@ impl Observer {
                 futures::pin_mut!(stream);
                 let mut synced = false;
                 let mut seen: HashSet<String> = HashSet::new();
+                let mut sync = Sync::default();
                 while let Some(ev) = stream.next().await {
                     let Ok(ev) = ev else { continue };
                     let mut w = world.lock().unwrap();
                     match ev {
                         watcher::Event::Init => {
                             seen.clear();
+                            sync.relist_begins();
                             if synced {
                                 w.relists += 1;
                             }
@@ -298,7 +350,8 @@ impl Observer {
                             if let Some(uid) = &cr.metadata.uid {
                                 seen.insert(uid.clone());
                             }
-                            w.record_cr(&cr, synced);
+                            sync.listed(&cr.metadata);
+                            w.record_cr(&cr, synced.then_some(sync.relist_from));
                         }
                         watcher::Event::InitDone => {
                             if synced {
@@ -306,14 +359,20 @@ impl Observer {
                                 for t in w.crs.values_mut() {
                                     if t.gone.is_none() && !seen.contains(&t.uid) {
                                         t.gone = Some((now, None));
+                                        t.gone_complete_to = sync.relist_from;
                                     }
                                 }
                             }
+                            sync.relist_done();
                             synced = true;
                         }
-                        watcher::Event::Apply(cr) => w.record_cr(&cr, false),
+                        watcher::Event::Apply(cr) => {
+                            sync.seen(&cr.metadata);
+                            w.record_cr(&cr, None)
+                        }
                         watcher::Event::Delete(cr) => {
-                            w.record_cr(&cr, false);
+                            sync.seen(&cr.metadata);
+                            w.record_cr(&cr, None);
                             if let Some(t) = cr.metadata.uid.as_ref().and_then(|u| w.crs.get_mut(u))
                             {
                                 t.gone = Some((Instant::now(), Some(rv_of(&cr.metadata))));
@@ -329,16 +388,24 @@ impl Observer {
                 let stream = watcher(pods, watcher::Config::default()).backoff(Quick);
                 futures::pin_mut!(stream);
                 let mut synced = false;
+                let mut sync = Sync::default();
                 while let Some(ev) = stream.next().await {
                     let Ok(ev) = ev else { continue };
                     let mut w = world.lock().unwrap();
                     match ev {
-                        watcher::Event::InitApply(p) => w.record_pod(&p, synced),
-                        watcher::Event::InitDone => synced = true,
-                        watcher::Event::Apply(p) | watcher::Event::Delete(p) => {
-                            w.record_pod(&p, false)
+                        watcher::Event::InitApply(p) => {
+                            sync.listed(&p.metadata);
+                            w.record_pod(&p, synced.then_some(sync.relist_from));
                         }
-                        watcher::Event::Init => {}
+                        watcher::Event::InitDone => {
+                            sync.relist_done();
+                            synced = true;
+                        }
+                        watcher::Event::Apply(p) | watcher::Event::Delete(p) => {
+                            sync.seen(&p.metadata);
+                            w.record_pod(&p, None)
+                        }
+                        watcher::Event::Init => sync.relist_begins(),
                     }
                 }
             })
@@ -396,6 +463,8 @@ pub struct Verdict {
     pub unknown: usize,
     /// Instances the rule does not apply to (S1: vk's own drops of a restored tag).
     pub exempt: usize,
+    /// What made instances undecidable (S1), for the report.
+    pub undecided: Vec<String>,
     pub violations: Vec<String>,
 }
 
@@ -477,7 +546,8 @@ pub fn only_copy(v: &CrVersion, pod: At<Option<&PodVersion>>) -> At<Option<Strin
 #[derive(Debug)]
 pub enum Judged {
     Safe,
-    Undecidable,
+    /// What the observer could not see.
+    Undecidable(String),
     Violation(String),
 }
 
@@ -508,7 +578,11 @@ fn judge_delete(
         "tag {}:hibernate deleted by the product (DELETE answered {}, revisions {}..{})",
         op.vm, op.status, op.rev_before, op.rev_after
     );
-    let mut undecidable = false;
+    // The first thing the observer could not see, if any.
+    let mut undecidable: Option<String> = None;
+    let unknown = |undecidable: &mut Option<String>, why: String| {
+        undecidable.get_or_insert(why);
+    };
     for rv in revs {
         let mut any_cr = false;
         for t in tracks {
@@ -518,7 +592,13 @@ fn judge_delete(
             };
             let v = match at {
                 At::Unknown => {
-                    undecidable = true;
+                    unknown(
+                        &mut undecidable,
+                        format!(
+                            "{what}: a relist hid CR {} (uid {}) at revision {rv}",
+                            t.name, t.uid
+                        ),
+                    );
                     continue;
                 }
                 At::Known(None) => continue,
@@ -527,7 +607,13 @@ fn judge_delete(
             any_cr = true;
             let why = match only_copy(v, world.pod_at(pod, rv)) {
                 At::Unknown => {
-                    undecidable = true;
+                    unknown(
+                        &mut undecidable,
+                        format!(
+                            "{what}: a relist hid pod {pod} at revision {rv} (CR {} {:?})",
+                            t.name, v.phase
+                        ),
+                    );
                     continue;
                 }
                 At::Known(None) => continue,
@@ -550,13 +636,30 @@ fn judge_delete(
                         world.events.get(&t.uid)
                     ));
                 }
-                At::Unknown => undecidable = true,
+                At::Unknown => unknown(
+                    &mut undecidable,
+                    format!(
+                        "{what}: CR {} (uid {}) was being deleted and {why}; whether its SnapshotDiscarded came first cannot be seen ({})",
+                        t.name,
+                        t.uid,
+                        if world.events_synced {
+                            "the event was first seen through a relist"
+                        } else {
+                            "the event watch never listed"
+                        }
+                    ),
+                ),
             }
         }
         // No live CR at all: nothing owed this delete, so the VM must have been running.
-        if !any_cr && !undecidable {
+        if !any_cr && undecidable.is_none() {
             match world.pod_at(pod, rv) {
-                At::Unknown => undecidable = true,
+                At::Unknown => unknown(
+                    &mut undecidable,
+                    format!(
+                        "{what}: no CR of pod {pod} at revision {rv}, and a relist hid the pod"
+                    ),
+                ),
                 At::Known(Some(p)) if p.vm_running && !p.hibernate_requested => {}
                 At::Known(p) => {
                     return Judged::Violation(format!(
@@ -567,10 +670,9 @@ fn judge_delete(
             }
         }
     }
-    if undecidable {
-        Judged::Undecidable
-    } else {
-        Judged::Safe
+    match undecidable {
+        Some(why) => Judged::Undecidable(why),
+        None => Judged::Safe,
     }
 }
 
@@ -658,7 +760,10 @@ pub fn judge(
         let tracks: Vec<&CrTrack> = world.crs.values().filter(|t| &t.name == pod).collect();
         match judge_delete(world, op, pod, &tracks, &successor) {
             Judged::Safe => s1.checked += 1,
-            Judged::Undecidable => s1.unknown += 1,
+            Judged::Undecidable(why) => {
+                s1.unknown += 1;
+                s1.undecided.push(why);
+            }
             Judged::Violation(m) => {
                 s1.checked += 1;
                 s1.violations.push(m);
@@ -844,6 +949,7 @@ pub fn self_check() -> Vec<String> {
             vm_id: vm_id.then(|| "vmid-1".into()),
             container_running: running,
             gap,
+            complete_to: 0,
         }
     }
     fn cr(rv: u64, phase: Option<Phase>, deleting: bool, gap: bool) -> CrVersion {
@@ -856,6 +962,7 @@ pub fn self_check() -> Vec<String> {
             deleting,
             reason: String::new(),
             gap,
+            complete_to: 0,
         }
     }
     fn op(source: Source, rev_before: u64, rev_after: u64) -> TagOp {
@@ -1050,6 +1157,44 @@ pub fn self_check() -> Vec<String> {
             want: (1, 1, 0, 0), // and too many undecidable
         },
         Case {
+            name: "a relist after the DELETE, the watch complete past it: decided",
+            crs: vec![(
+                "u1",
+                vec![
+                    cr(10, Some(Active), false, false),
+                    CrVersion {
+                        complete_to: 23,
+                        ..cr(25, Some(Active), false, true)
+                    },
+                ],
+                None,
+            )],
+            pods: vec![
+                pod(9, P::Running, false),
+                PodVersion {
+                    complete_to: 23,
+                    ..pod(24, P::Running, true)
+                },
+            ],
+            events: Some(vec![]),
+            ops: vec![op(p, 20, 22)],
+            want: (0, 0, 0, 1),
+        },
+        Case {
+            name: "a relist hid the pod version in force",
+            crs: vec![("u1", vec![cr(10, Some(Active), false, false)], None)],
+            pods: vec![
+                pod(9, P::Running, false),
+                PodVersion {
+                    complete_to: 19,
+                    ..pod(24, P::Running, true)
+                },
+            ],
+            events: Some(vec![]),
+            ops: vec![op(p, 20, 22)],
+            want: (1, 1, 0, 0), // and too many undecidable
+        },
+        Case {
             name: "no CR at all while the VM is hibernated",
             crs: vec![],
             pods: vec![pod(9, P::Restoring, false)],
@@ -1084,6 +1229,7 @@ pub fn self_check() -> Vec<String> {
                     name: POD.into(),
                     versions,
                     gone,
+                    gone_complete_to: 0,
                 },
             );
             world.by_name.insert(POD.into(), uid.into());
