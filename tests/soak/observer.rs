@@ -977,9 +977,11 @@ pub fn self_check() -> Vec<String> {
             after: None,
         }
     }
+    /// A CR's uid, its versions and how it was seen gone.
+    type Track = (&'static str, Vec<CrVersion>, Option<(Instant, Option<u64>)>);
     struct Case {
         name: &'static str,
-        crs: Vec<(&'static str, Vec<CrVersion>, Option<(Instant, Option<u64>)>)>,
+        crs: Vec<Track>,
         pods: Vec<PodVersion>,
         events: Option<Vec<(&'static str, u64, bool)>>,
         ops: Vec<TagOp>,
