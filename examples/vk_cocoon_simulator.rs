@@ -26,6 +26,12 @@ struct Args {
     /// Time a wake takes before the new VMID is written.
     #[arg(long, default_value_t = 2000)]
     wake_delay_ms: u64,
+    /// Write `lifecycle-state=hibernating` before pushing, as vk-cocoon does.
+    #[arg(long)]
+    hibernating_first: bool,
+    /// Share (0..=1) of wakes that delete the tag they restored from, as vk-cocoon may.
+    #[arg(long, default_value_t = 0.0)]
+    wake_drops_tag: f64,
 }
 
 #[tokio::main]
@@ -43,6 +49,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
         Duration::from_millis(args.hibernate_delay_ms),
         Duration::from_millis(args.wake_delay_ms),
     ));
+    knobs.set_hibernating_first(args.hibernating_first);
+    knobs.set_wake_drops_tag(args.wake_drops_tag);
     let _sim = vk_sim::spawn(client, args.namespace.clone(), args.registry.clone(), knobs);
     tracing::info!(
         namespace = args.namespace.as_deref().unwrap_or("<all>"),

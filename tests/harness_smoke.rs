@@ -11,7 +11,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use cluster::{audit_in_namespace, cluster};
-use cocoon_hibernation::api::annotations::{HIBERNATE, PodView, STATE_HIBERNATED};
+use cocoon_hibernation::api::annotations::{
+    HIBERNATE, PodView, STATE_HIBERNATED, STATE_HIBERNATING,
+};
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
 use serde_json::json;
@@ -384,4 +386,125 @@ async fn e2e_harness_vk_sim_knobs_and_stale_state() {
         (v.lifecycle_hibernated_for_round() && !v.container_running).then_some(())
     })
     .await;
+}
+
+/// The simulator's vk-cocoon README behaviours, on request: `hibernating` is written in a
+/// patch of its own before the push (and a hibernate withdrawn then goes back to
+/// `ready` with its VMID), and a wake may delete the manifest it restored from (per pod
+/// through the annotation, or for a share of wakes).
+#[tokio::test]
+async fn e2e_harness_vk_sim_hibernating_first_and_wake_drops_tag() {
+    let c = cluster();
+    let client = c.client().await;
+    let ns = c.fresh_namespace(&client, "vksim-readme").await;
+    let knobs = Arc::new(vk_sim::SimKnobs::new(
+        Duration::from_millis(100),
+        Duration::from_millis(100),
+    ));
+    knobs.set_hibernating_first(true);
+    let _sim = vk_sim::spawn(
+        client.clone(),
+        Some(ns.clone()),
+        c.registry.clone(),
+        knobs.clone(),
+    );
+    let vm = format!("vm-{ns}");
+    let created = vk_sim::create_vm_pod(&client, &ns, "pod-c", &vm)
+        .await
+        .unwrap();
+    let first_vmid = PodView::of(&created).vm_id;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    let ask = json!({ "metadata": { "annotations": { HIBERNATE: "true" } } });
+    let withdraw = json!({ "metadata": { "annotations": { HIBERNATE: null } } });
+
+    // `hibernating` shows while the push fails; withdrawn, the VM is kept and ready again.
+    knobs.set_fail_push(true);
+    pods.patch("pod-c", &PatchParams::default(), &Patch::Merge(&ask))
+        .await
+        .unwrap();
+    let during = eventually("lifecycle-state=hibernating", TIMEOUT, || async {
+        let v = PodView::of(&pods.get("pod-c").await.unwrap());
+        (v.lifecycle_state.as_deref() == Some(STATE_HIBERNATING)).then_some(v)
+    })
+    .await;
+    assert_eq!(during.vm_id, first_vmid, "the VM is still there");
+    assert!(!during.woken(), "a hibernating VM is not woken");
+    pods.patch("pod-c", &PatchParams::default(), &Patch::Merge(&withdraw))
+        .await
+        .unwrap();
+    let back = eventually("ready again after the withdrawal", TIMEOUT, || async {
+        let v = PodView::of(&pods.get("pod-c").await.unwrap());
+        v.woken().then_some(v)
+    })
+    .await;
+    assert_eq!(back.vm_id, first_vmid, "a withdrawn hibernate keeps the VM");
+    assert_eq!(knobs.hibernations(), 0);
+    knobs.set_fail_push(false);
+
+    // A wake of a pod that asks for it drops the tag once the new VMID is written.
+    let drop_tag = |on: &str| json!({ "metadata": { "annotations": { vk_sim::WAKE_DROPS_TAG_ANNOTATION: on } } });
+    let cycle = |annotation: Option<&'static str>| {
+        let (pods, ask, withdraw) = (pods.clone(), ask.clone(), withdraw.clone());
+        let patch = annotation.map(drop_tag);
+        async move {
+            if let Some(p) = patch {
+                pods.patch("pod-c", &PatchParams::default(), &Patch::Merge(&p))
+                    .await
+                    .unwrap();
+            }
+            pods.patch("pod-c", &PatchParams::default(), &Patch::Merge(&ask))
+                .await
+                .unwrap();
+            eventually("pod hibernated", TIMEOUT, || async {
+                let v = PodView::of(&pods.get("pod-c").await.unwrap());
+                (v.lifecycle_hibernated_for_round() && !v.container_running).then_some(())
+            })
+            .await;
+            pods.patch("pod-c", &PatchParams::default(), &Patch::Merge(&withdraw))
+                .await
+                .unwrap();
+            eventually("pod woken", TIMEOUT, || async {
+                PodView::of(&pods.get("pod-c").await.unwrap())
+                    .woken()
+                    .then_some(())
+            })
+            .await;
+        }
+    };
+    cycle(Some("true")).await;
+    eventually("tag dropped by the wake", TIMEOUT, || async {
+        registry_tag_digest(&c.registry, &vm, "hibernate")
+            .await
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    assert_eq!(
+        (knobs.hibernations(), knobs.wakes(), knobs.tag_drops()),
+        (1, 1, 1)
+    );
+
+    // The pod's "false" beats a share of 1; without the annotation the share decides.
+    knobs.set_wake_drops_tag(1.0);
+    cycle(Some("false")).await;
+    assert!(
+        registry_tag_digest(&c.registry, &vm, "hibernate")
+            .await
+            .is_some(),
+        "the pod said keep"
+    );
+    let remove =
+        json!({ "metadata": { "annotations": { vk_sim::WAKE_DROPS_TAG_ANNOTATION: null } } });
+    pods.patch("pod-c", &PatchParams::default(), &Patch::Merge(&remove))
+        .await
+        .unwrap();
+    cycle(None).await;
+    eventually("tag dropped by a share of 1", TIMEOUT, || async {
+        registry_tag_digest(&c.registry, &vm, "hibernate")
+            .await
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    assert_eq!((knobs.wakes(), knobs.tag_drops()), (3, 2));
 }

@@ -62,6 +62,12 @@ pub struct Opts {
     startup_reps: usize,
     /// The simulator's hibernate and wake delay, ms.
     sim_delay_ms: u64,
+    /// The simulator writes `lifecycle-state=hibernating` before each push, as vk-cocoon
+    /// does (off by default: a write more per hibernate than the baseline's runs).
+    sim_hibernating_first: bool,
+    /// Share of the simulator's wakes that delete the tag they restored from (vk-cocoon
+    /// may; 0 by default, as in the baseline's runs).
+    sim_wake_drops_tag: f64,
     /// Parts to run: roundtrip,quiet,admission,scale.
     parts: Vec<String>,
     out: PathBuf,
@@ -122,6 +128,8 @@ impl Opts {
             admission_reps: num("admission_reps", "3") as usize,
             startup_reps: num("startup_reps", "3") as usize,
             sim_delay_ms: num("sim_delay_ms", "50") as u64,
+            sim_hibernating_first: get("sim_hibernating_first", "0") == "1",
+            sim_wake_drops_tag: num("sim_wake_drops_tag", "0"),
             parts: get("parts", "roundtrip,quiet,admission,scale")
                 .split(',')
                 .map(|s| s.trim().to_owned())
@@ -414,7 +422,8 @@ async fn run(o: Opts) -> i32 {
         "settings": {
             "n": o.n, "filler_pods": o.filler_pods, "fresh_n": o.fresh_n, "quiet_s": o.quiet_s, "scale_n": o.scale_n,
             "admission_s": o.admission_s, "admission_reps": o.admission_reps,
-            "sim_delay_ms": o.sim_delay_ms, "parts": o.parts,
+            "sim_delay_ms": o.sim_delay_ms, "sim_hibernating_first": o.sim_hibernating_first,
+            "sim_wake_drops_tag": o.sim_wake_drops_tag, "parts": o.parts,
         },
         "duration_s": report::round(started.elapsed().as_secs_f64()),
         "figures": figs.to_json(),
@@ -647,6 +656,8 @@ async fn roundtrip(
         },
     )
     .await;
+    env.sim.knobs.set_hibernating_first(o.sim_hibernating_first);
+    env.sim.knobs.set_wake_drops_tag(o.sim_wake_drops_tag);
     let ns = env.ns.clone();
     log(format!(
         "roundtrip: namespace {ns}, product pid {:?}",

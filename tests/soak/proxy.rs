@@ -286,10 +286,19 @@ impl ApiProxy {
 // ---------------------------------------------------------------------------------------
 // The registry.
 
+/// Who sent a registry request: each has a proxy of its own.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Source {
+    Product,
+    Vk,
+}
+
 /// One PUT or DELETE of a VM's snapshot, as the registry saw it.
 #[derive(Clone, Debug)]
 pub struct TagOp {
     pub vm: String,
+    /// Whose proxy it came through: [`Source::Product`] or [`Source::Vk`] (the simulator).
+    pub source: Source,
     pub delete: bool,
     /// etcd revisions just before the request reached the registry and just after its
     /// answer (before the answer went on to the caller).
@@ -387,6 +396,7 @@ impl Tap {
     /// Forwards a snapshot PUT or DELETE of `vm` and records it.
     async fn tapped(
         &self,
+        source: Source,
         vm: &str,
         req: Request<Incoming>,
         up: &tokio::sync::Mutex<Upstream>,
@@ -406,6 +416,7 @@ impl Tap {
         match (after, rev_after) {
             (Ok(after), Ok(rev_after)) => self.ops.lock().unwrap().push(TagOp {
                 vm: vm.to_owned(),
+                source,
                 delete,
                 rev_before,
                 rev_after,
@@ -488,8 +499,15 @@ fn bind_reusable(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
 }
 
 impl RegistryProxy {
-    /// A proxy to `upstream` (host:port) through `tap`; `faulty` lets faults be switched on.
-    pub async fn start(upstream: &str, tap: Arc<Tap>, faulty: bool, seed: u64) -> Self {
+    /// A proxy to `upstream` (host:port) through `tap` for `source`'s requests; `faulty`
+    /// lets faults be switched on.
+    pub async fn start(
+        upstream: &str,
+        tap: Arc<Tap>,
+        source: Source,
+        faulty: bool,
+        seed: u64,
+    ) -> Self {
         let upstream: SocketAddr = upstream.parse().expect("registry address");
         let connect: Connect = Arc::new(move || {
             Box::pin(async move {
@@ -539,7 +557,9 @@ impl RegistryProxy {
                         // unrecorded delete would make the observer misjudge the tag.
                         Some(vm) => {
                             let tapped =
-                                tokio::spawn(async move { tap.tapped(&vm, req, &up).await });
+                                tokio::spawn(
+                                    async move { tap.tapped(source, &vm, req, &up).await },
+                                );
                             tapped.await.map_err(|e| -> BoxError { Box::new(e) })??
                         }
                         None => forward(req, &up).await?,

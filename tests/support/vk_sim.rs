@@ -1,27 +1,33 @@
 //! Test support: a vk-cocoon simulator. It plays the virtual kubelet that runs each pod as
 //! a micro-VM, against a real apiserver and a real OCI registry (SPEC "The world around
 //! the product"):
-//! - hibernate annotation set, not yet hibernated for the pod's round: push
+//! - hibernate annotation set, not yet hibernated for the pod's round: (with
+//!   [`SimKnobs::set_hibernating_first`], as vk-cocoon's README says it does) write
+//!   `lifecycle-state=hibernating` in a patch of its own, then push
 //!   `<registry>/<vm>:hibernate`, then in one patch clear the VMID and write
 //!   `lifecycle-state=hibernated` + `lifecycle-observed-generation`, then report the
 //!   container not running through `pods/status`;
-//! - annotation removed while hibernated (VM gone): write a new VMID and
-//!   `lifecycle-state=ready`, then report the container Running. The tag is never deleted;
+//! - annotation removed while hibernated (VM gone): restore from the tag, write a new
+//!   VMID and `lifecycle-state=ready`, then (with [`SimKnobs::set_wake_drops_tag`], which
+//!   vk-cocoon's README allows) maybe delete the manifest it restored from, then report
+//!   the container Running;
+//! - annotation removed while `hibernating` with the VMID still there (the hibernate was
+//!   withdrawn before the VM was removed): write `lifecycle-state=ready` again;
 //! - a `ready` pod with a VMID whose container is not reported Running (e.g. created with
 //!   kubectl) is reported Running, as a kubelet would.
 //!
 //! Also included by `examples/vk_cocoon_simulator.rs`.
 #![allow(dead_code)] // the example and each test binary use different subsets
 
-use std::collections::{BTreeMap, BTreeSet, HashSet};
-use std::hash::{BuildHasher, RandomState};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::hash::{BuildHasher, DefaultHasher, Hash, Hasher, RandomState};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use cocoon_hibernation::api::annotations::{
     COCOONSET_GENERATION, LIFECYCLE_OBSERVED_GENERATION, LIFECYCLE_STATE, PodView,
-    STATE_HIBERNATED, VM_ID, VM_NAME,
+    STATE_HIBERNATED, STATE_HIBERNATING, VM_ID, VM_NAME,
 };
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
@@ -43,6 +49,9 @@ const RESYNC: Duration = Duration::from_millis(300);
 /// Pause before retrying a failed push or a conflicting write.
 const RETRY: Duration = Duration::from_millis(250);
 const STATE_READY: &str = "ready";
+/// Per-pod override of [`SimKnobs::set_wake_drops_tag`]: `"true"` makes every wake of the
+/// pod delete the tag it restored from, `"false"` none.
+pub const WAKE_DROPS_TAG_ANNOTATION: &str = "vk-sim.cocoonstack.io/wake-drops-tag";
 
 /// Runtime-adjustable behaviour, shared with tests through an `Arc`.
 #[derive(Debug, Default)]
@@ -51,9 +60,16 @@ pub struct SimKnobs {
     wake_delay_ms: AtomicU64,
     fail_push: AtomicBool,
     never_complete: AtomicBool,
+    hibernating_first: AtomicBool,
+    /// Share of wakes that delete the tag, per million.
+    wake_drops_tag_ppm: AtomicU32,
+    drop_seed: AtomicU64,
     pushes: AtomicUsize,
     hibernations: AtomicUsize,
     wakes: AtomicUsize,
+    tag_drops: AtomicUsize,
+    /// Wakes so far per VM: with the seed, what decides whether a wake drops the tag.
+    wake_rounds: Mutex<HashMap<String, u64>>,
 }
 
 impl SimKnobs {
@@ -91,6 +107,53 @@ impl SimKnobs {
     pub fn set_never_complete(&self, on: bool) {
         self.never_complete.store(on, Ordering::Relaxed);
     }
+    /// While set, a hibernate first writes `lifecycle-state=hibernating` in a patch of its
+    /// own (a write more per hibernate, so off by default: the bench measures speed).
+    pub fn hibernating_first(&self) -> bool {
+        self.hibernating_first.load(Ordering::Relaxed)
+    }
+    pub fn set_hibernating_first(&self, on: bool) {
+        self.hibernating_first.store(on, Ordering::Relaxed);
+    }
+    /// The share (0..=1) of wakes that delete the manifest they restored from once the new
+    /// VMID is written. 0 (the default) never, 1 always; a pod's
+    /// [`WAKE_DROPS_TAG_ANNOTATION`] overrides it.
+    pub fn wake_drops_tag(&self) -> f64 {
+        f64::from(self.wake_drops_tag_ppm.load(Ordering::Relaxed)) / 1e6
+    }
+    pub fn set_wake_drops_tag(&self, share: f64) {
+        let ppm = (share.clamp(0.0, 1.0) * 1e6).round() as u32;
+        self.wake_drops_tag_ppm.store(ppm, Ordering::Relaxed);
+    }
+    /// Seeds the choice of the wakes that drop their tag (per VM and wake round), so a
+    /// seeded run makes the same choices.
+    pub fn set_seed(&self, seed: u64) {
+        self.drop_seed.store(seed, Ordering::Relaxed);
+    }
+    /// Whether this wake of `vm` drops its tag: the pod's annotation, else the share.
+    fn drops_tag(&self, vm: &str, annotation: Option<&str>) -> bool {
+        match annotation {
+            Some("true") => return true,
+            Some("false") => return false,
+            _ => {}
+        }
+        let ppm = self.wake_drops_tag_ppm.load(Ordering::Relaxed);
+        if ppm == 0 {
+            return false;
+        }
+        let round = {
+            let Ok(mut rounds) = self.wake_rounds.lock() else {
+                return false;
+            };
+            let r = rounds.entry(vm.to_owned()).or_default();
+            *r += 1;
+            *r
+        };
+        // DefaultHasher::new() has fixed keys: the same seed gives the same choices.
+        let mut h = DefaultHasher::new();
+        (self.drop_seed.load(Ordering::Relaxed), vm, round).hash(&mut h);
+        h.finish() % 1_000_000 < u64::from(ppm)
+    }
     /// Successful snapshot pushes so far (staged stale tags included).
     pub fn pushes(&self) -> usize {
         self.pushes.load(Ordering::Relaxed)
@@ -102,6 +165,10 @@ impl SimKnobs {
     /// Wakes that wrote a new VMID (the Running report follows it).
     pub fn wakes(&self) -> usize {
         self.wakes.load(Ordering::Relaxed)
+    }
+    /// Wakes that deleted the tag they restored from (the DELETE was answered 202).
+    pub fn tag_drops(&self) -> usize {
+        self.tag_drops.load(Ordering::Relaxed)
     }
 }
 
@@ -188,10 +255,12 @@ fn plan(pod: &Pod, knobs: &SimKnobs) -> Option<Action> {
     } else {
         // Wake only a VM this runtime removed (hibernated, no VMID): a staged stale
         // lifecycle with its VMID is left alone. A ready VM not reported Running (a wake
-        // whose status write failed) gets its status.
+        // whose status write failed) gets its status. A hibernate withdrawn before the VM
+        // was removed goes back to ready.
         let removed = state == Some(STATE_HIBERNATED) && vm_gone;
         let unreported = state == Some(STATE_READY) && !vm_gone && !view.container_running;
-        (removed || unreported).then_some(Action::Wake)
+        let withdrawn = state == Some(STATE_HIBERNATING) && !vm_gone;
+        (removed || unreported || withdrawn).then_some(Action::Wake)
     }
 }
 
@@ -306,6 +375,22 @@ impl Sim {
         let view = PodView::of(pod);
         let vm = view.vm_name.as_deref().unwrap_or_default();
         if !(view.lifecycle_hibernated_for_round() && view.vm_id.is_none()) {
+            // vk-cocoon says it is at work first, in a patch of its own.
+            let mut resource_version = pod.metadata.resource_version.clone();
+            if self.knobs.hibernating_first()
+                && view.lifecycle_state.as_deref() != Some(STATE_HIBERNATING)
+            {
+                let patch = json!({
+                    "metadata": {
+                        "resourceVersion": resource_version,
+                        "annotations": { LIFECYCLE_STATE: STATE_HIBERNATING }
+                    }
+                });
+                let written = api
+                    .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+                    .await?;
+                resource_version = written.metadata.resource_version;
+            }
             if self.knobs.fail_push() {
                 return Err(format!("injected push failure for {vm}").into());
             }
@@ -315,7 +400,7 @@ impl Sim {
             // generation written is the one read; a conflict is retried by `work`.
             let patch = json!({
                 "metadata": {
-                    "resourceVersion": pod.metadata.resource_version,
+                    "resourceVersion": resource_version,
                     "annotations": {
                         VM_ID: Value::Null,
                         LIFECYCLE_STATE: STATE_HIBERNATED,
@@ -337,10 +422,36 @@ impl Sim {
     async fn wake(&self, api: &Api<Pod>, pod: &Pod) -> Result<(), SimError> {
         let name = pod.metadata.name.as_deref().unwrap_or_default();
         let view = PodView::of(pod);
+        let vm = view.vm_name.as_deref().unwrap_or_default();
         let vm_id = match view.vm_id {
+            // A hibernate withdrawn before the VM was removed: the VM still runs.
+            Some(id) if view.lifecycle_state.as_deref() == Some(STATE_HIBERNATING) => {
+                let patch = json!({
+                    "metadata": {
+                        "resourceVersion": pod.metadata.resource_version,
+                        "annotations": { LIFECYCLE_STATE: STATE_READY }
+                    }
+                });
+                api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+                    .await?;
+                tracing::info!(%name, %id, "vk-sim: hibernate withdrawn, VM kept");
+                id
+            }
             // A VM not reported yet (a new pod, or a wake whose status write failed).
             Some(id) => id,
             None => {
+                // The manifest the VM is restored from, if this wake is to drop it after.
+                let annotation = pod
+                    .metadata
+                    .annotations
+                    .as_ref()
+                    .and_then(|a| a.get(WAKE_DROPS_TAG_ANNOTATION))
+                    .map(String::as_str);
+                let restored_from = if self.knobs.drops_tag(vm, annotation) {
+                    snapshot_digest(&self.registry, vm).await?
+                } else {
+                    None
+                };
                 let vm_id = new_vm_id();
                 let patch = json!({
                     "metadata": {
@@ -352,6 +463,18 @@ impl Sim {
                     .await?;
                 self.knobs.wakes.fetch_add(1, Ordering::Relaxed);
                 tracing::info!(%name, %vm_id, "vk-sim: woke with a new VMID");
+                // Only once the restored VM is recorded: a failed drop is not retried
+                // (the tag leaks, which the product's own delete then pays).
+                if let Some(digest) = restored_from {
+                    match delete_manifest(&self.registry, vm, &digest).await {
+                        Ok(true) => {
+                            self.knobs.tag_drops.fetch_add(1, Ordering::Relaxed);
+                            tracing::info!(%name, %vm, %digest, "vk-sim: dropped the tag");
+                        }
+                        Ok(false) => {}
+                        Err(e) => tracing::warn!(%name, %vm, error = %e, "vk-sim: drop tag"),
+                    }
+                }
                 vm_id
             }
         };
@@ -461,10 +584,7 @@ fn sim_http() -> &'static reqwest::Client {
 /// differs on every push, so each push gets a new digest. Returns the manifest URL.
 pub async fn push_snapshot(registry: &str, vm: &str, note: &str) -> Result<String, SimError> {
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let (host, repository) = match registry.split_once('/') {
-        Some((host, prefix)) => (host, format!("{prefix}/{vm}")),
-        None => (registry, vm.to_string()),
-    };
+    let (host, repository) = repository_of(registry, vm);
     let (layer, config) = snapshot_parts();
     let seeded = SEEDED.lock().map(|s| s.contains(host)).unwrap_or(false);
     if !seeded {
@@ -495,6 +615,47 @@ pub async fn push_snapshot(registry: &str, vm: &str, note: &str) -> Result<Strin
     match answer.status() {
         StatusCode::CREATED => Ok(url),
         status => Err(format!("PUT {url}: {status}: {}", answer.text().await?).into()),
+    }
+}
+
+/// `(host, repository)` of `<vm>` in `registry` (host:port, optionally with a path prefix).
+fn repository_of<'a>(registry: &'a str, vm: &str) -> (&'a str, String) {
+    match registry.split_once('/') {
+        Some((host, prefix)) => (host, format!("{prefix}/{vm}")),
+        None => (registry, vm.to_string()),
+    }
+}
+
+/// The digest `<vm>:hibernate` names now, `None` if there is no such tag.
+pub async fn snapshot_digest(registry: &str, vm: &str) -> Result<Option<String>, SimError> {
+    let (host, repository) = repository_of(registry, vm);
+    let url = format!("http://{host}/v2/{repository}/manifests/hibernate");
+    let answer = sim_http()
+        .head(&url)
+        .header(reqwest::header::ACCEPT, OCI_IMAGE_MEDIA_TYPE)
+        .send()
+        .await?;
+    match answer.status() {
+        StatusCode::OK => Ok(answer
+            .headers()
+            .get("docker-content-digest")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned)),
+        StatusCode::NOT_FOUND => Ok(None),
+        status => Err(format!("HEAD {url}: {status}").into()),
+    }
+}
+
+/// Deletes the manifest `digest` of `<vm>` (and so every tag naming it), as a registry
+/// that cannot delete tags needs. `false` if it was gone already.
+pub async fn delete_manifest(registry: &str, vm: &str, digest: &str) -> Result<bool, SimError> {
+    let (host, repository) = repository_of(registry, vm);
+    let url = format!("http://{host}/v2/{repository}/manifests/{digest}");
+    let answer = sim_http().delete(&url).send().await?;
+    match answer.status() {
+        StatusCode::ACCEPTED | StatusCode::OK => Ok(true),
+        StatusCode::NOT_FOUND => Ok(false),
+        status => Err(format!("DELETE {url}: {status}: {}", answer.text().await?).into()),
     }
 }
 
