@@ -209,7 +209,9 @@ async fn e2e_s5_shared_digest_keeps_the_tag_and_status_says_so() {
     assert!(env.tag_exists(&vm).await, "the shared tag is kept");
     // The gauge is counted from the cache every 10 s (on every replica).
     eventually("the owed-deletes gauge counts it", LONG, || async {
-        let owed = env.product.metric("cocoon_hibernation_snapshot_deletes_owed");
+        let owed = env
+            .product
+            .metric("cocoon_hibernation_snapshot_deletes_owed");
         (owed == 1.0).then_some(())
     })
     .await;
