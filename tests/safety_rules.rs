@@ -49,6 +49,18 @@ fn holding(mut cr: CocoonHibernation, vm: &str, phase: Phase) -> CocoonHibernati
     cr
 }
 
+/// The plan of a CR that is the sole owner of its pod and VM, before any probe.
+fn sole_plan(cr: &CocoonHibernation, pod: &PodView, secs: i64) -> plan::Plan {
+    plan::plan(
+        cr,
+        Some(pod),
+        &Ownership::Sole,
+        &Probe::NotProbed,
+        at(secs),
+        &Settings::default(),
+    )
+}
+
 fn pod(vm: &str) -> PodView {
     PodView {
         uid: Some("pod-uid".into()),
@@ -297,27 +309,13 @@ fn s7_a_moved_tag_settles_the_debt_without_a_retry() {
         "vm-x",
         Debt::AfterWake
     ));
-    let settled = plan::plan(
-        &c,
-        Some(&pod("vm-x")),
-        &Ownership::Sole,
-        &Probe::NotProbed,
-        at(9),
-        &Settings::default(),
-    );
+    let settled = sole_plan(&c, &pod("vm-x"), 9);
     assert_eq!((settled.status, settled.delete_tag), (None, None));
     let asked = PodView {
         hibernate_requested: true,
         ..pod("vm-x")
     };
-    let again = plan::plan(
-        &c,
-        Some(&asked),
-        &Ownership::Sole,
-        &Probe::NotProbed,
-        at(9),
-        &Settings::default(),
-    );
+    let again = sole_plan(&c, &asked, 9);
     let status = again.status.expect("the debt is recorded again");
     let owed = conditions::find(&status.conditions, SNAPSHOT_DELETED).unwrap();
     assert_eq!(owed.reason, "HibernateNotRecorded");
@@ -334,14 +332,7 @@ fn s7_a_moved_tag_settles_the_debt_without_a_retry() {
 fn s9_a_vm_changed_under_the_cr_keeps_the_old_claim(#[case] phase: Phase, #[case] desire: Desire) {
     let mut c = holding(cr("a", "me", "p", 0), "vm-old", phase);
     c.spec.desire = desire;
-    let p = plan::plan(
-        &c,
-        Some(&pod("vm-new")),
-        &Ownership::Sole,
-        &Probe::NotProbed,
-        at(9),
-        &Settings::default(),
-    );
+    let p = sole_plan(&c, &pod("vm-new"), 9);
     assert_eq!(
         (p.pod_patch, p.delete_tag.clone(), p.needs_probe),
         (None, None, false)
@@ -359,24 +350,10 @@ fn s9_a_vm_changed_under_the_cr_keeps_the_old_claim(#[case] phase: Phase, #[case
     // The next pass, with the failure recorded, writes nothing more.
     let mut failed = c.clone();
     failed.status = Some(status);
-    let quiet = plan::plan(
-        &failed,
-        Some(&pod("vm-new")),
-        &Ownership::Sole,
-        &Probe::NotProbed,
-        at(19),
-        &Settings::default(),
-    );
+    let quiet = sole_plan(&failed, &pod("vm-new"), 19);
     assert_eq!((quiet.status, quiet.pod_patch), (None, None));
     // The pod names the old VM again: the CR acts on it (F2 retry).
-    let back = plan::plan(
-        &failed,
-        Some(&pod("vm-old")),
-        &Ownership::Sole,
-        &Probe::NotProbed,
-        at(29),
-        &Settings::default(),
-    );
+    let back = sole_plan(&failed, &pod("vm-old"), 29);
     let back_status = back.status.expect("retried");
     assert_ne!(back_status.phase, Some(Phase::Failed));
     assert_eq!(back_status.vm_name.as_deref(), Some("vm-old"));
@@ -423,14 +400,7 @@ fn s5_owed_retry_keeps_the_last_error_message() {
         &failed,
         at(5),
     ));
-    let p = plan::plan(
-        &c,
-        Some(&pod("vm-x")),
-        &Ownership::Sole,
-        &Probe::NotProbed,
-        at(9),
-        &Settings::default(),
-    );
+    let p = sole_plan(&c, &pod("vm-x"), 9);
     assert_eq!(p.status, None);
     assert_eq!(p.delete_tag.as_deref(), Some("vm-x"));
 }

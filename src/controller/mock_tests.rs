@@ -12,6 +12,7 @@ use crate::api::{
     PodRef,
 };
 use crate::cache::SharedCache;
+use crate::leader::Fence;
 use crate::metrics::Metrics;
 use crate::registry::fake::FakeStore;
 use http::{Request, Response};
@@ -105,7 +106,7 @@ fn context_with(
     cache: SharedCache,
     registry: impl crate::registry::SnapshotStore + 'static,
 ) -> (Arc<Context>, ApiHandle) {
-    context_fenced(cache, registry, crate::leader::Fence::unfenced())
+    context_fenced(cache, registry, Fence::unfenced())
 }
 
 fn context_fenced(
@@ -268,9 +269,7 @@ async fn h1_h2_entering_patches_pod_then_status_subresource() {
 
 /// The pass's result; a pass still waiting on a request nobody answers fails the test
 /// instead of hanging it.
-async fn ended(
-    pass: tokio::task::JoinHandle<crate::error::Result<kube::runtime::controller::Action>>,
-) -> crate::error::Result<kube::runtime::controller::Action> {
+async fn ended(pass: Pass) -> crate::error::Result<kube::runtime::controller::Action> {
     tokio::time::timeout(Duration::from_secs(10), pass)
         .await
         .expect("the pass ends without a request the test did not expect")
@@ -282,6 +281,24 @@ fn deleting_hibernated() -> CocoonHibernation {
     obj.metadata.finalizers = Some(vec!["other/keep".into(), FINALIZER.into()]);
     obj.metadata.deletion_timestamp = Some(Time(jiff::Timestamp::now()));
     obj
+}
+
+type Calls = Arc<std::sync::Mutex<Vec<String>>>;
+type Pass = tokio::task::JoinHandle<crate::error::Result<kube::runtime::controller::Action>>;
+
+/// A pass over a Hibernated CR being deleted whose pod is gone, while the registry holds
+/// its tag (digest `sha256:aaa`); the registry calls it makes land in `Calls`.
+fn delete_with_tag(fence: Fence) -> (CocoonHibernation, Calls, ApiHandle, Pass) {
+    let obj = deleting_hibernated();
+    let cache = SharedCache::from_objects(vec![obj.clone()], vec![]);
+    let store = FakeStore {
+        digest: Some("sha256:aaa".into()),
+        ..FakeStore::default()
+    };
+    let calls = store.calls.clone();
+    let (ctx, handle) = context_fenced(cache, store, fence);
+    let pass = tokio::spawn(reconcile(Arc::new(obj.clone()), ctx));
+    (obj, calls, handle, pass)
 }
 
 /// Answers the next request with an apiserver error `code`.
@@ -374,15 +391,7 @@ async fn g2_deletion_removes_the_finalizer_though_the_registry_is_down() {
 /// Warning comes after the fresh reads and before the delete, which names the digest.
 #[tokio::test]
 async fn s6_s7_deletion_warns_then_deletes_the_confirmed_digest() {
-    let obj = deleting_hibernated();
-    let cache = SharedCache::from_objects(vec![obj.clone()], vec![]);
-    let store = FakeStore {
-        digest: Some("sha256:aaa".into()),
-        ..FakeStore::default()
-    };
-    let calls = store.calls.clone();
-    let (ctx, mut handle) = context_with(cache, store);
-    let pass = tokio::spawn(reconcile(Arc::new(obj.clone()), ctx.clone()));
+    let (obj, calls, mut handle, pass) = delete_with_tag(Fence::unfenced());
     fresh_reads(&mut handle, &obj, None).await;
     let (method, uri, _, event) = expect_request(&mut handle, json!({})).await;
     assert_eq!(method, http::Method::POST);
@@ -409,15 +418,7 @@ async fn s6_s7_deletion_warns_then_deletes_the_confirmed_digest() {
 /// finalizer; the pass fails and is retried.
 #[tokio::test]
 async fn s6_an_unwritten_warning_deletes_nothing() {
-    let obj = deleting_hibernated();
-    let cache = SharedCache::from_objects(vec![obj.clone()], vec![]);
-    let store = FakeStore {
-        digest: Some("sha256:aaa".into()),
-        ..FakeStore::default()
-    };
-    let calls = store.calls.clone();
-    let (ctx, mut handle) = context_with(cache, store);
-    let pass = tokio::spawn(reconcile(Arc::new(obj.clone()), ctx.clone()));
+    let (obj, calls, mut handle, pass) = delete_with_tag(Fence::unfenced());
     fresh_reads(&mut handle, &obj, None).await;
     let (method, uri) = fail_request(&mut handle, 500).await;
     assert_eq!(method, http::Method::POST);
@@ -435,15 +436,7 @@ async fn s6_an_unwritten_warning_deletes_nothing() {
 /// finalizer, although the apiserver answers.
 #[tokio::test]
 async fn s1_a_closed_fence_sends_no_delete() {
-    let obj = deleting_hibernated();
-    let cache = SharedCache::from_objects(vec![obj.clone()], vec![]);
-    let store = FakeStore {
-        digest: Some("sha256:aaa".into()),
-        ..FakeStore::default()
-    };
-    let calls = store.calls.clone();
-    let (ctx, mut handle) = context_fenced(cache, store, crate::leader::Fence::closed());
-    let pass = tokio::spawn(reconcile(Arc::new(obj.clone()), ctx.clone()));
+    let (_, calls, mut handle, pass) = delete_with_tag(Fence::closed());
     let err = ended(pass).await.unwrap_err();
     assert_eq!(err.metric_label(), "fenced");
     no_more_requests(&mut handle).await;
