@@ -11,7 +11,7 @@
 # Output: the report on stdout and in $SOAK_OUT (default <target>/soak/<seed>): report.txt,
 # phases.svg, the replicas' logs. The last line is
 # `soak: seed=<n> crs=<n> transitions=<n> faults=<n> invariants=<n> violations=<n> undecidable=<n>`
-# (a run where more than 5% of the S1 checks are undecidable fails).
+# (a run where more than 5% of the S1 checks, and more than 3, are undecidable fails).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"

@@ -29,6 +29,10 @@ pub const PHASES: [Phase; 6] = Phase::ALL;
 /// few DELETEs should fall into such a gap. Beyond this share the run says too little
 /// about S1 to pass.
 pub const MAX_UNDECIDABLE_SHARE: f64 = 0.05;
+/// Undecidable S1 checks always allowed: the short soak in `make test` judges about 40
+/// deletes, and one apiserver restart can leave two or three in its gap, which would
+/// fail it on noise; the full soak (about 250) is held to the share.
+pub const UNDECIDABLE_ALLOWANCE: usize = 3;
 
 #[derive(Clone, Debug)]
 pub struct CrVersion {
@@ -704,10 +708,13 @@ pub fn discard_announced(world: &World, uid: &str, rv: u64) -> At<bool> {
 /// The history checks: S1 on every tag-removing DELETE, H3 on every entry to Hibernated,
 /// W2 on every entry to Active, and the phase graph on every transition.
 /// `pod_of_vm` maps a VM to its pod (and CR) name.
+/// `allowance`: undecidable S1 checks accepted whatever the share
+/// ([`UNDECIDABLE_ALLOWANCE`] in a run; the self-check holds its few cases to the share).
 pub fn judge(
     world: &World,
     ops: &[TagOp],
     pod_of_vm: &HashMap<String, String>,
+    allowance: usize,
 ) -> (Vec<Verdict>, usize) {
     let mut s1 = Verdict::new(
         "S1",
@@ -771,7 +778,7 @@ pub fn judge(
         }
     }
     let judged = s1.checked + s1.unknown;
-    if judged > 0 && s1.unknown as f64 > MAX_UNDECIDABLE_SHARE * judged as f64 {
+    if s1.unknown > allowance && s1.unknown as f64 > MAX_UNDECIDABLE_SHARE * judged as f64 {
         s1.violations.push(format!(
             "{} of {judged} tag deletes could not be judged (more than {:.0}%): the run says too little about S1",
             s1.unknown,
@@ -1253,7 +1260,7 @@ pub fn self_check() -> Vec<String> {
             }
         }
         let pod_of_vm = HashMap::from([(VM.to_owned(), POD.to_owned())]);
-        let (verdicts, _) = judge(&world, &c.ops, &pod_of_vm);
+        let (verdicts, _) = judge(&world, &c.ops, &pod_of_vm, 0);
         let s1 = &verdicts[0];
         let got = (s1.violations.len(), s1.unknown, s1.exempt, s1.checked);
         if got != c.want {
