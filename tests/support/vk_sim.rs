@@ -568,6 +568,9 @@ const SEED_REPOSITORY: &str = "vk-sim-seed";
 
 /// Registries (host:port) known to hold the seed blobs.
 static SEEDED: Mutex<BTreeSet<String>> = Mutex::new(BTreeSet::new());
+/// One seed push at a time: concurrent first pushes of the same blobs to a fresh
+/// Distribution registry failed with DIGEST_INVALID / MANIFEST_BLOB_UNKNOWN.
+static SEEDING: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 fn snapshot_parts() -> (ImageLayer, Config) {
     let layer = ImageLayer::oci_v1(b"vk-sim snapshot".to_vec(), None);
@@ -586,10 +589,13 @@ pub async fn push_snapshot(registry: &str, vm: &str, note: &str) -> Result<Strin
     let _ = rustls::crypto::ring::default_provider().install_default();
     let (host, repository) = repository_of(registry, vm);
     let (layer, config) = snapshot_parts();
-    let seeded = SEEDED.lock().map(|s| s.contains(host)).unwrap_or(false);
-    if !seeded {
-        push_image(&format!("{host}/{SEED_REPOSITORY}:seed"), None).await?;
-        SEEDED.lock().map(|mut s| s.insert(host.to_string())).ok();
+    let seeded = || SEEDED.lock().map(|s| s.contains(host)).unwrap_or(false);
+    if !seeded() {
+        let _one = SEEDING.lock().await;
+        if !seeded() {
+            push_image(&format!("{host}/{SEED_REPOSITORY}:seed"), None).await?;
+            SEEDED.lock().map(|mut s| s.insert(host.to_string())).ok();
+        }
     }
     let url = format!("http://{host}/v2/{repository}");
     let mut mounted = true;
