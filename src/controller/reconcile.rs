@@ -373,8 +373,11 @@ enum Attempt {
     },
 }
 
-/// S1, S5, S7: a fenced delete, and what its outcome asks of the pass. `probed` is the
-/// digest this pass's own probe saw, for a CR that recorded none at H3.
+/// S1, S5, S6, S7: a tag is deleted only while this replica's lease is fresh; after fresh
+/// reads of the CR and its pod from the apiserver show the delete still owed; only the
+/// manifest this CR confirmed; loudly when it may be the VM's only copy; and never past
+/// the fence. Returns what the outcome asks of the pass. `probed` is the digest this
+/// pass's own probe saw, for a CR that recorded none at H3.
 async fn fenced_delete(
     cr: &CocoonHibernation,
     vm: &str,
@@ -383,22 +386,56 @@ async fn fenced_delete(
     api: &Api<CocoonHibernation>,
     ctx: &Context,
 ) -> Result<Attempt> {
-    let (fresh, digest, outcome) = match decide_and_delete(cr, vm, debt, probed, api, ctx).await? {
-        Decided::Deferred(action) => return Ok(Attempt::Deferred(action)),
-        Decided::NotOwed => return Ok(Attempt::NotOwed),
-        Decided::Asked {
-            fresh,
-            digest,
-            outcome,
-        } => (fresh, digest, outcome),
+    let until = ctx.fence.valid_until().ok_or_else(|| fence_closed(vm))?;
+    let Some(_slot) = ctx.registry_slot().await else {
+        return Ok(Attempt::Deferred(
+            ctx.defer("registry_busy", REGISTRY_BUSY_RETRY),
+        ));
     };
+    let fresh = match api.get_opt(&cr.name_any()).await? {
+        // F2, D1: the end of a wake writes a status planned from `cr`; a newer CR (a flipped
+        // desire, a timeout) needs a new plan before anything is deleted.
+        Some(fresh)
+            if debt == Debt::EndOfWake
+                && fresh.metadata.resource_version != cr.metadata.resource_version =>
+        {
+            return Ok(Attempt::Deferred(ctx.defer("stale_view", CONFLICT_RETRY)));
+        }
+        Some(fresh) if plan::still_owes(&fresh, cr.metadata.uid.as_deref(), vm, debt) => fresh,
+        _ => {
+            tracing::info!(
+                cr = %key(cr),
+                vm,
+                ?debt,
+                "fresh read: the delete is no longer owed; tag kept"
+            );
+            return Ok(Attempt::NotOwed);
+        }
+    };
+    // S7: the pod too, from the apiserver: a lagging pod cache may still show the VM
+    // running from before its hibernate while vk restores it from this very tag.
+    let pods: Api<PodSlice> =
+        Api::namespaced(ctx.client.clone(), &fresh.namespace().unwrap_or_default());
+    let pod = pods.get_opt(&fresh.spec.pod_ref.name).await?;
+    let view = pod.as_ref().map(PodView::from_pod);
+    if debt != Debt::OnDeletion && !plan::vm_running_again(view.as_ref(), vm) {
+        tracing::info!(
+            cr = %key(cr),
+            vm,
+            ?debt,
+            "fresh read: the pod does not show the VM running again; tag kept"
+        );
+        return Ok(Attempt::Deferred(ctx.defer("stale_pod", STALE_POD_RETRY)));
+    }
+    let (confirmed, outcome) =
+        delete_confirmed(&fresh, vm, debt, probed, view.as_ref(), until, ctx).await?;
     let result = match &outcome {
         Ok(DeleteOutcome::Deleted | DeleteOutcome::Absent) => DeleteResult::Gone,
         Ok(DeleteOutcome::KeptSharedDigest { other_tags }) => {
             DeleteResult::SharedDigest(other_tags.clone())
         }
         Ok(DeleteOutcome::Moved { found }) => DeleteResult::Moved {
-            confirmed: digest.unwrap_or_default(),
+            confirmed: confirmed.unwrap_or_default(),
             found: found.clone(),
         },
         Err(e) => DeleteResult::Failed {
@@ -427,10 +464,79 @@ async fn fenced_delete(
         }
     };
     Ok(Attempt::Done {
-        fresh,
+        fresh: Box::new(fresh),
         result,
         then,
     })
+}
+
+/// S1: the lease is not fresh, so the tag stays.
+fn fence_closed(vm: &str) -> Error {
+    Error::Fenced(format!("the lease is not fresh; kept {vm}:hibernate"))
+}
+
+/// S6, S7: asks the registry to delete the manifest `fresh` confirmed (H3's probe, or its
+/// own probe just now when it recorded none), saying so first when it may be the VM's
+/// only copy. Returns that digest (None when there was no tag) and the registry's answer.
+/// A deletion always probes: S6 warns only about a tag that exists.
+async fn delete_confirmed(
+    fresh: &CocoonHibernation,
+    vm: &str,
+    debt: Debt,
+    probed: Option<&str>,
+    pod: Option<&PodView>,
+    until: tokio::time::Instant,
+    ctx: &Context,
+) -> Result<(
+    Option<String>,
+    std::result::Result<DeleteOutcome, RegistryError>,
+)> {
+    let recorded = fresh
+        .status
+        .as_ref()
+        .and_then(|s| s.snapshot.as_ref())
+        .and_then(|s| s.digest.clone())
+        .or_else(|| probed.map(str::to_owned));
+    let seen = match (&recorded, debt) {
+        (Some(d), Debt::EndOfWake | Debt::AfterWake) => Some(d.clone()),
+        _ => match ctx.registry.snapshot_digest(vm).await {
+            Ok(seen) => seen,
+            Err(e) => return Ok((recorded, Err(e))),
+        },
+    };
+    let Some(seen) = seen else {
+        return Ok((None, Ok(DeleteOutcome::Absent)));
+    };
+    let digest = recorded.unwrap_or_else(|| seen.clone());
+    if digest != seen {
+        return Ok((Some(digest), Ok(DeleteOutcome::Moved { found: seen })));
+    }
+    if debt == Debt::OnDeletion
+        && let Some(ev) = plan::discard_event(fresh, vm, pod, true)
+    {
+        // S6: if the warning cannot be written, nothing is deleted.
+        if let Err(e) = ctx
+            .recorder
+            .publish(&event(&ev), &fresh.object_ref(&()))
+            .await
+        {
+            tracing::warn!(cr = %key(fresh), vm, error = %e, "could not write SnapshotDiscarded; tag kept");
+            return Err(e.into());
+        }
+    }
+    // The fence may have moved while we read; the delete must end before it closes.
+    let until = ctx
+        .fence
+        .valid_until()
+        .map(|u| u.min(until))
+        .ok_or_else(|| fence_closed(vm))?;
+    // The registry may still carry out a DELETE it already received, so the last one
+    // must leave before the fence closes, not at that instant.
+    let outcome = ctx
+        .registry
+        .delete_snapshot_before(vm, &digest, until - FENCE_SLACK)
+        .await;
+    Ok((Some(digest), outcome))
 }
 
 /// W3 with S1 and S5: delete the settled CR's old tag, then record what happened.
@@ -459,140 +565,6 @@ async fn pay_wake_debt(
         ctx.wrote(cr, &fresh, written);
     }
     then.transpose()
-}
-
-/// What the fresh reads decided, and the registry's answer if it was asked.
-enum Decided {
-    Deferred(Action),
-    NotOwed,
-    Asked {
-        fresh: Box<CocoonHibernation>,
-        /// The manifest the delete was for; None when the tag was already gone.
-        digest: Option<String>,
-        outcome: std::result::Result<DeleteOutcome, RegistryError>,
-    },
-}
-
-/// S1, S6, S7: a tag is deleted only while this replica's lease is fresh; after fresh
-/// reads of the CR and its pod from the apiserver show the delete still owed; only the
-/// manifest this CR confirmed; loudly when it may be the VM's only copy; and never past
-/// the fence.
-async fn decide_and_delete(
-    cr: &CocoonHibernation,
-    vm: &str,
-    debt: Debt,
-    probed: Option<&str>,
-    api: &Api<CocoonHibernation>,
-    ctx: &Context,
-) -> Result<Decided> {
-    let fenced = || Error::Fenced(format!("the lease is not fresh; kept {vm}:hibernate"));
-    let until = ctx.fence.valid_until().ok_or_else(fenced)?;
-    let Some(_slot) = ctx.registry_slot().await else {
-        return Ok(Decided::Deferred(
-            ctx.defer("registry_busy", REGISTRY_BUSY_RETRY),
-        ));
-    };
-    let fresh = match api.get_opt(&cr.name_any()).await? {
-        // F2, D1: the end of a wake writes a status planned from `cr`; a newer CR (a flipped
-        // desire, a timeout) needs a new plan before anything is deleted.
-        Some(fresh)
-            if debt == Debt::EndOfWake
-                && fresh.metadata.resource_version != cr.metadata.resource_version =>
-        {
-            return Ok(Decided::Deferred(ctx.defer("stale_view", CONFLICT_RETRY)));
-        }
-        Some(fresh) if plan::still_owes(&fresh, cr.metadata.uid.as_deref(), vm, debt) => fresh,
-        _ => {
-            tracing::info!(
-                cr = %key(cr),
-                vm,
-                ?debt,
-                "fresh read: the delete is no longer owed; tag kept"
-            );
-            return Ok(Decided::NotOwed);
-        }
-    };
-    // S7: the pod too, from the apiserver: a lagging pod cache may still show the VM
-    // running from before its hibernate while vk restores it from this very tag.
-    let pods: Api<PodSlice> =
-        Api::namespaced(ctx.client.clone(), &fresh.namespace().unwrap_or_default());
-    let pod = pods.get_opt(&fresh.spec.pod_ref.name).await?;
-    let view = pod.as_ref().map(PodView::from_pod);
-    if debt != Debt::OnDeletion && !plan::vm_running_again(view.as_ref(), vm) {
-        tracing::info!(
-            cr = %key(cr),
-            vm,
-            ?debt,
-            "fresh read: the pod does not show the VM running again; tag kept"
-        );
-        return Ok(Decided::Deferred(ctx.defer("stale_pod", STALE_POD_RETRY)));
-    }
-    // S7: only the manifest this CR confirmed (H3's probe, or its own probe just now when
-    // it recorded none). A deletion asks the registry in any case: S6 warns only about
-    // a tag that exists.
-    let recorded = fresh
-        .status
-        .as_ref()
-        .and_then(|s| s.snapshot.as_ref())
-        .and_then(|s| s.digest.clone())
-        .or_else(|| probed.map(str::to_owned));
-    let seen = match (&recorded, debt) {
-        (Some(d), Debt::EndOfWake | Debt::AfterWake) => Some(d.clone()),
-        _ => match ctx.registry.snapshot_digest(vm).await {
-            Ok(seen) => seen,
-            Err(e) => {
-                return Ok(Decided::Asked {
-                    fresh: Box::new(fresh),
-                    digest: recorded,
-                    outcome: Err(e),
-                });
-            }
-        },
-    };
-    let Some(seen) = seen else {
-        let outcome = Ok(DeleteOutcome::Absent);
-        return Ok(Decided::Asked {
-            fresh: Box::new(fresh),
-            digest: None,
-            outcome,
-        });
-    };
-    let digest = recorded.unwrap_or_else(|| seen.clone());
-    if digest != seen {
-        let outcome = Ok(DeleteOutcome::Moved { found: seen });
-        return Ok(Decided::Asked {
-            fresh: Box::new(fresh),
-            digest: Some(digest),
-            outcome,
-        });
-    }
-    if debt == Debt::OnDeletion
-        && let Some(ev) = plan::discard_event(&fresh, vm, view.as_ref(), true)
-    {
-        // S6: if the warning cannot be written, nothing is deleted.
-        let reference = fresh.object_ref(&());
-        if let Err(e) = ctx.recorder.publish(&event(&ev), &reference).await {
-            tracing::warn!(cr = %key(cr), vm, error = %e, "could not write SnapshotDiscarded; tag kept");
-            return Err(e.into());
-        }
-    }
-    // The fence may have moved while we read; the delete must end before it closes.
-    let until = ctx
-        .fence
-        .valid_until()
-        .map(|u| u.min(until))
-        .ok_or_else(fenced)?;
-    // The registry may still carry out a DELETE it already received, so the last one
-    // must leave before the fence closes, not at that instant.
-    let outcome = ctx
-        .registry
-        .delete_snapshot_before(vm, &digest, until - FENCE_SLACK)
-        .await;
-    Ok(Decided::Asked {
-        fresh: Box::new(fresh),
-        digest: Some(digest),
-        outcome,
-    })
 }
 
 impl Context {
