@@ -3,6 +3,8 @@
 //!
 //! cargo run --example vk_cocoon_simulator -- --registry 127.0.0.1:5000 [--namespace demo]
 
+#[path = "../tests/support/virtual_node.rs"]
+mod virtual_node;
 #[path = "../tests/support/vk_sim.rs"]
 mod vk_sim;
 
@@ -32,6 +34,10 @@ struct Args {
     /// Share (0..=1) of wakes that delete the tag they restored from, as vk-cocoon may.
     #[arg(long, default_value_t = 0.0)]
     wake_drops_tag: f64,
+    /// Register this Node and keep it Ready (as vk-cocoon does), for clusters with a real
+    /// scheduler and controller-manager; bind VM pods to it with `spec.nodeName`.
+    #[arg(long)]
+    virtual_node: Option<String>,
 }
 
 #[tokio::main]
@@ -51,6 +57,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     ));
     knobs.set_hibernating_first(args.hibernating_first);
     knobs.set_wake_drops_tag(args.wake_drops_tag);
+    let _node = match &args.virtual_node {
+        Some(name) => Some(virtual_node::register(client.clone(), name).await?),
+        None => None,
+    };
     let _sim = vk_sim::spawn(client, args.namespace.clone(), args.registry.clone(), knobs);
     tracing::info!(
         namespace = args.namespace.as_deref().unwrap_or("<all>"),

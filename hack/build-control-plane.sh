@@ -1,9 +1,14 @@
 #!/usr/bin/env bash
 # Builds kube-apiserver, kubectl and etcd from the Go module proxy into a cache outside
 # the repo, keyed by version. Existing binaries in KUBEBUILDER_ASSETS win.
+# --node also builds what a real node needs: kubelet, kube-controller-manager and
+# kube-scheduler (from the same wrapper module; about 1.5 min with a warm module cache).
 # Prints the directory holding the binaries on its last line.
 set -euo pipefail
 
+NODE=0
+if [[ "${1:-}" == --node ]]; then NODE=1; fi
+NODE_BINARIES=(kubelet kube-controller-manager kube-scheduler)
 K8S_VERSION="${K8S_VERSION:-v1.34.4}"
 ETCD_VERSION="${ETCD_VERSION:-v3.6.16}"
 CACHE_ROOT="${COCOON_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/cocoon-hibernation}"
@@ -12,8 +17,11 @@ OUT="$CACHE_ROOT/bin/k8s-$K8S_VERSION-etcd-$ETCD_VERSION"
 log() { echo "[build-control-plane] $*" >&2; }
 
 have_all() {
-  local dir="$1"
-  [[ -x "$dir/kube-apiserver" && -x "$dir/etcd" && -x "$dir/kubectl" ]]
+  local dir="$1" b
+  [[ -x "$dir/kube-apiserver" && -x "$dir/etcd" && -x "$dir/kubectl" ]] || return 1
+  if ((NODE)); then
+    for b in "${NODE_BINARIES[@]}"; do [[ -x "$dir/$b" ]] || return 1; done
+  fi
 }
 
 if [[ -n "${KUBEBUILDER_ASSETS:-}" ]]; then
@@ -68,16 +76,22 @@ package tools
 
 import (
 	_ "k8s.io/kubernetes/cmd/kube-apiserver"
+	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
+	_ "k8s.io/kubernetes/cmd/kube-scheduler"
 	_ "k8s.io/kubernetes/cmd/kubectl"
+	_ "k8s.io/kubernetes/cmd/kubelet"
 )
 GO
   (cd "$dir" && go mod tidy >/dev/null 2>&1 || true)
   local minor="${K8S_VERSION#v1.}"; minor="${minor%%.*}"
   local ld="-s -w -X k8s.io/component-base/version.gitVersion=$K8S_VERSION -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$minor -X k8s.io/client-go/pkg/version.gitVersion=$K8S_VERSION"
-  log "building kube-apiserver $K8S_VERSION (slow on a cold cache)"
-  (cd "$dir" && go build -trimpath -ldflags "$ld" -o "$OUT/kube-apiserver" k8s.io/kubernetes/cmd/kube-apiserver)
-  log "building kubectl $K8S_VERSION"
-  (cd "$dir" && go build -trimpath -ldflags "$ld" -o "$OUT/kubectl" k8s.io/kubernetes/cmd/kubectl)
+  local cmd wanted=(kube-apiserver kubectl)
+  ((NODE)) && wanted+=("${NODE_BINARIES[@]}")
+  for cmd in "${wanted[@]}"; do
+    [[ -x "$OUT/$cmd" ]] && continue
+    log "building $cmd $K8S_VERSION (slow on a cold cache)"
+    (cd "$dir" && go build -trimpath -ldflags "$ld" -o "$OUT/$cmd" "k8s.io/kubernetes/cmd/$cmd")
+  done
 }
 
 build_etcd() {
@@ -103,7 +117,7 @@ GO
 }
 
 [[ -x "$OUT/etcd" ]] || build_etcd
-[[ -x "$OUT/kube-apiserver" && -x "$OUT/kubectl" ]] || build_kubernetes
+have_all "$OUT" || build_kubernetes
 have_all "$OUT" || { log "build finished without all binaries in $OUT"; exit 1; }
 log "built into $OUT"
 echo "$OUT"

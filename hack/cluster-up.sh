@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
 # Starts a local control plane for tests and demos, all on loopback:
 #   etcd + kube-apiserver (RBAC, audit log of API writes) + an OCI registry (plain http).
-# Usage: hack/cluster-up.sh [--restart-apiserver] [STATE_DIR]
+# Usage: hack/cluster-up.sh [--node] [--restart-apiserver] [STATE_DIR]
+#   --node: a real single-node cluster instead (hack/node.sh): kube-controller-manager,
+#   kube-scheduler, a kubelet with containerd and a CNI bridge. The apiserver and the
+#   registry then listen on the bridge's address (pods must reach them), not on loopback.
+#   Needs root. STATE_DIR defaults to ~/.cache/cocoon-hibernation/node-cluster.
 #   --restart-apiserver: stop and start only kube-apiserver of the running cluster (same
 #   port, etcd, PKI and audit log); the soak uses it (tests/soak).
 #   STATE_DIR defaults to ${COCOON_STATE_DIR:-$HOME/.cache/cocoon-hibernation/cluster}.
@@ -12,12 +16,27 @@ LOG_TAG=cluster-up
 # shellcheck source=hack/lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
-RESTART_APISERVER=0
-if [[ "${1:-}" == --restart-apiserver ]]; then
-  RESTART_APISERVER=1
+# shellcheck source=hack/node.sh
+source "$HACK_DIR/node.sh"
+
+RESTART_APISERVER=0 NODE=0
+while [[ "${1:-}" == --* ]]; do
+  case "$1" in
+    --restart-apiserver) RESTART_APISERVER=1 ;;
+    --node) NODE=1 ;;
+    *) die "unknown flag $1 (usage: hack/cluster-up.sh [--node] [--restart-apiserver] [STATE_DIR])" ;;
+  esac
   shift
+done
+if ((NODE)); then
+  resolve_state_dir "${1:-${COCOON_NODE_STATE_DIR:-$HOME/.cache/cocoon-hibernation/node-cluster}}"
+  API_HOST="$NODE_IP"
+  DAEMONS+=("${NODE_DAEMONS[@]}")
+  node_preflight
+else
+  resolve_state_dir "${1:-}"
+  API_HOST=127.0.0.1
 fi
-resolve_state_dir "${1:-}"
 START=$SECONDS
 
 missing=()
@@ -30,7 +49,9 @@ fi
 
 take_lock
 
-BIN_DIR="$("$HACK_DIR/build-control-plane.sh" | tail -n 1)" ||
+node_flag=()
+if ((NODE)); then node_flag=(--node); fi
+BIN_DIR="$("$HACK_DIR/build-control-plane.sh" "${node_flag[@]}" | tail -n 1)" ||
   die "hack/build-control-plane.sh failed (it needs Go >= 1.24 on a cold cache)"
 [[ -x "$BIN_DIR/kube-apiserver" && -x "$BIN_DIR/etcd" && -x "$BIN_DIR/kubectl" ]] ||
   die "build-control-plane.sh gave $BIN_DIR without kube-apiserver, etcd and kubectl"
@@ -54,8 +75,10 @@ gen_pki() {
   rm -rf "$PKI"
   mkdir -p "$PKI"
   bash "$CERTS" ca --dir "$PKI" --cn "$CA_CN"
+  local extra=()
+  if ((NODE)); then extra=(--ip "$NODE_IP" --ip "$KUBERNETES_SERVICE_IP" --dns kubernetes.default.svc); fi
   bash "$CERTS" issue --ca "$PKI" --out "$PKI/apiserver" --cn kube-apiserver \
-    --dns localhost --ip 127.0.0.1
+    --dns localhost --ip 127.0.0.1 "${extra[@]}"
   bash "$CERTS" issue --ca "$PKI" --out "$PKI/admin" --cn admin --org system:masters --client
   # The service-account token signing key pair: a key, not a certificate.
   (umask 077 && openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256 -out "$PKI/sa.key" 2>/dev/null)
@@ -67,14 +90,14 @@ gen_pki() {
 # CA with a week to spare (a PKI left half-made or expiring is made again).
 pki_ok() {
   [[ -f "$PKI/ca.key" && -f "$PKI/sa.key" && -f "$PKI/sa.pub" && -f "$PKI/admin.key" && -f "$PKI/apiserver.key" ]] &&
-    bash "$CERTS" check --ca "$PKI" --cert "$PKI/apiserver.crt" --ip 127.0.0.1 2>/dev/null &&
+    bash "$CERTS" check --ca "$PKI" --cert "$PKI/apiserver.crt" --ip "$API_HOST" 2>/dev/null &&
     bash "$CERTS" check --ca "$PKI" --cert "$PKI/admin.crt"
 }
 
 # ---------------------------------------------------------------------------------------
 curl_api() {
   curl -fsS --max-time 2 --cacert "$PKI/ca.crt" --cert "$PKI/admin.crt" --key "$PKI/admin.key" \
-    "https://127.0.0.1:$API_PORT$1"
+    "https://$API_HOST:$API_PORT$1"
 }
 etcd_healthy() { curl -fsS --max-time 2 "http://127.0.0.1:$ETCD_PORT/health" | grep -q '"health":"true"'; }
 apiserver_healthy() { [[ "$(curl_api /healthz)" == ok ]]; }
@@ -89,7 +112,8 @@ running_and_healthy() {
   [[ "${RUN_BIN_DIR:-}" == "$BIN_DIR" ]] || return 1
   local d
   for d in "${DAEMONS[@]}"; do daemon_pid "$d" >/dev/null || return 1; done
-  { etcd_healthy && apiserver_healthy && default_ns_exists && registry_healthy; }
+  { etcd_healthy && apiserver_healthy && default_ns_exists && registry_healthy; } || return 1
+  if ((NODE)); then node_ready; fi
 }
 
 write_kubeconfig() {
@@ -100,7 +124,7 @@ kind: Config
 clusters:
 - name: cocoon-local
   cluster:
-    server: https://127.0.0.1:$API_PORT
+    server: https://$API_HOST:$API_PORT
     certificate-authority-data: $(base64 -w0 "$PKI/ca.crt")
 users:
 - name: admin
@@ -121,13 +145,21 @@ EOF
 
 # kube-apiserver on $API_PORT over the etcd on $ETCD_PORT (both set by the caller).
 start_apiserver() {
+  # A bare apiserver has no controller-manager to make ServiceAccounts; a real node has,
+  # and its kubelet mounts their tokens. It reaches webhook Services through their
+  # endpoints (no kube-proxy) and kubelets by their InternalIP (no DNS).
+  local mode=(--disable-admission-plugins=ServiceAccount)
+  if ((NODE)); then
+    mode=(--enable-aggregator-routing=true --kubelet-preferred-address-types=InternalIP
+      --kubelet-client-certificate="$PKI/admin.crt" --kubelet-client-key="$PKI/admin.key")
+  fi
   start_daemon kube-apiserver "$BIN_DIR/kube-apiserver" \
     --etcd-servers="http://127.0.0.1:$ETCD_PORT" \
-    --bind-address=127.0.0.1 --secure-port="$API_PORT" --advertise-address=127.0.0.1 \
+    --bind-address="$API_HOST" --secure-port="$API_PORT" --advertise-address="$API_HOST" \
     --tls-cert-file="$PKI/apiserver.crt" --tls-private-key-file="$PKI/apiserver.key" \
     --client-ca-file="$PKI/ca.crt" \
     --authorization-mode=RBAC \
-    --disable-admission-plugins=ServiceAccount \
+    "${mode[@]}" \
     --service-cluster-ip-range=10.0.0.0/24 --allow-privileged=true \
     --service-account-issuer="https://127.0.0.1:$API_PORT/" \
     --service-account-key-file="$PKI/sa.pub" \
@@ -138,6 +170,7 @@ start_apiserver() {
 }
 
 start_all() {
+  if ((NODE)); then stop_node; fi
   stop_all
   # Runtime state goes; the PKI stays unless it is incomplete.
   rm -rf "$STATE_DIR/etcd-data" "$STATE_DIR/registry-data" "$RUN_STATE" "$STATE_DIR/env" \
@@ -148,7 +181,9 @@ start_all() {
   ETCD_PEER_PORT="$(free_port)"
   API_PORT="$(free_port)"
   REGISTRY_PORT="$(free_port)"
-  REGISTRY="127.0.0.1:$REGISTRY_PORT"
+  REGISTRY="$API_HOST:$REGISTRY_PORT"
+  # The apiserver and the registry bind the bridge's address on a real node.
+  if ((NODE)); then node_network_up; fi
 
   start_daemon etcd "$BIN_DIR/etcd" \
     --name=cocoon --data-dir="$STATE_DIR/etcd-data" \
@@ -204,6 +239,7 @@ EOF
     die "namespace default missing after 30s (see $STATE_DIR/kube-apiserver.log)"
 
   write_kubeconfig
+  if ((NODE)); then start_node; fi
   cat >"$RUN_STATE" <<EOF
 ETCD_PORT=$ETCD_PORT
 ETCD_PEER_PORT=$ETCD_PEER_PORT
@@ -211,6 +247,7 @@ API_PORT=$API_PORT
 REGISTRY_PORT=$REGISTRY_PORT
 REGISTRY=$REGISTRY
 RUN_BIN_DIR=$BIN_DIR
+RUN_NODE=$NODE
 EOF
 }
 
@@ -239,7 +276,7 @@ K8S_VERSION="$(curl_api /version | sed -n 's/.*"gitVersion": *"\([^"]*\)".*/\1/p
 # Written last and atomically: its presence means "up and healthy".
 cat >"$STATE_DIR/env.tmp" <<EOF
 KUBECONFIG=$KUBECONFIG_FILE
-COCOON_APISERVER_URL=https://127.0.0.1:$API_PORT
+COCOON_APISERVER_URL=https://$API_HOST:$API_PORT
 COCOON_CA_CERT=$PKI/ca.crt
 COCOON_CA_KEY=$PKI/ca.key
 COCOON_REGISTRY=$REGISTRY
@@ -247,12 +284,21 @@ COCOON_AUDIT_LOG=$AUDIT_LOG
 COCOON_K8S_VERSION=$K8S_VERSION
 COCOON_BIN_DIR=$BIN_DIR
 COCOON_STATE_DIR=$STATE_DIR
+COCOON_NODE=$NODE
 EOF
+if ((NODE)); then
+  cat >>"$STATE_DIR/env.tmp" <<EOF
+COCOON_NODE_NAME=$NODE_NAME
+COCOON_NODE_IP=$NODE_IP
+COCOON_VIRTUAL_NODE=$VIRTUAL_NODE
+COCOON_CONTAINERD_SOCK=$(node_sock)
+EOF
+fi
 mv "$STATE_DIR/env.tmp" "$STATE_DIR/env"
 
 cat >&2 <<EOF
 [cluster-up] ready in $((SECONDS - START))s
-  kube-apiserver  https://127.0.0.1:$API_PORT  ($K8S_VERSION, pid $(cat "$STATE_DIR/kube-apiserver.pid"))
+  kube-apiserver  https://$API_HOST:$API_PORT  ($K8S_VERSION, pid $(cat "$STATE_DIR/kube-apiserver.pid"))
   etcd            http://127.0.0.1:$ETCD_PORT  (pid $(cat "$STATE_DIR/etcd.pid"))
   registry        http://$REGISTRY  (pid $(cat "$STATE_DIR/registry.pid"), data $STATE_DIR/registry-data)
   kubeconfig      $KUBECONFIG_FILE  (admin, system:masters)

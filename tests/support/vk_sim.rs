@@ -717,6 +717,17 @@ pub async fn create_vm_pod(
     pod_name: &str,
     vm_name: &str,
 ) -> Result<Pod, SimError> {
+    create_vm_pod_on(client, namespace, pod_name, vm_name, None).await
+}
+
+/// [`create_vm_pod`], bound to `node` (the virtual node) when given.
+pub async fn create_vm_pod_on(
+    client: &kube::Client,
+    namespace: &str,
+    pod_name: &str,
+    vm_name: &str,
+    node: Option<&str>,
+) -> Result<Pod, SimError> {
     let api: Api<Pod> = Api::namespaced(client.clone(), namespace);
     let vm_id = new_vm_id();
     let pod = Pod {
@@ -741,6 +752,7 @@ pub async fn create_vm_pod(
                 image: Some("cocoon/vm:test".into()),
                 ..Default::default()
             }],
+            node_name: node.map(str::to_owned),
             ..Default::default()
         }),
         ..Default::default()
