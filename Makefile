@@ -1,7 +1,7 @@
 # Two commands matter: `make demo` runs the product locally, `make test` runs every test.
 export CARGO_TARGET_DIR ?= $(HOME)/.cache/cocoon-hibernation/target
 
-.PHONY: build release crd test soak bench fuzz fuzz-cmin demo demo-down cluster-up cluster-down chart-check fmt lint
+.PHONY: build release crd test install-test soak bench fuzz fuzz-cmin demo demo-down cluster-up cluster-down chart-check fmt lint
 
 build:
 	cargo build --locked
@@ -14,6 +14,12 @@ crd:
 
 test:
 	bash hack/test.sh
+
+# The install suite alone: the chart installed with helm on a real node (kubelet,
+# containerd, CNI) from the image `make image` builds; upgrade, failover and uninstall
+# under load. Needs root. Also part of `test`.
+install-test:
+	bash hack/install-test.sh
 
 # The randomized soak with its own control plane (1,000 CRs by default; SOAK_CRS, SOAK_SEED,
 # SOAK_OUT, SOAK_CHAOS_S). A short run (60 CRs) is part of `test`.

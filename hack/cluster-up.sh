@@ -211,12 +211,15 @@ rules:
 EOF
 
   mkdir -p "$STATE_DIR/registry-data"
+  # On a real node the install suite reads who sent which DELETE, and when (S1's fence).
+  local access_log_off=true
+  if ((NODE)); then access_log_off=false; fi
   cat >"$STATE_DIR/registry.yml" <<EOF
 version: 0.1
 log:
   level: warn
   accesslog:
-    disabled: true
+    disabled: $access_log_off
 storage:
   filesystem:
     rootdirectory: $STATE_DIR/registry-data

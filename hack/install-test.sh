@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# `make install-test`: the install suite (tests/e2e_install) — the chart as users install
+# it, on a real node. Builds what it needs (the node's binaries, helm, the image), starts
+# a fresh node cluster (hack/cluster-up.sh --node), runs the suite and stops the cluster
+# again. COCOON_KEEP_NODE=1 leaves the cluster running for a look around; then
+# `bash hack/cluster-down.sh --node` stops it. Needs root (network namespaces, mounts).
+# The last line is the suite's summary:
+#   install: image_mb=<n> admissions=<n> failed=<n> transitions=<n> lost=<n> handover_s=<x> takeover_s=<x>
+set -euo pipefail
+LOG_TAG=install-test
+# shellcheck source=hack/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+ROOT="$(cd "$HACK_DIR/.." && pwd)"
+cd "$ROOT"
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/cocoon-hibernation/target}"
+t0=$SECONDS
+
+TOOLS_BIN="$(bash hack/install-tools.sh | tail -n 1)" || die "hack/install-tools.sh failed"
+# A fresh node: what an earlier run left (releases, CRs, tags) would change what it sees.
+bash hack/cluster-down.sh --node >/dev/null 2>&1 || true
+stop_node_cluster() {
+  if [[ "${COCOON_KEEP_NODE:-}" == 1 ]]; then
+    log "node cluster kept running (COCOON_KEEP_NODE=1); stop it with: bash hack/cluster-down.sh --node"
+  else
+    bash hack/cluster-down.sh --node >/dev/null 2>&1 || log "hack/cluster-down.sh --node failed"
+  fi
+}
+trap stop_node_cluster EXIT
+ENV_FILE="$(bash hack/cluster-up.sh --node | tail -n 1)"
+log "node cluster ready in $((SECONDS - t0))s"
+set -a
+# shellcheck disable=SC1090
+source "$ENV_FILE"
+set +a
+
+# The image users build, pushed to the node's registry (containerd pulls it from there).
+image_line="$(IMAGE_REGISTRY="$COCOON_REGISTRY" bash hack/image.sh build | tail -n 1)"
+[[ "$image_line" =~ ^image:\ ([^ ]+@sha256:[0-9a-f]{64})\ size_mb=([0-9.]+)$ ]] ||
+  die "make image printed no pushed reference: $image_line"
+IMAGE_REF="${BASH_REMATCH[1]}" IMAGE_MB="${BASH_REMATCH[2]}"
+log "image $IMAGE_REF ($IMAGE_MB MB)"
+
+log "running tests/e2e_install"
+log_file="$(mktemp)"
+set +e
+COCOON_NODE_CLUSTER_ENV="$ENV_FILE" COCOON_IMAGE_REF="$IMAGE_REF" COCOON_IMAGE_MB="$IMAGE_MB" \
+  COCOON_HELM="$TOOLS_BIN/helm" KUBECONFIG="$KUBECONFIG" \
+  cargo test --locked --test e2e_install 2>&1 | tee "$log_file"
+status=${PIPESTATUS[0]}
+set -e
+summary="$(grep -E '^install: ' "$log_file" | tail -n 1 || true)"
+rm -f "$log_file"
+stop_node_cluster
+trap - EXIT
+log "install suite took $((SECONDS - t0))s"
+[[ -n "$summary" ]] || die "the install suite printed no summary line"
+echo "$summary"
+exit "$status"

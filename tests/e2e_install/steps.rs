@@ -1,0 +1,434 @@
+//! The suite's steps, in the order a release lives: install, round trip, upgrade,
+//! failover, uninstall and reinstall, scale.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use cocoon_hibernation::api::{Desire, Phase};
+use futures::{StreamExt, TryStreamExt, stream};
+use kube::api::{DeleteParams, Patch, PatchParams};
+use serde_json::json;
+
+use crate::Tally;
+use crate::fence;
+use crate::load::{self, AdmissionLoad, Cycler, LeaseWatch};
+use crate::node;
+use crate::world::{LEASE_DURATION, Result, World, settled, wait_for};
+
+const FLEET: usize = 20;
+const SCALE: usize = 1000;
+/// One admission request every 50 ms: 20 a second.
+const ADMISSION_EVERY: Duration = Duration::from_millis(50);
+const SETTLE: Duration = Duration::from_secs(180);
+
+pub async fn step<F: Future<Output = Result<()>>>(name: &str, f: F) -> Result<()> {
+    let start = Instant::now();
+    println!("step: {name} ...");
+    match f.await {
+        Ok(()) => {
+            println!("step: {name}: ok in {:.1}s", start.elapsed().as_secs_f64());
+            Ok(())
+        }
+        Err(e) => Err(format!("step '{name}': {e}").into()),
+    }
+}
+
+fn fleet() -> Vec<String> {
+    (0..FLEET).map(|i| format!("fleet-{i:02}")).collect()
+}
+
+async fn leader(world: &World) -> Result<String> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let live = names(world.live_product_pods().await?);
+        if let Some(h) = world.lease().await?.0.filter(|h| live.contains(h)) {
+            return Ok(h);
+        }
+        if Instant::now() > deadline {
+            return Err("no live replica holds the Lease after 60s".into());
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+pub async fn install(world: &World) -> Result<()> {
+    world.helm_install(&[])?;
+    let ready = world.ready_replicas().await?;
+    if ready != 2 {
+        return Err(format!("{ready} replicas Ready after helm --wait, want 2").into());
+    }
+    let holder = leader(world).await?;
+    println!("  leader: {holder}");
+    // The apiserver reaches the webhook only through its Service's endpoints: a denial in
+    // the webhook's own words proves the path.
+    world.vm_pod("svc-check").await?;
+    let err = match world.create_cr_named("not-svc-check", "svc-check").await {
+        Ok(()) => return Err("a CR named after another pod was admitted".into()),
+        Err(e) => e.to_string(),
+    };
+    if !err.contains("must equal spec.podRef.name") {
+        return Err(format!("the webhook did not answer through its Service: {err}").into());
+    }
+    Ok(())
+}
+
+pub async fn security(world: &World) -> Result<()> {
+    for pod in world.live_product_pods().await? {
+        let name = pod.metadata.name.clone().unwrap_or_default();
+        let pid = node::container_pid(&world.containerd_sock, &pod)?;
+        let e = node::enforced(pid)?;
+        println!("  {name}: pid {pid} {e:?}");
+        let uid_ok = e.uid.split_whitespace().all(|u| u == "65532");
+        if !(uid_ok
+            && e.cap_eff == "0000000000000000"
+            && e.no_new_privs
+            && e.seccomp == "2"
+            && e.root_read_only)
+        {
+            return Err(format!("{name}: the securityContext is not enforced: {e:?}").into());
+        }
+        let restarts: i32 = pod
+            .status
+            .and_then(|s| s.container_statuses)
+            .map(|c| c.iter().map(|c| c.restart_count).sum())
+            .unwrap_or(0);
+        if restarts != 0 {
+            return Err(format!("{name} restarted {restarts} times").into());
+        }
+    }
+    Ok(())
+}
+
+async fn settle(world: &World, pod: &str, phase: Phase) -> Result<()> {
+    wait_for(
+        &format!("{pod} {phase:?}"),
+        Duration::from_secs(60),
+        || async { Ok(world.phases().await?.get(pod).and_then(|p| p.1) == Some(phase)) },
+    )
+    .await?;
+    Ok(())
+}
+
+pub async fn round_trip(world: &World) -> Result<()> {
+    world.vm_pod("rt-0").await?;
+    world.create_cr("rt-0", Desire::Hibernate, false).await?;
+    settle(world, "rt-0", Phase::Hibernated).await?;
+    if world.tag("rt-0").await?.is_none() {
+        return Err("Hibernated without its snapshot tag".into());
+    }
+    world.set_desire("rt-0", Desire::Wake).await?;
+    settle(world, "rt-0", Phase::Active).await?;
+    wait_for(
+        "the tag deleted after the wake (W2)",
+        Duration::from_secs(30),
+        || async { Ok(world.tag("rt-0").await?.is_none()) },
+    )
+    .await?;
+    Ok(())
+}
+
+/// Waits until every fleet CR is settled for its desire; counts those that are not, and
+/// Hibernated ones without their tag, as lost.
+async fn settle_fleet(world: &World) -> Result<usize> {
+    let names = fleet();
+    let _ = wait_for("the fleet settled", SETTLE, || async {
+        let phases = world.phases().await?;
+        Ok(names.iter().all(|n| {
+            phases
+                .get(n)
+                .is_some_and(|(d, p)| p.is_some() && *p == settled(*d))
+        }))
+    })
+    .await;
+    let phases = world.phases().await?;
+    let mut lost = 0;
+    for n in &names {
+        let ok = match phases.get(n) {
+            Some((d, p)) if p.is_some() && *p == settled(*d) => {
+                *p != Some(Phase::Hibernated) || world.tag(n).await?.is_some()
+            }
+            _ => false,
+        };
+        if !ok {
+            println!("  LOST or stuck: {n}: {:?}", phases.get(n));
+            lost += 1;
+        }
+    }
+    Ok(lost)
+}
+
+async fn start_fleet(world: &World) -> Result<()> {
+    for n in fleet() {
+        world.vm_pod(&n).await?;
+        world.create_cr(&n, Desire::Wake, false).await?;
+    }
+    for i in 0..3 {
+        world.vm_pod(&format!("load-{i}")).await?;
+    }
+    Ok(())
+}
+
+fn load_pods() -> Vec<String> {
+    (0..3).map(|i| format!("load-{i}")).collect()
+}
+
+pub async fn upgrade(world: &Arc<World>, tally: &mut Tally) -> Result<()> {
+    start_fleet(world).await?;
+    let watch = LeaseWatch::start(world.clone());
+    let admissions = AdmissionLoad::start(world.clone(), load_pods(), ADMISSION_EVERY);
+    let cycler = Cycler::start(world.clone());
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let before: Vec<String> = names(world.live_product_pods().await?);
+    let rolled = jiff::Timestamp::now().as_second().to_string();
+    let t0 = Instant::now();
+    world.helm_install(&["--set", &format!("podAnnotations.rolled=r{rolled}")])?;
+    println!(
+        "  helm upgrade --wait took {:.1}s",
+        t0.elapsed().as_secs_f64()
+    );
+    wait_for("the old pods gone", Duration::from_secs(90), || async {
+        let now = names(world.live_product_pods().await?);
+        Ok(now.len() == 2 && now.iter().all(|p| !before.contains(p)))
+    })
+    .await?;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let completed = cycler.stop().await;
+    let (sent, failed, errors) = admissions.stop().await;
+    let log = watch.stop().await;
+    let handover = load::longest_handover(&log).unwrap_or_default();
+    println!(
+        "  admissions={sent} failed={failed} transitions={completed} handover={:.1}s",
+        handover.as_secs_f64()
+    );
+    for e in &errors {
+        println!("  admission error: {e}");
+    }
+    let lost = settle_fleet(world).await?;
+    tally.admissions += sent;
+    tally.failed += failed;
+    tally.transitions += completed;
+    tally.lost += lost;
+    tally.handover_s = tally.handover_s.max(handover.as_secs_f64());
+    if completed == 0 {
+        return Err("no transition completed during the upgrade".into());
+    }
+    Ok(())
+}
+
+fn names(pods: Vec<k8s_openapi::api::core::v1::Pod>) -> Vec<String> {
+    pods.into_iter().filter_map(|p| p.metadata.name).collect()
+}
+
+/// Deletes the leading pod and times the takeover; returns (old leader, its IP, takeover).
+async fn kill_leader(world: &Arc<World>, force: bool) -> Result<(String, String, Duration)> {
+    let old = leader(world).await?;
+    let ip = world
+        .product_pods()
+        .get(&old)
+        .await?
+        .status
+        .and_then(|s| s.pod_ip)
+        .ok_or("the leader has no pod IP")?;
+    let watch = LeaseWatch::start(world.clone());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let dp = if force {
+        DeleteParams::default().grace_period(0)
+    } else {
+        DeleteParams::default()
+    };
+    let t0 = Instant::now();
+    world.product_pods().delete(&old, &dp).await?;
+    wait_for("another replica leads", Duration::from_secs(90), || async {
+        Ok(matches!(world.lease().await?.0, Some(h) if h != old))
+    })
+    .await?;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let log = watch.stop().await;
+    let (new, at) = load::new_holder_after(&log, &old, t0).ok_or("no new holder seen")?;
+    let takeover = at.duration_since(t0);
+    println!(
+        "  {} delete of {old}: {new} leads after {:.1}s",
+        if force { "forced" } else { "graceful" },
+        takeover.as_secs_f64()
+    );
+    Ok((old, ip, takeover))
+}
+
+pub async fn failover(world: &Arc<World>, tally: &mut Tally) -> Result<()> {
+    let admissions = AdmissionLoad::start(world.clone(), load_pods(), ADMISSION_EVERY);
+    let cycler = Cycler::start(world.clone());
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let (_, _, graceful) = kill_leader(world, false).await?;
+    wait_for(
+        "two replicas Ready again",
+        Duration::from_secs(120),
+        || async { Ok(world.ready_replicas().await? == 2) },
+    )
+    .await?;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    // The old leader's last renewal bounds its fence; watch the Lease across the kill.
+    let watch = LeaseWatch::start(world.clone());
+    let (old, old_ip, forced) = kill_leader(world, true).await?;
+    tokio::time::sleep(LEASE_DURATION).await;
+    let log = watch.stop().await;
+    let completed = cycler.stop().await;
+    let (sent, failed, errors) = admissions.stop().await;
+    for e in &errors {
+        println!("  admission error: {e}");
+    }
+    let lost = settle_fleet(world).await?;
+    let renewed =
+        load::last_renewal_of(&log, &old).ok_or("the old leader's renewal was never seen")?;
+    let fence_end = renewed + jiff::SignedDuration::try_from(LEASE_DURATION)?;
+    let late = fence::deletes_after(&world.registry_log, &old_ip, fence_end)?;
+    println!(
+        "  admissions={sent} failed={failed} transitions={completed} fence of {old} ({old_ip}) ended {fence_end}; DELETEs after it: {}",
+        late.len()
+    );
+    tally.admissions += sent;
+    tally.failed += failed;
+    tally.transitions += completed;
+    tally.lost += lost;
+    tally.takeover_s = graceful.max(forced).as_secs_f64();
+    if !late.is_empty() {
+        return Err(format!("S1: DELETEs from {old} after its fence: {late:?}").into());
+    }
+    Ok(())
+}
+
+pub async fn uninstall_reinstall(world: &Arc<World>) -> Result<()> {
+    let fleet = fleet();
+    for n in &fleet {
+        world.set_desire(n, Desire::Hibernate).await?;
+    }
+    if settle_fleet(world).await? != 0 {
+        return Err("the fleet did not hibernate".into());
+    }
+    let mut tags = Vec::new();
+    for n in &fleet {
+        tags.push(
+            world
+                .tag(n)
+                .await?
+                .ok_or_else(|| format!("{n}: Hibernated without a tag"))?,
+        );
+    }
+    world.helm(&[
+        "uninstall",
+        crate::world::RELEASE,
+        "-n",
+        crate::world::RELEASE_NS,
+        "--wait",
+    ])?;
+    wait_for(
+        "the product's pods gone",
+        Duration::from_secs(90),
+        || async {
+            Ok(world
+                .product_pods()
+                .list(&Default::default())
+                .await?
+                .items
+                .is_empty())
+        },
+    )
+    .await?;
+    // Path (b) of docs/install.md for five of them: drop the finalizer, delete the CR.
+    let unfinalize = json!([{ "op": "remove", "path": "/metadata/finalizers" }]);
+    for n in &fleet[..5] {
+        world
+            .crs()
+            .patch(
+                n,
+                &PatchParams::default(),
+                &Patch::<()>::Json(serde_json::from_value(unfinalize.clone())?),
+            )
+            .await?;
+        world.crs().delete(n, &DeleteParams::default()).await?;
+    }
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    for (n, want) in fleet.iter().zip(&tags) {
+        match world.tag(n).await? {
+            Some(d) if &d == want => {}
+            other => return Err(format!("{n}: tag {other:?} after uninstall, want {want}").into()),
+        }
+    }
+    println!("  all {} tags kept after helm uninstall", fleet.len());
+    world.helm_install(&[])?;
+    leader(world).await?;
+    for n in &fleet[..5] {
+        world.create_cr(n, Desire::Wake, false).await?;
+    }
+    for n in &fleet[5..] {
+        world.set_desire(n, Desire::Wake).await?;
+    }
+    if settle_fleet(world).await? != 0 {
+        return Err("the fleet did not wake after the reinstall".into());
+    }
+    wait_for(
+        "every tag deleted after its wake (W2)",
+        Duration::from_secs(60),
+        || async {
+            for n in &fleet {
+                if world.tag(n).await?.is_some() {
+                    return Ok(false);
+                }
+            }
+            Ok(true)
+        },
+    )
+    .await?;
+    Ok(())
+}
+
+pub async fn thousand(world: &Arc<World>) -> Result<()> {
+    let t0 = Instant::now();
+    stream::iter(0..SCALE)
+        .map(|i| async move {
+            let n = format!("mem-{i:04}");
+            world.vm_pod(&n).await?;
+            world.create_cr(&n, Desire::Wake, false).await
+        })
+        .buffer_unordered(16)
+        .try_collect::<Vec<()>>()
+        .await?;
+    println!(
+        "  created {SCALE} pods and CRs in {:.0}s",
+        t0.elapsed().as_secs_f64()
+    );
+    wait_for("all CRs Active", Duration::from_secs(300), || async {
+        let phases = world.phases().await?;
+        Ok(phases
+            .values()
+            .filter(|(_, p)| *p == Some(Phase::Active))
+            .count()
+            >= SCALE + FLEET)
+    })
+    .await?;
+    let holder = leader(world).await?;
+    for pod in world.live_product_pods().await? {
+        let name = pod.metadata.name.clone().unwrap_or_default();
+        let pid = node::container_pid(&world.containerd_sock, &pod)?;
+        let (rss, peak) = node::memory(pid)?;
+        let limit = node::memory_limit(pid)?;
+        let restarts: i32 = pod
+            .status
+            .and_then(|s| s.container_statuses)
+            .map(|c| c.iter().map(|c| c.restart_count).sum())
+            .unwrap_or(0);
+        println!(
+            "  {name}{}: rss={}MiB peak={}MiB limit={}MiB restarts={restarts}",
+            if name == holder { " (leader)" } else { "" },
+            rss >> 20,
+            peak >> 20,
+            limit >> 20
+        );
+        if peak >= limit || restarts != 0 {
+            return Err(
+                format!("{name}: peak {peak} of limit {limit}, {restarts} restarts").into(),
+            );
+        }
+    }
+    Ok(())
+}
