@@ -1,13 +1,18 @@
 # Two commands matter: `make demo` runs the product locally, `make test` runs every test.
 export CARGO_TARGET_DIR ?= $(HOME)/.cache/cocoon-hibernation/target
 
-.PHONY: build release crd test install-test soak bench fuzz fuzz-cmin demo demo-down cluster-up cluster-down chart-check fmt lint
+.PHONY: build release image crd test install-test soak bench fuzz fuzz-cmin demo demo-down cluster-up cluster-down chart-check fmt lint
 
 build:
 	cargo build --locked
 
 release:
 	cargo build --locked --release
+
+# The product image, with buildah from scratch (no daemon), pushed to IMAGE_REPO or the
+# local cluster's registry; `bash hack/image.sh --help` for the rest.
+image:
+	bash hack/image.sh
 
 crd:
 	@cargo run --quiet --locked -- crd

@@ -11,6 +11,9 @@
 #   6. dry-run      the CRD applied for real (dry run only if one is installed), the rest
 #                   `kubectl apply --server-side --dry-run=server`; the self-signed
 #                   certificate is trusted, reused on upgrade and renewed near expiry
+#   7. image-rootfs `hack/image.sh --help`; the root filesystem `make image` stages for the
+#                   Dockerfile holds the binary, its libraries and loader (the binary
+#                   prints the CRD with only those), the CA bundle, user 65532 and /tmp
 # Prints one summary line: `check-chart: PASS ...` or `check-chart: FAIL ...`.
 #
 # Needs KUBECONFIG for a reachable kube-apiserver (e.g. from hack/cluster-up.sh), python3
@@ -248,6 +251,36 @@ EOF
 # apply_dry FILE: a server-side dry run against the real apiserver.
 apply_dry() { kubectl apply --server-side --dry-run=server --field-manager="$FIELD_MANAGER" -f "$1"; }
 
+# The image recipe without buildah or a release build: stage the rootfs around the debug
+# binary (same libraries) and run it with the staged loader and libraries only.
+image_rootfs() {
+  bash "$ROOT/hack/image.sh" --help | grep -q '^usage: hack/image.sh' || die "hack/image.sh --help printed no usage"
+  local bin="${COCOON_BIN:-}" r="$WORK/image/rootfs" loader libdirs f
+  if [[ -z "$bin" ]]; then
+    (cd "$ROOT" && cargo build -q --locked --bin cocoon-hibernation)
+    bin="${CARGO_TARGET_DIR:-$ROOT/target}/debug/cocoon-hibernation"
+  fi
+  IMAGE_BIN="$bin" bash "$ROOT/hack/image.sh" stage "$WORK/image"
+  for f in cocoon-hibernation etc/ssl/certs/ca-certificates.crt etc/passwd etc/group; do
+    [[ -s "$r/$f" ]] || die "the staged rootfs has no /$f"
+  done
+  [[ -d "$r/tmp" ]] || die "the staged rootfs has no /tmp"
+  grep -qx 'nonroot:x:65532:65532:nonroot:/home/nonroot:/sbin/nologin' "$r/etc/passwd" ||
+    die "no user 65532 in the staged /etc/passwd"
+  grep -qx 'nonroot:x:65532:' "$r/etc/group" || die "no group 65532 in the staged /etc/group"
+  loader="$(compgen -G "$r/lib64/ld-linux-*.so.*" | head -n 1)" || die "no dynamic loader in $r/lib64"
+  libdirs="$(find "$r" -name '*.so*' -printf '%h\n' | sort -u | paste -sd:)"
+  # Every library resolves inside the rootfs, then the binary runs on them.
+  "$loader" --inhibit-cache --library-path "$libdirs" --list "$r/cocoon-hibernation" >"$WORK/image/ldd.txt"
+  if awk '$2 == "=>" && index($3, "/") == 1' "$WORK/image/ldd.txt" | grep -v " => $r/"; then
+    die "a library resolved outside the staged rootfs (above)"
+  fi
+  "$loader" --inhibit-cache --library-path "$libdirs" "$r/cocoon-hibernation" crd >"$WORK/image/crd.yaml"
+  diff -q "$WORK/image/crd.yaml" "$CRD_FILE" >/dev/null ||
+    die "the staged binary's 'crd' differs from the chart's CRD"
+  log "staged rootfs: $(du -sh "$r" | cut -f1), $(wc -l <"$WORK/image/ldd.txt") objects loaded from it"
+}
+
 dry_run() {
   # CRD for real (later objects reference its kind), namespace for real, the rest dry-run.
   # A CRD someone else already installed (tests may install a variant) is left as it is:
@@ -318,3 +351,4 @@ step alerts alerts
 step lint lint
 step kubeconform validate
 step dry-run dry_run
+step image-rootfs image_rootfs
