@@ -44,8 +44,10 @@ fuzz:
 fuzz-cmin:
 	bash hack/fuzz.sh cmin
 
+# `make demo NODE=1`: on a real node instead, with the image and the Helm chart
+# (hack/demo-node.sh; needs root). `make demo-down` stops either.
 demo:
-	bash hack/demo.sh up
+	bash hack/$(if $(NODE),demo-node.sh,demo.sh) up
 
 demo-down:
 	bash hack/demo.sh down

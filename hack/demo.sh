@@ -26,6 +26,8 @@ if [[ "${1:-up}" == "down" ]]; then
   stop_daemon "$SIMULATOR"
   stop_daemon "$SERVER"
   [[ -d "$CLUSTER_DIR" ]] && bash "$HACK_DIR/cluster-down.sh" "$CLUSTER_DIR"
+  # `make demo NODE=1` (hack/demo-node.sh) shares this directory and this command.
+  [[ -d "$DEMO_DIR/node-cluster" ]] && bash "$HACK_DIR/demo-node.sh" down
   # The webhook certificate goes with the cluster's CA that signed it; the next
   # `make demo` issues a new one.
   rm -f "$DEMO_DIR/ports" "$DEMO_DIR/tls.crt" "$DEMO_DIR/tls.key"

@@ -35,7 +35,8 @@ set +a
 
 # The image users build, pushed to the node's registry (containerd pulls it from there).
 image_line="$(IMAGE_REGISTRY="$COCOON_REGISTRY" bash hack/image.sh build | tail -n 1)"
-[[ "$image_line" =~ ^image:\ ([^ ]+@sha256:[0-9a-f]{64})\ size_mb=([0-9.]+)$ ]] ||
+pushed='^image: ([^ ]+@sha256:[0-9a-f]{64}) size_mb=([0-9.]+)$'
+[[ "$image_line" =~ $pushed ]] ||
   die "make image printed no pushed reference: $image_line"
 IMAGE_REF="${BASH_REMATCH[1]}" IMAGE_MB="${BASH_REMATCH[2]}"
 log "image $IMAGE_REF ($IMAGE_MB MB)"

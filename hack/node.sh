@@ -14,6 +14,8 @@ VIRTUAL_NODE=vk-cocoon
 KUBERNETES_SERVICE_IP=10.0.0.1
 NODE_DAEMONS=(containerd kube-controller-manager kube-scheduler kubelet)
 NAT_CHAIN=COCOON-NODE
+# Which state dir owns the bridge now.
+NODE_OWNER=/run/cocoon-hibernation-node.owner
 
 node_preflight() {
   local missing=() tool
@@ -33,6 +35,14 @@ node_ctr() { ctr --address "$(node_sock)" --namespace k8s.io "$@"; }
 # The bridge and one DNAT rule: pods reach the apiserver at the `kubernetes` Service's
 # address (what in-cluster clients use) without a kube-proxy.
 node_network_up() {
+  # One bridge, one address, one DNAT rule: one node cluster per machine at a time.
+  local owner
+  owner="$(cat "$NODE_OWNER" 2>/dev/null || true)"
+  if [[ -n "$owner" && "$owner" != "$STATE_DIR" && -f "$owner/run.state" ]] &&
+    grep -qs '^RUN_NODE=1' "$owner/run.state"; then
+    die "another node cluster runs in $owner (make install-test and make demo NODE=1 take turns); stop it with: bash hack/cluster-down.sh --node $owner"
+  fi
+  echo "$STATE_DIR" >"$NODE_OWNER"
   if ! ip link show "$NODE_BRIDGE" >/dev/null 2>&1; then
     ip link add "$NODE_BRIDGE" type bridge
   fi
@@ -50,6 +60,7 @@ node_network_down() {
   iptables -t nat -F "$NAT_CHAIN" 2>/dev/null || true
   iptables -t nat -X "$NAT_CHAIN" 2>/dev/null || true
   ip link del "$NODE_BRIDGE" 2>/dev/null || true
+  if [[ "$(cat "$NODE_OWNER" 2>/dev/null || true)" == "$STATE_DIR" ]]; then rm -f "$NODE_OWNER"; fi
 }
 
 write_node_configs() {

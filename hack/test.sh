@@ -55,5 +55,11 @@ passed=$((passed + 1))
 
 step "chart checks"
 COCOON_BIN="$CARGO_TARGET_DIR/debug/cocoon-hibernation" bash hack/check-chart.sh
+
+step "install suite: the image and the chart on a real node (make install-test)"
+t0=$SECONDS
+bash hack/install-test.sh
+echo "install suite took $((SECONDS - t0))s"
+passed=$((passed + 1))
 step "all checks passed"
 echo "${passed} passed, ${failed} failed"

@@ -1,0 +1,129 @@
+#!/usr/bin/env bash
+# `make demo NODE=1`: the product the way users run it. A real single-node cluster
+# (hack/cluster-up.sh --node: kubelet, containerd, CNI), the image from `make image`
+# installed with the Helm chart (two replicas, one leading), the vk-cocoon simulator on
+# its virtual node, and pod demo/web-0 hibernated and woken through its CocoonHibernation.
+# Leaves everything running; `make demo-down` stops it. Needs root.
+set -euo pipefail
+LOG_TAG=demo-node
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+ROOT="$(cd "$HACK_DIR/.." && pwd)"
+DEMO_DIR="${COCOON_DEMO_DIR:-$HOME/.cache/cocoon-hibernation/demo}"
+NODE_DIR="$DEMO_DIR/node-cluster"
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/cocoon-hibernation/target}"
+NS=demo POD=web-0 RELEASE=cocoon-hibernation RELEASE_NS=cocoon-system
+SIMULATOR=vk_cocoon_simulator
+mkdir -p "$DEMO_DIR"
+STATE_DIR="$DEMO_DIR" # lib.sh's start_daemon/stop_daemon keep the simulator's pid here
+say() { echo "$(date -u +%H:%M:%S)  $*"; }
+
+if [[ "${1:-up}" == down ]]; then
+  stop_daemon "$SIMULATOR"
+  [[ -d "$NODE_DIR" ]] && bash "$HACK_DIR/cluster-down.sh" --node "$NODE_DIR"
+  exit 0
+fi
+
+say "1/6  building the vk-cocoon simulator and the helm tooling (cached after the first run)"
+(cd "$ROOT" && cargo build --quiet --example "$SIMULATOR")
+TOOLS_BIN="$(bash "$HACK_DIR/install-tools.sh" 2>"$DEMO_DIR/install-tools.log" | tail -n 1)" ||
+  { cat "$DEMO_DIR/install-tools.log" >&2; die "hack/install-tools.sh failed"; }
+HELM="$TOOLS_BIN/helm"
+
+say "2/6  starting a real node: etcd, kube-apiserver, controller-manager, scheduler, kubelet, containerd, a registry"
+ENV_FILE="$(bash "$HACK_DIR/cluster-up.sh" --node "$NODE_DIR" 2>"$DEMO_DIR/cluster-up.log" | tail -n 1)" ||
+  { cat "$DEMO_DIR/cluster-up.log" >&2; die "the node cluster did not start"; }
+set -a
+# shellcheck disable=SC1090
+source "$ENV_FILE"
+set +a
+KUBECTL="$COCOON_BIN_DIR/kubectl"
+say "     kube-apiserver $COCOON_K8S_VERSION at $COCOON_APISERVER_URL, node $COCOON_NODE_NAME, registry $COCOON_REGISTRY"
+
+say "3/6  make image: the product image, pushed to that registry (first run: a release build)"
+image_line="$(IMAGE_REGISTRY="$COCOON_REGISTRY" bash "$HACK_DIR/image.sh" build 2>"$DEMO_DIR/image.log" | tail -n 1)" ||
+  { cat "$DEMO_DIR/image.log" >&2; die "make image failed"; }
+pushed='^image: ([^ @]+):[^ @]+@(sha256:[0-9a-f]{64}) size_mb=([0-9.]+)$'
+[[ "$image_line" =~ $pushed ]] ||
+  die "make image printed no pushed reference: $image_line"
+REPO="${BASH_REMATCH[1]}" DIGEST="${BASH_REMATCH[2]}"
+say "     ${image_line#image: }"
+
+say "4/6  helm install $RELEASE (two replicas; waits until they are Ready)"
+"$HELM" upgrade --install "$RELEASE" "$ROOT/charts/cocoon-hibernation" -n "$RELEASE_NS" --create-namespace \
+  --set image.repository="$REPO" --set image.digest="$DIGEST" \
+  --set registry.base="$COCOON_REGISTRY" --set registry.plainHTTP=true \
+  --set 'vmIdentityPolicy.allowedUsernames={admin}' \
+  --wait --timeout 180s >"$DEMO_DIR/helm.log" 2>&1 ||
+  { tail -n 20 "$DEMO_DIR/helm.log" >&2; "$KUBECTL" -n "$RELEASE_NS" get pods >&2 || true; die "helm install failed"; }
+"$KUBECTL" -n "$RELEASE_NS" get pods -o wide | sed 's/^/     /'
+
+say "5/6  starting the vk-cocoon simulator (virtual node $COCOON_VIRTUAL_NODE) and pod $NS/$POD on it"
+stop_daemon "$SIMULATOR"
+start_daemon "$SIMULATOR" "$CARGO_TARGET_DIR/debug/examples/$SIMULATOR" --registry "$COCOON_REGISTRY" \
+  --virtual-node "$COCOON_VIRTUAL_NODE" --hibernate-delay-ms 2000 --wake-delay-ms 2000
+"$KUBECTL" create namespace "$NS" --dry-run=client -o yaml | "$KUBECTL" apply -f - >/dev/null
+"$KUBECTL" -n "$NS" delete ch "$POD" --ignore-not-found --wait=true >/dev/null
+"$KUBECTL" -n "$NS" delete pod "$POD" --ignore-not-found --grace-period=0 --force >/dev/null 2>&1
+"$KUBECTL" -n "$NS" apply -f - >/dev/null <<YAML
+apiVersion: v1
+kind: Pod
+metadata:
+  name: $POD
+  annotations:
+    vm.cocoonstack.io/name: demo-$POD
+    cocoonset.cocoonstack.io/generation: "1"
+    vm.cocoonstack.io/id: vm-$(date +%s)
+    vm.cocoonstack.io/lifecycle-state: ready
+spec:
+  nodeName: $COCOON_VIRTUAL_NODE
+  containers:
+    - name: vm
+      image: cocoon/vm:demo
+YAML
+
+phase() { "$KUBECTL" -n "$NS" get ch "$POD" -o jsonpath='{.status.phase}' 2>/dev/null || true; }
+watch_until() {
+  local want="$1" last="" now deadline=$((SECONDS + 90))
+  while ((SECONDS < deadline)); do
+    daemon_pid "$SIMULATOR" >/dev/null || die "the simulator exited; see $DEMO_DIR/$SIMULATOR.log"
+    now="$(phase)"
+    if [[ -n "$now" && "$now" != "$last" ]]; then
+      echo "$(date -u +%H:%M:%S.%3N)     $NS/$POD  ${now}"
+      last="$now"
+    fi
+    [[ "$now" == "$want" ]] && return 0
+    sleep 0.2
+  done
+  die "$NS/$POD did not reach $want in 90s; see: $KUBECTL -n $RELEASE_NS logs deploy/$RELEASE"
+}
+
+say "6/6  hibernating it (desire: Hibernate), then waking it (desire: Wake)"
+START=$SECONDS
+"$KUBECTL" -n "$NS" apply -f - >/dev/null <<YAML
+apiVersion: cocoonset.cocoonstack.io/v1
+kind: CocoonHibernation
+metadata:
+  name: $POD
+spec:
+  podRef: { name: $POD }
+  desire: Hibernate
+YAML
+watch_until Hibernated
+"$KUBECTL" -n "$NS" patch ch "$POD" --type merge -p '{"spec":{"desire":"Wake"}}' >/dev/null
+watch_until Active
+say "     round trip took $((SECONDS - START))s"
+echo
+"$KUBECTL" -n "$NS" get ch
+cat <<EOF
+
+The demo runs on a real node and is still running. Try it yourself:
+  export KUBECONFIG=$KUBECONFIG
+  alias kubectl=$KUBECTL
+  kubectl -n $RELEASE_NS get pods,lease                  # two replicas; the Lease names the leader
+  kubectl -n $RELEASE_NS logs deploy/$RELEASE
+  kubectl -n $NS patch ch $POD --type merge -p '{"spec":{"desire":"Hibernate"}}'
+  kubectl -n $NS get ch -w
+  $HELM -n $RELEASE_NS upgrade $RELEASE $ROOT/charts/cocoon-hibernation --reuse-values --set podAnnotations.rolled=\$(date +%s) --wait
+Logs: $NODE_DIR/*.log, $DEMO_DIR/$SIMULATOR.log
+Stop everything with: make demo-down
+EOF
