@@ -17,6 +17,10 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+/// How long a terminating replica answers with `Connection: close` before it closes its
+/// connections: long enough for the apiserver to use, and drop, each one it pooled.
+const WEBHOOK_DRAIN: Duration = Duration::from_secs(3);
+
 pub async fn run(args: ServerArgs) -> Result<()> {
     args.validate()?;
     let metrics = Metrics::new();
@@ -54,7 +58,8 @@ pub async fn run(args: ServerArgs) -> Result<()> {
         shutdown.clone(),
     ));
     let webhook_handle = axum_server::Handle::new();
-    let webhook_app = webhook::cache_router(cache.clone(), metrics.clone());
+    let drain = webhook::drain::Drain::default();
+    let webhook_app = drain.closing(webhook::cache_router(cache.clone(), metrics.clone()));
     let webhook_server = tokio::spawn(
         axum_server::bind_rustls(args.webhook.webhook_addr, tls_config)
             .handle(webhook_handle.clone())
@@ -138,10 +143,13 @@ pub async fn run(args: ServerArgs) -> Result<()> {
         tracing::error!(error = %e, "a part of the process stopped: releasing the lease and exiting");
     }
 
-    // P4: stop accepting, finish in-flight reviews, stop reconciling, release the lease
-    // (only after the controller stopped, so no leader-only effect follows the release).
+    // P4: answer reviews with `Connection: close` for a moment (webhook::drain), stop
+    // reconciling, release the lease (only after the controller stopped, so no
+    // leader-only effect follows the release), then stop accepting and finish in-flight
+    // reviews.
     tracing::info!("shutting down");
-    webhook_handle.graceful_shutdown(Some(args.shutdown_grace));
+    drain.start();
+    let drain_until = tokio::time::Instant::now() + WEBHOOK_DRAIN.min(args.shutdown_grace);
     shutdown.cancel();
     if !controller_task.is_finished() {
         let _ = controller_task.await;
@@ -151,6 +159,8 @@ pub async fn run(args: ServerArgs) -> Result<()> {
     if let Some(task) = election.task {
         let _ = tokio::time::timeout(Duration::from_secs(5), task).await;
     }
+    tokio::time::sleep_until(drain_until).await;
+    webhook_handle.graceful_shutdown(Some(args.shutdown_grace));
     if !webhook_server.is_finished() {
         let _ = tokio::time::timeout(
             args.shutdown_grace + Duration::from_secs(1),

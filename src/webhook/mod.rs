@@ -1,5 +1,6 @@
 //! The validating admission webhook: axum over rustls (V1–V6).
 
+pub mod drain;
 pub mod handler;
 pub mod tls;
 pub mod validate;

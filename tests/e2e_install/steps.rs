@@ -256,8 +256,8 @@ async fn kill_leader(world: &Arc<World>, force: bool) -> Result<(String, String,
 }
 
 pub async fn failover(world: &Arc<World>, tally: &mut Tally) -> Result<()> {
-    let admissions = AdmissionLoad::start(world.clone(), load_pods(), ADMISSION_EVERY);
     let cycler = Cycler::start(world.clone());
+    let admissions = AdmissionLoad::start(world.clone(), load_pods(), ADMISSION_EVERY);
     tokio::time::sleep(Duration::from_secs(3)).await;
     let (_, _, graceful) = kill_leader(world, false).await?;
     wait_for(
@@ -267,13 +267,25 @@ pub async fn failover(world: &Arc<World>, tally: &mut Tally) -> Result<()> {
     )
     .await?;
     tokio::time::sleep(Duration::from_secs(3)).await;
+    let (sent, failed, errors) = admissions.stop().await;
+    println!("  graceful: admissions={sent} failed={failed}");
+    for e in &errors {
+        println!("  admission error: {e}");
+    }
+    tally.admissions += sent;
+    tally.failed += failed;
+
+    // A SIGKILLed pod cannot finish what it was answering: its admissions are counted
+    // apart from the summary, which holds what a rollout or a graceful stop must keep.
+    let forced_load = AdmissionLoad::start(world.clone(), load_pods(), ADMISSION_EVERY);
     // The old leader's last renewal bounds its fence; watch the Lease across the kill.
     let watch = LeaseWatch::start(world.clone());
     let (old, old_ip, forced) = kill_leader(world, true).await?;
     tokio::time::sleep(LEASE_DURATION).await;
     let log = watch.stop().await;
     let completed = cycler.stop().await;
-    let (sent, failed, errors) = admissions.stop().await;
+    let (sent, failed, errors) = forced_load.stop().await;
+    println!("  forced: admissions={sent} failed={failed} (not in the summary)");
     for e in &errors {
         println!("  admission error: {e}");
     }
@@ -283,11 +295,9 @@ pub async fn failover(world: &Arc<World>, tally: &mut Tally) -> Result<()> {
     let fence_end = renewed + jiff::SignedDuration::try_from(LEASE_DURATION)?;
     let late = fence::deletes_after(&world.registry_log, &old_ip, fence_end)?;
     println!(
-        "  admissions={sent} failed={failed} transitions={completed} fence of {old} ({old_ip}) ended {fence_end}; DELETEs after it: {}",
+        "  transitions={completed} lost={lost}; fence of {old} ({old_ip}) ended {fence_end}; DELETEs after it: {}",
         late.len()
     );
-    tally.admissions += sent;
-    tally.failed += failed;
     tally.transitions += completed;
     tally.lost += lost;
     tally.takeover_s = graceful.max(forced).as_secs_f64();
