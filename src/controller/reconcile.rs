@@ -338,17 +338,9 @@ fn progress_reason(status: &crate::api::CocoonHibernationStatus) -> &str {
 
 /// Phase duration, and the reaction time from the pod change that completed it.
 fn record_finished(ctx: &Context, cr: &CocoonHibernation, done: plan::Finished) {
-    use crate::metrics::{Transition, TransitionResult};
-    let transition = match done.transition {
-        plan::Transition::Hibernate => Transition::hibernate,
-        plan::Transition::Wake => Transition::wake,
-    };
-    let result = match done.ending {
-        plan::Ending::Done => TransitionResult::ok,
-        plan::Ending::TimedOut => TransitionResult::timeout,
-    };
+    let transition = done.transition;
     ctx.metrics
-        .phase_done(transition.clone(), result, done.seconds);
+        .phase_done(transition, done.ending, done.seconds);
     if done.ending == plan::Ending::Done
         && let Some(at) = ctx
             .cache
