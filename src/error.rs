@@ -28,6 +28,12 @@ pub enum Error {
 }
 
 impl Error {
+    /// A write lost a race with another writer (409 conflict, or 422 from a JSON patch
+    /// `test` op): the next pass reads again at once instead of backing off.
+    pub fn is_lost_race(&self) -> bool {
+        matches!(self, Error::Kube(kube::Error::Api(s)) if s.code == 409 || s.code == 422)
+    }
+
     /// A stable, low-cardinality name for metrics.
     pub fn metric_label(&self) -> &'static str {
         match self {

@@ -2,21 +2,30 @@
 //! per-VM serialization in [`locks`], and the leader-gated run loop here.
 
 pub mod census;
+mod context;
+mod deletes;
+mod effects;
+mod error_policy;
+mod finalizer;
 pub mod locks;
+mod own_writes;
 pub mod plan;
 pub mod reconcile;
 pub mod turns;
 
+pub use context::{Context, context};
+pub use error_policy::{Deferral, error_policy};
+pub use finalizer::{add_finalizer_patch, remove_finalizer_patch};
+
 #[cfg(test)]
 mod mock_tests;
 
-use crate::cache::{SharedCache, Trigger};
+use crate::cache::Trigger;
 use futures::StreamExt;
 use kube::ResourceExt;
 use kube::runtime::Controller;
 use kube::runtime::controller::Config;
 use kube::runtime::reflector::ObjectRef;
-use reconcile::{Context, error_policy};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{mpsc, watch};
@@ -163,37 +172,4 @@ async fn run_term(
             }
         })
         .await;
-}
-
-/// Builds the controller context: client, cache, registry, event recorder, metrics.
-pub fn context(
-    client: kube::Client,
-    cache: SharedCache,
-    registry: impl crate::registry::SnapshotStore + 'static,
-    metrics: crate::metrics::Metrics,
-    settings: plan::Settings,
-    reporter_instance: Option<String>,
-    fence: crate::leader::Fence,
-) -> Arc<Context> {
-    let reporter = kube::runtime::events::Reporter {
-        controller: "cocoon-hibernation".into(),
-        instance: reporter_instance,
-    };
-    let settings_slots = settings.registry_slots.max(1);
-    Arc::new(Context {
-        recorder: kube::runtime::events::Recorder::new(client.clone(), reporter),
-        client,
-        cache,
-        registry: Arc::new(registry),
-        metrics,
-        settings,
-        locks: locks::VmLocks::default(),
-        failures: Default::default(),
-        registry_slots: Arc::new(tokio::sync::Semaphore::new(settings_slots)),
-        event_slots: Arc::new(tokio::sync::Semaphore::new(reconcile::EVENTS_IN_FLIGHT)),
-        refusals: Default::default(),
-        superseded: Default::default(),
-        superseded_pods: Default::default(),
-        fence,
-    })
 }
