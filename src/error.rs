@@ -17,8 +17,6 @@ pub enum Error {
     Tls(String),
     #[error("I/O: {0}")]
     Io(#[from] std::io::Error),
-    #[error("leader election: {0}")]
-    Lease(String),
     /// S8: a task the process cannot run without (cache, controller) ended.
     #[error("{0}")]
     TaskEnded(String),
@@ -45,7 +43,6 @@ impl Error {
             Error::Config(_) => "config",
             Error::Tls(_) => "tls",
             Error::Io(_) => "io",
-            Error::Lease(_) => "lease",
             Error::Fenced(_) => "fenced",
             Error::TaskEnded(_) => "task_ended",
         }

@@ -1,8 +1,8 @@
 //! The effects layer against a mocked apiserver (tower-test): which requests a pass makes,
 //! in what shape, and that a settled pass makes none.
 
-use super::plan::Settings;
 use super::Context;
+use super::plan::Settings;
 use super::reconcile::reconcile;
 use crate::api::annotations::{
     COCOONSET_GENERATION, LIFECYCLE_OBSERVED_GENERATION, LIFECYCLE_STATE, VM_ID, VM_NAME,
