@@ -71,17 +71,13 @@ impl RegistryArgs {
                 args.registry_password.clone().unwrap_or_default(),
             )
         } else if let Some(path) = &args.registry_docker_config {
-            let raw = std::fs::read(path).map_err(|e| {
-                RegistryError::InvalidConfig(format!(
-                    "reading --registry-docker-config {}: {e}",
-                    path.display()
-                ))
-            })?;
+            let raw = read("--registry-docker-config", path)?;
             auth_from_docker_config(&raw, &host)?
         } else if let Some(path) = &args.registry_token_file {
-            let token = std::fs::read_to_string(path).map_err(|e| {
+            let raw = read("--registry-token-file", path)?;
+            let token = String::from_utf8(raw).map_err(|_| {
                 RegistryError::InvalidConfig(format!(
-                    "reading --registry-token-file {}: {e}",
+                    "reading --registry-token-file {}: not UTF-8 text",
                     path.display()
                 ))
             })?;
@@ -89,16 +85,11 @@ impl RegistryArgs {
         } else {
             RegistryAuth::Anonymous
         };
-        let mut extra_ca_pems = Vec::new();
-        for path in &args.registry_ca_file {
-            let pem = std::fs::read(path).map_err(|e| {
-                RegistryError::InvalidConfig(format!(
-                    "reading --registry-ca-file {}: {e}",
-                    path.display()
-                ))
-            })?;
-            extra_ca_pems.push(pem);
-        }
+        let extra_ca_pems = args
+            .registry_ca_file
+            .iter()
+            .map(|path| read("--registry-ca-file", path))
+            .collect::<Result<Vec<_>, _>>()?;
         Ok(RegistryConfig {
             base,
             plain_http: args.registry_plain_http,
@@ -107,6 +98,13 @@ impl RegistryArgs {
             timeout: args.registry_timeout,
         })
     }
+}
+
+/// A credential file, or an error naming the flag that named it (P3).
+fn read(flag: &str, path: &std::path::Path) -> Result<Vec<u8>, RegistryError> {
+    std::fs::read(path).map_err(|e| {
+        RegistryError::InvalidConfig(format!("reading {flag} {}: {e}", path.display()))
+    })
 }
 
 #[cfg(test)]
