@@ -15,8 +15,12 @@ pub enum Error {
     Config(#[from] crate::config::ConfigError),
     #[error("TLS: {0}")]
     Tls(String),
-    #[error("I/O: {0}")]
-    Io(#[from] std::io::Error),
+    /// `what` names the operation and its object, such as the address a bind failed on.
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        source: std::io::Error,
+    },
     /// S8: a task the process cannot run without (cache, controller) ended.
     #[error("{0}")]
     TaskEnded(String),
@@ -42,7 +46,7 @@ impl Error {
             Error::Probe(_) => "probe",
             Error::Config(_) => "config",
             Error::Tls(_) => "tls",
-            Error::Io(_) => "io",
+            Error::Io { .. } => "io",
             Error::Fenced(_) => "fenced",
             Error::TaskEnded(_) => "task_ended",
         }

@@ -61,7 +61,12 @@ pub async fn run(args: ServerArgs) -> Result<()> {
             .serve(webhook_app.into_make_service()),
     );
 
-    let admin_listener = tokio::net::TcpListener::bind(args.admin_addr).await?;
+    let admin_listener = tokio::net::TcpListener::bind(args.admin_addr)
+        .await
+        .map_err(|source| Error::Io {
+            what: format!("binding --admin-addr {}", args.admin_addr),
+            source,
+        })?;
     let admin_app = crate::admin::router(cache.clone(), metrics.clone(), stall_limit);
     let admin_stop = shutdown.clone();
     let admin_server = tokio::spawn(async move {
