@@ -1,10 +1,12 @@
 //! G1, G2, S6: a CR being deleted gives up its tag (when it is the VM's last holder) and
 //! then its finalizer; and the JSON patches that add and remove the finalizer (R1, G2).
 //!
-//! Hand-written rather than `kube::runtime::finalizer`: that helper removes the finalizer
-//! by its index without checking the object's uid, so a CR recreated under the same name
-//! could lose its own; and its cleanup result would have to go through its error type.
-//! The S6 order (warning, then delete) lives in `deletes.rs` either way.
+//! Hand-written rather than `kube::runtime::finalizer`, though that would keep S6's order
+//! (the warning and the delete live in `deletes.rs` either way): the helper removes the
+//! finalizer whenever cleanup returns Ok, so a deferred delete (registry busy, a stale
+//! pod) would have to become an error to keep it; and it removes it by its index in the
+//! cached object, where ours goes from a fresh read, tested against the uid, so a CR
+//! recreated under the same name keeps its own.
 
 use super::context::Context;
 use super::deletes::{Attempt, fenced_delete};
