@@ -78,12 +78,12 @@ pub fn context(
         settings,
         locks: VmLocks::default(),
         failures: Default::default(),
+        fence,
         registry_slots: Arc::new(Semaphore::new(settings_slots)),
         event_slots: Arc::new(Semaphore::new(EVENTS_IN_FLIGHT)),
         refusals: Default::default(),
         superseded: Default::default(),
         superseded_pods: Default::default(),
-        fence,
     })
 }
 
