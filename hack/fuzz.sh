@@ -2,7 +2,9 @@
 # Coverage-guided fuzzing (issue 9) with cargo-fuzz on the nightly toolchain.
 #
 #   bash hack/fuzz.sh            run every target for FUZZ_SECONDS (default 60) each
-#   bash hack/fuzz.sh cmin       minimize the corpus kept in fuzz/corpus/ (after a run)
+#   bash hack/fuzz.sh cmin       minimize the corpus kept in fuzz/corpus/ (after a run): the
+#                                smallest set with the same edge coverage, at most
+#                                FUZZ_CORPUS_KEEP (default 100) inputs per target
 #
 # FUZZ_TARGETS picks targets (space separated). New inputs a run finds go to a work
 # corpus under the cache, seeded from fuzz/corpus/<target>; `cmin` folds them back into
@@ -34,15 +36,23 @@ fuzz() { cargo +nightly fuzz "$@"; }
 opts=(--sanitizer "$sanitizer" --debug-assertions --target-dir "$target_dir")
 
 if [[ "${1:-run}" == cmin ]]; then
+  # Inputs kept per target: the repo's corpus stays a few hundred files (issue 22).
+  keep=${FUZZ_CORPUS_KEEP:-100}
   for t in $targets; do
     mkdir -p "fuzz/corpus/$t" "$work/$t"
-    # Merge the repo corpus and the work corpus into the smallest set with the same
-    # coverage (libFuzzer -merge=1 into an empty directory), then put it in the repo.
+    # Merge the repo corpus and the work corpus into the smallest set with the same edge
+    # coverage (libFuzzer -set_cover_merge into an empty directory; hit counts are not
+    # told apart, or every loop count would keep an input), then cap it at the $keep
+    # inputs that cover the most (hack/fuzz-keep.py), then put it in the repo.
     merged=$(mktemp -d)
+    control=$(mktemp)
     max_len=()
     [[ "$t" == plan ]] && max_len=(-max_len=160)
-    fuzz run "${opts[@]}" "$t" "$merged" "fuzz/corpus/$t" "$work/$t" -- -set_cover_merge=1 "${max_len[@]}" 2>&1 |
+    fuzz run "${opts[@]}" "$t" "$merged" "fuzz/corpus/$t" "$work/$t" -- -set_cover_merge=1 \
+      -use_counters=0 -merge_control_file="$control" "${max_len[@]}" 2>&1 |
       grep -E 'MERGE-OUTER: [0-9]+ new files' >&2 || true
+    echo "fuzz: corpus $t: $(python3 hack/fuzz-keep.py "$control" "$keep" "$merged")" >&2
+    rm -f "$control"
     rm -rf "fuzz/corpus/$t"
     mv "$merged" "fuzz/corpus/$t"
     echo "fuzz: corpus $t: $(find "fuzz/corpus/$t" -type f | wc -l) files, $(du -sh "fuzz/corpus/$t" | cut -f1)" >&2

@@ -5,6 +5,9 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+pub use crate::flags::parse_duration;
+pub use crate::registry::RegistryArgs;
+
 #[derive(Parser, Debug)]
 #[command(
     name = "cocoon-hibernation",
@@ -118,52 +121,6 @@ pub struct ControllerArgs {
     pub pod_selector: String,
 }
 
-#[derive(Args, Clone)]
-pub struct RegistryArgs {
-    /// Registry and path prefix holding snapshots: host[:port][/prefix]. Repository = <base>/<vm>.
-    #[arg(long, env = "COCOON_REGISTRY_BASE")]
-    pub registry_base: Option<String>,
-    /// Talk plain HTTP to the registry. Only for local development.
-    #[arg(long, env = "COCOON_REGISTRY_PLAIN_HTTP", default_value_t = false)]
-    pub registry_plain_http: bool,
-    /// Docker config.json holding credentials for the registry host.
-    #[arg(long, env = "COCOON_REGISTRY_DOCKER_CONFIG")]
-    pub registry_docker_config: Option<PathBuf>,
-    /// Basic-auth user; the password comes from COCOON_REGISTRY_PASSWORD.
-    #[arg(long, env = "COCOON_REGISTRY_USERNAME")]
-    pub registry_username: Option<String>,
-    #[arg(long, env = "COCOON_REGISTRY_PASSWORD", hide_env_values = true)]
-    pub registry_password: Option<String>,
-    /// File holding a bearer token.
-    #[arg(long, env = "COCOON_REGISTRY_TOKEN_FILE")]
-    pub registry_token_file: Option<PathBuf>,
-    /// Extra CA certificates (PEM) trusted for the registry; repeatable.
-    #[arg(long, env = "COCOON_REGISTRY_CA_FILE", value_delimiter = ',')]
-    pub registry_ca_file: Vec<PathBuf>,
-    /// Budget of one whole registry operation: a probe, a delete, or the orphan audit's catalog.
-    #[arg(long, env = "COCOON_REGISTRY_TIMEOUT", value_parser = parse_duration, default_value = "10s")]
-    pub registry_timeout: Duration,
-}
-
-// P3: the password never reaches Debug output, so it cannot reach a log.
-impl std::fmt::Debug for RegistryArgs {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RegistryArgs")
-            .field("registry_base", &self.registry_base)
-            .field("registry_plain_http", &self.registry_plain_http)
-            .field("registry_docker_config", &self.registry_docker_config)
-            .field("registry_username", &self.registry_username)
-            .field(
-                "registry_password",
-                &self.registry_password.as_ref().map(|_| "<redacted>"),
-            )
-            .field("registry_token_file", &self.registry_token_file)
-            .field("registry_ca_file", &self.registry_ca_file)
-            .field("registry_timeout", &self.registry_timeout)
-            .finish()
-    }
-}
-
 #[derive(Args, Debug, Clone)]
 pub struct ElectionArgs {
     /// Elect one reconciling replica through a Lease. Off runs the controller always.
@@ -191,18 +148,15 @@ pub enum LogFormat {
     Json,
 }
 
-/// Accepts humantime durations (`90s`, `3m`, `1h30m`, `250ms`) or plain seconds.
-/// Out-of-range values are errors, never a wrapped-around number.
-pub fn parse_duration(raw: &str) -> Result<Duration, String> {
-    let raw = raw.trim();
-    if !raw.is_empty() && raw.bytes().all(|b| b.is_ascii_digit()) {
-        return raw
-            .parse()
-            .map(Duration::from_secs)
-            .map_err(|_| format!("invalid duration {raw:?}: too large"));
+impl ElectionArgs {
+    /// The elector's own settings, from these flags.
+    pub fn lease(&self) -> crate::leader::LeaseSettings {
+        crate::leader::LeaseSettings {
+            name: self.lease_name.clone(),
+            namespace: self.lease_namespace.clone(),
+            duration: self.lease_duration,
+        }
     }
-    humantime::parse_duration(raw)
-        .map_err(|e| format!("invalid duration {raw:?} ({e}): expected e.g. 30s, 3m, 250ms"))
 }
 
 /// Settings checked at start-up; the error names the flag to fix (P3).
@@ -398,29 +352,5 @@ mod tests {
                 .0
                 .contains("--registry-base")
         );
-    }
-
-    #[rstest]
-    #[case("30s", 30_000)]
-    #[case("3m", 180_000)]
-    #[case("250ms", 250)]
-    #[case("2", 2_000)]
-    #[case("1h", 3_600_000)]
-    #[case("1h30m", 5_400_000)]
-    #[case("1d", 86_400_000)]
-    fn durations_parse(#[case] raw: &str, #[case] millis: u64) {
-        assert_eq!(parse_duration(raw).unwrap(), Duration::from_millis(millis));
-    }
-
-    #[rstest]
-    #[case("")]
-    #[case("3 furlongs")]
-    #[case("-1s")]
-    #[case("1x")]
-    #[case("99999999999999999999")]
-    // Would overflow a hand-rolled n * 3600.
-    #[case("18446744073709551615h")]
-    fn bad_durations_are_errors(#[case] raw: &str) {
-        assert!(parse_duration(raw).is_err());
     }
 }

@@ -15,10 +15,12 @@ pub enum Error {
     Config(#[from] crate::config::ConfigError),
     #[error("TLS: {0}")]
     Tls(String),
-    #[error("I/O: {0}")]
-    Io(#[from] std::io::Error),
-    #[error("leader election: {0}")]
-    Lease(String),
+    /// `what` names the operation and its object, such as the address a bind failed on.
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        source: std::io::Error,
+    },
     /// S8: a task the process cannot run without (cache, controller) ended.
     #[error("{0}")]
     TaskEnded(String),
@@ -28,6 +30,12 @@ pub enum Error {
 }
 
 impl Error {
+    /// A write lost a race with another writer (409 conflict, or 422 from a JSON patch
+    /// `test` op): the next pass reads again at once instead of backing off.
+    pub fn is_lost_race(&self) -> bool {
+        matches!(self, Error::Kube(kube::Error::Api(s)) if s.code == 409 || s.code == 422)
+    }
+
     /// A stable, low-cardinality name for metrics.
     pub fn metric_label(&self) -> &'static str {
         match self {
@@ -38,8 +46,7 @@ impl Error {
             Error::Probe(_) => "probe",
             Error::Config(_) => "config",
             Error::Tls(_) => "tls",
-            Error::Io(_) => "io",
-            Error::Lease(_) => "lease",
+            Error::Io { .. } => "io",
             Error::Fenced(_) => "fenced",
             Error::TaskEnded(_) => "task_ended",
         }

@@ -9,6 +9,7 @@ pub mod cache;
 pub mod config;
 pub mod controller;
 pub mod error;
+pub mod flags;
 pub mod metrics;
 pub mod plugin;
 pub mod registry;

@@ -1,31 +1,33 @@
 //! Prometheus metrics (O1). Every label is a small fixed set: never an object name.
 
-use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue};
+use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
+use std::fmt::Write as _;
 use std::sync::Arc;
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
-#[allow(non_camel_case_types)]
-pub enum Transition {
-    hibernate,
-    wake,
+// The plan's own types are the labels: one Transition, no mapping between two.
+pub use crate::controller::plan::{Ending, Transition};
+
+impl EncodeLabelValue for Transition {
+    fn encode(&self, encoder: &mut LabelValueEncoder) -> Result<(), std::fmt::Error> {
+        encoder.write_str(self.as_str())
+    }
 }
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelValue)]
-#[allow(non_camel_case_types)]
-pub enum TransitionResult {
-    ok,
-    timeout,
+impl EncodeLabelValue for Ending {
+    fn encode(&self, encoder: &mut LabelValueEncoder) -> Result<(), std::fmt::Error> {
+        encoder.write_str(self.as_str())
+    }
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PhaseLabels {
     pub transition: Transition,
-    pub result: TransitionResult,
+    pub result: Ending,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -216,7 +218,7 @@ impl Metrics {
             .inc();
     }
 
-    pub fn phase_done(&self, transition: Transition, result: TransitionResult, seconds: f64) {
+    pub fn phase_done(&self, transition: Transition, result: Ending, seconds: f64) {
         self.phase_duration
             .get_or_create(&PhaseLabels { transition, result })
             .observe(seconds);
@@ -247,7 +249,7 @@ mod tests {
         m.reconcile_passes.inc();
         m.registry_call("probe", "present");
         m.admission("CREATE", "denied");
-        m.phase_done(Transition::hibernate, TransitionResult::ok, 3.0);
+        m.phase_done(Transition::Hibernate, Ending::Done, 3.0);
         let text = m.encode().unwrap();
         assert!(text.contains("cocoon_hibernation_reconcile_passes_total 1"));
         assert!(text.contains(

@@ -2,13 +2,13 @@
 
 use crate::cache::progress::{self, Progress, ProgressLayer, Verdict};
 use crate::cache::{self, CacheScope, SharedCache};
-use crate::config::{RegistryArgs, ServerArgs};
+use crate::config::ServerArgs;
 use crate::controller::{self, plan::Settings};
 use crate::error::{Error, Result};
 use crate::leader::Election;
 use crate::leader::decide::Readiness;
 use crate::metrics::Metrics;
-use crate::registry::{RegistryAuth, RegistryClient, RegistryConfig, auth_from_docker_config};
+use crate::registry::RegistryClient;
 use crate::webhook::{self, tls};
 use axum_server::tls_rustls::RustlsConfig;
 use std::sync::Arc;
@@ -24,7 +24,7 @@ const WEBHOOK_DRAIN: Duration = Duration::from_secs(3);
 pub async fn run(args: ServerArgs) -> Result<()> {
     args.validate()?;
     let metrics = Metrics::new();
-    let registry = RegistryClient::new(registry_config(&args.registry)?, metrics.clone())?;
+    let registry = RegistryClient::new(args.registry.config()?, metrics.clone())?;
     let progress = Progress::new();
     let stall_limit = args.informer_stall_limit;
     let (watch_client, client) =
@@ -66,7 +66,12 @@ pub async fn run(args: ServerArgs) -> Result<()> {
             .serve(webhook_app.into_make_service()),
     );
 
-    let admin_listener = tokio::net::TcpListener::bind(args.admin_addr).await?;
+    let admin_listener = tokio::net::TcpListener::bind(args.admin_addr)
+        .await
+        .map_err(|source| Error::Io {
+            what: format!("binding --admin-addr {}", args.admin_addr),
+            source,
+        })?;
     let admin_app = crate::admin::router(cache.clone(), metrics.clone(), stall_limit);
     let admin_stop = shutdown.clone();
     let admin_server = tokio::spawn(async move {
@@ -91,7 +96,7 @@ pub async fn run(args: ServerArgs) -> Result<()> {
         (Some(identity), true) => {
             Election::start(
                 client.clone(),
-                &args.election,
+                &args.election.lease(),
                 identity.clone(),
                 args.apiserver_timeout,
                 readiness,
@@ -136,7 +141,7 @@ pub async fn run(args: ServerArgs) -> Result<()> {
     let mut webhook_server = webhook_server;
     let outcome = tokio::select! {
         _ = wait_for_signal() => Ok(()),
-        res = &mut webhook_server => Err(Error::Tls(format!("webhook server stopped: {}", flatten(res)))),
+        res = &mut webhook_server => Err(Error::TaskEnded(format!("the webhook server stopped: {}", flatten(res)))),
         ended = until_a_task_ends(&mut cache_task, &mut controller_task) => Err(ended),
     };
     if let Err(e) = &outcome {
@@ -299,63 +304,9 @@ async fn wait_for_signal() {
     }
 }
 
-/// Turns the registry flags into a client config; reads credential files (P3).
-pub fn registry_config(args: &RegistryArgs) -> Result<RegistryConfig> {
-    let base = args
-        .registry_base
-        .clone()
-        .unwrap_or_default()
-        .trim()
-        .trim_end_matches('/')
-        .to_owned();
-    let host = base.split('/').next().unwrap_or_default().to_owned();
-    let auth = if let Some(user) = &args.registry_username {
-        RegistryAuth::Basic(
-            user.clone(),
-            args.registry_password.clone().unwrap_or_default(),
-        )
-    } else if let Some(path) = &args.registry_docker_config {
-        let raw = std::fs::read(path).map_err(|e| {
-            Error::Config(crate::config::ConfigError(format!(
-                "reading --registry-docker-config {}: {e}",
-                path.display()
-            )))
-        })?;
-        auth_from_docker_config(&raw, &host)?
-    } else if let Some(path) = &args.registry_token_file {
-        let token = std::fs::read_to_string(path).map_err(|e| {
-            Error::Config(crate::config::ConfigError(format!(
-                "reading --registry-token-file {}: {e}",
-                path.display()
-            )))
-        })?;
-        RegistryAuth::Bearer(token.trim().to_owned())
-    } else {
-        RegistryAuth::Anonymous
-    };
-    let mut extra_ca_pems = Vec::new();
-    for path in &args.registry_ca_file {
-        let pem = std::fs::read(path).map_err(|e| {
-            Error::Config(crate::config::ConfigError(format!(
-                "reading --registry-ca-file {}: {e}",
-                path.display()
-            )))
-        })?;
-        extra_ca_pems.push(pem);
-    }
-    Ok(RegistryConfig {
-        base,
-        plain_http: args.registry_plain_http,
-        auth,
-        extra_ca_pems,
-        timeout: args.registry_timeout,
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use clap::Parser;
 
     /// O4: both kube clients name us to the apiserver, whose audit log records it.
     #[test]
@@ -373,32 +324,6 @@ mod tests {
                 Some(format!("cocoon-hibernation/{}", env!("CARGO_PKG_VERSION")))
             );
         }
-    }
-
-    fn args(extra: &[&str]) -> RegistryArgs {
-        let mut all = vec!["x", "--registry-base", "reg.example:5000/snapshots/"];
-        all.extend_from_slice(extra);
-        crate::config::Cli::try_parse_from(all)
-            .unwrap()
-            .server_args()
-            .registry
-    }
-
-    /// SPEC P3: credentials come from the docker config for the base's host.
-    #[test]
-    fn p3_docker_config_file_gives_the_registry_host_credentials() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("config.json");
-        // "alice:pw" in base64
-        std::fs::write(
-            &path,
-            r#"{"auths":{"reg.example:5000":{"auth":"YWxpY2U6cHc="}}}"#,
-        )
-        .unwrap();
-        let cfg =
-            registry_config(&args(&["--registry-docker-config", path.to_str().unwrap()])).unwrap();
-        assert_eq!(cfg.base, "reg.example:5000/snapshots");
-        assert!(matches!(cfg.auth, RegistryAuth::Basic(ref username, _) if username == "alice"));
     }
 
     /// SPEC S1 S8: every non-watch call has connect, read and write timeouts; the watch
@@ -464,18 +389,5 @@ mod tests {
         let e = until_a_task_ends(&mut cache, &mut controller).await;
         assert!(matches!(e, Error::TaskEnded(_)));
         assert_eq!(e.to_string(), want);
-    }
-
-    /// SPEC P3: an unreadable file is a clear error naming the flag, not a panic.
-    #[test]
-    fn p3_unreadable_credential_files_name_their_flag() {
-        for flag in [
-            "--registry-docker-config",
-            "--registry-token-file",
-            "--registry-ca-file",
-        ] {
-            let err = registry_config(&args(&[flag, "/nonexistent/file"])).unwrap_err();
-            assert!(err.to_string().contains(flag), "{err}");
-        }
     }
 }

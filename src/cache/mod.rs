@@ -15,10 +15,11 @@ use index::{Key, PodChangeTracker, PodRefIndex};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
+use parking_lot::{RwLock, RwLockWriteGuard};
 use progress::{Informer, InformerState, Progress, Verdict};
 use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, RwLock};
 use tokio::sync::mpsc::UnboundedSender;
 
 /// Reconcile requests produced by cache events.
@@ -51,6 +52,12 @@ impl SharedCache {
     /// Readiness (P1, V3): both stores have delivered their initial list.
     pub fn is_synced(&self) -> bool {
         self.crs_synced.load(Ordering::Acquire) && self.pods_synced.load(Ordering::Acquire)
+    }
+
+    /// P1, S8: resolves once both stores hold their first full list (kube's own
+    /// readiness, set at the list's `InitDone`); false if a store's writer is gone.
+    pub async fn wait_until_ready(&self) -> bool {
+        self.crs.wait_until_ready().await.is_ok() && self.pods.wait_until_ready().await.is_ok()
     }
 
     /// S8: each informer's progress and list state, as of now.
@@ -94,21 +101,15 @@ impl SharedCache {
             .collect()
     }
 
-    /// Names from the podRef index alone; a poisoned lock still holds a usable index.
+    /// Names from the podRef index alone.
     fn cr_names_for_pod(&self, namespace: &str, pod: &str) -> Vec<String> {
-        match self.index.read() {
-            Ok(idx) => idx.crs_for_pod(namespace, pod),
-            Err(poisoned) => poisoned.into_inner().crs_for_pod(namespace, pod),
-        }
+        self.index.read().crs_for_pod(namespace, pod)
     }
 
     /// Live CRs, in any namespace, whose pod names `vm`: the CRs that want that VM,
     /// whether or not they act on it yet (S2, G1).
     pub fn crs_on_pods_naming(&self, vm: &str) -> Vec<Arc<CocoonHibernation>> {
-        let pods = match self.pod_views.read() {
-            Ok(t) => t.pods_naming(vm),
-            Err(poisoned) => poisoned.into_inner().pods_naming(vm),
-        };
+        let pods = self.pod_views.read().pods_naming(vm);
         pods.iter()
             .flat_map(|(ns, pod)| self.crs_for_pod(ns, pod))
             .collect()
@@ -118,18 +119,12 @@ impl SharedCache {
     /// container): the start of the controller's reaction time.
     pub fn pod_changed_at(&self, namespace: &str, name: &str) -> Option<std::time::Instant> {
         let key = (namespace.to_owned(), name.to_owned());
-        match self.pod_views.read() {
-            Ok(t) => t.changed_at(&key),
-            Err(poisoned) => poisoned.into_inner().changed_at(&key),
-        }
+        self.pod_views.read().changed_at(&key)
     }
 
     /// CRs in any namespace whose status.vmName is `vm` (S2, G1).
     pub fn crs_holding_vm(&self, vm: &str) -> Vec<Arc<CocoonHibernation>> {
-        let keys = match self.index.read() {
-            Ok(idx) => idx.crs_holding_vm(vm),
-            Err(poisoned) => poisoned.into_inner().crs_holding_vm(vm),
-        };
+        let keys = self.index.read().crs_holding_vm(vm);
         keys.iter().filter_map(|(ns, n)| self.cr(ns, n)).collect()
     }
 
@@ -292,18 +287,12 @@ struct Relist {
 }
 
 impl EventHandler {
-    fn index(&self) -> std::sync::RwLockWriteGuard<'_, PodRefIndex> {
-        match self.cache.index.write() {
-            Ok(g) => g,
-            Err(poisoned) => poisoned.into_inner(),
-        }
+    fn index(&self) -> RwLockWriteGuard<'_, PodRefIndex> {
+        self.cache.index.write()
     }
 
-    fn pods(&self) -> std::sync::RwLockWriteGuard<'_, PodChangeTracker> {
-        match self.cache.pod_views.write() {
-            Ok(g) => g,
-            Err(poisoned) => poisoned.into_inner(),
-        }
+    fn pods(&self) -> RwLockWriteGuard<'_, PodChangeTracker> {
+        self.cache.pod_views.write()
     }
 
     fn trigger(&self, namespace: &str, name: &str) {
@@ -447,88 +436,30 @@ impl SharedCache {
             pods_relisting: Arc::default(),
             progress: Progress::new(),
         };
+        // The list a watch would deliver, so the stores are ready as after a first sync.
+        cr_writer.apply_watcher_event(&watcher::Event::Init);
         for cr in crs {
-            if let Ok(mut idx) = cache.index.write() {
-                idx.upsert(
-                    &cr.namespace().unwrap_or_default(),
-                    &cr.name_any(),
-                    &cr.spec.pod_ref.name,
-                    cr.vm_name(),
-                );
-            }
-            cr_writer.apply_watcher_event(&watcher::Event::Apply(cr));
+            cache.index.write().upsert(
+                &cr.namespace().unwrap_or_default(),
+                &cr.name_any(),
+                &cr.spec.pod_ref.name,
+                cr.vm_name(),
+            );
+            cr_writer.apply_watcher_event(&watcher::Event::InitApply(cr));
         }
+        cr_writer.apply_watcher_event(&watcher::Event::InitDone);
+        pod_writer.apply_watcher_event(&watcher::Event::Init);
         for pod in pods.iter().map(PodSlice::from) {
-            if let Ok(mut views) = cache.pod_views.write() {
-                views.observe(pod_key(&pod), PodView::from_pod(&pod));
-            }
-            pod_writer.apply_watcher_event(&watcher::Event::Apply(pod));
+            cache
+                .pod_views
+                .write()
+                .observe(pod_key(&pod), PodView::from_pod(&pod));
+            pod_writer.apply_watcher_event(&watcher::Event::InitApply(pod));
         }
+        pod_writer.apply_watcher_event(&watcher::Event::InitDone);
         cache
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::api::annotations::{self, HIBERNATE, LIFECYCLE_STATE, VM_ID, VM_NAME};
-    use k8s_openapi::api::core::v1::Pod;
-
-    fn realistic_pod() -> serde_json::Value {
-        serde_json::json!({
-            "metadata": {
-                "name": "web-0", "namespace": "ns", "uid": "u-1", "resourceVersion": "7",
-                "labels": { "app": "web", "pod-template-hash": "abc" },
-                "annotations": {
-                    VM_NAME: "vm-a", VM_ID: "id-1", LIFECYCLE_STATE: "ready",
-                    HIBERNATE: "true",
-                    "kubectl.kubernetes.io/last-applied-configuration": "x".repeat(4000),
-                },
-                "ownerReferences": [{ "apiVersion": "apps/v1", "kind": "ReplicaSet",
-                                      "name": "web", "uid": "o-1" }],
-            },
-            "spec": { "containers": [{ "name": "vm", "image": "vm:1" }] },
-            "status": {
-                "phase": "Running",
-                "containerStatuses": [
-                    { "name": "vm", "image": "vm:1", "imageID": "sha256:1", "ready": true,
-                      "restartCount": 0, "state": { "running": { "startedAt": "2026-01-01T00:00:00Z" } } },
-                    { "name": "side", "image": "s:1", "imageID": "sha256:2", "ready": false,
-                      "restartCount": 3, "state": { "waiting": { "reason": "CrashLoopBackOff" } } },
-                ],
-            },
-        })
-    }
-
-    /// SPEC C3 (issue: memory): the stripped pod reads the same to every pass and to the
-    /// webhook, and the patches built from it still apply to the real pod.
-    #[test]
-    fn c3_stripped_pod_keeps_everything_a_pass_reads() {
-        let json = realistic_pod();
-        let full: Pod = serde_json::from_value(json.clone()).unwrap();
-        let mut stripped: PodSlice = serde_json::from_value(json.clone()).unwrap();
-        strip_pod(&mut stripped);
-        assert_eq!(
-            PodView::from_pod(&stripped),
-            PodView::from_pod(&PodSlice::from(&full))
-        );
-        assert!(stripped.container_running);
-        assert!(stripped.metadata.labels.is_none());
-        assert!(stripped.metadata.owner_references.is_none());
-        let kept = stripped.metadata.annotations.clone().unwrap_or_default();
-        assert!(!kept.contains_key("kubectl.kubernetes.io/last-applied-configuration"));
-        let full_len = serde_json::to_vec(&full).unwrap().len();
-        let stripped_len = serde_json::to_vec(&stripped.metadata).unwrap().len();
-        assert!(
-            stripped_len * 5 < full_len,
-            "{stripped_len} of {full_len} bytes"
-        );
-        for patch in [
-            annotations::clear_hibernate_patch(&stripped.metadata),
-            annotations::set_hibernate_patch(&stripped.metadata),
-        ] {
-            let mut doc = json.clone();
-            json_patch::patch(&mut doc, &patch.0).unwrap();
-        }
-    }
-}
+mod tests;

@@ -11,8 +11,9 @@ use crate::api::CocoonHibernation;
 use http::{Request, Response};
 use http_body::{Body, Frame, SizeHint};
 use kube::Resource;
+use parking_lot::Mutex;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::time::Instant;
@@ -89,10 +90,7 @@ impl Progress {
     }
 
     fn with<R>(&self, f: impl FnOnce(&mut [Instant; 2]) -> R) -> R {
-        match self.last.lock() {
-            Ok(mut g) => f(&mut g),
-            Err(poisoned) => f(&mut poisoned.into_inner()),
-        }
+        f(&mut self.last.lock())
     }
 }
 

@@ -1,8 +1,9 @@
 //! Per-VM serialization (C2): passes that touch one VM's annotation or tag run one at a
 //! time; other VMs proceed in parallel.
 
+use parking_lot::Mutex;
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Weak};
 use tokio::sync::OwnedMutexGuard;
 
 #[derive(Clone, Default)]
@@ -14,10 +15,7 @@ pub struct VmLocks {
 impl VmLocks {
     pub async fn lock(&self, key: &str) -> OwnedMutexGuard<()> {
         let lock = {
-            let mut map = match self.inner.lock() {
-                Ok(m) => m,
-                Err(poisoned) => poisoned.into_inner(),
-            };
+            let mut map = self.inner.lock();
             map.retain(|_, w| w.strong_count() > 0);
             match map.get(key).and_then(Weak::upgrade) {
                 Some(existing) => existing,
@@ -32,7 +30,7 @@ impl VmLocks {
     }
 
     pub fn len(&self) -> usize {
-        self.inner.lock().map(|m| m.len()).unwrap_or_default()
+        self.inner.lock().len()
     }
 
     pub fn is_empty(&self) -> bool {

@@ -1,8 +1,9 @@
 //! The effects layer against a mocked apiserver (tower-test): which requests a pass makes,
 //! in what shape, and that a settled pass makes none.
 
+use super::Context;
 use super::plan::Settings;
-use super::reconcile::{Context, reconcile};
+use super::reconcile::reconcile;
 use crate::api::annotations::{
     COCOONSET_GENERATION, LIFECYCLE_OBSERVED_GENERATION, LIFECYCLE_STATE, VM_ID, VM_NAME,
 };
@@ -519,7 +520,7 @@ async fn stale_cache_status_write_conflicts_and_is_retried() {
     );
     let err = ended(pass).await.unwrap_err();
     assert_eq!(err.metric_label(), "conflict");
-    let action = super::reconcile::error_policy(Arc::new(obj), &err, ctx.clone());
+    let action = super::error_policy(Arc::new(obj), &err, ctx.clone());
     assert_ne!(
         action,
         kube::runtime::controller::Action::await_change(),

@@ -1,90 +1,33 @@
-//! The CocoonHibernation controller: pure rules in [`plan`], effects in [`reconcile`],
-//! per-VM serialization in [`locks`], and the leader-gated run loop here.
+//! The CocoonHibernation controller. Pure rules in [`plan`]; one pass in [`reconcile`],
+//! its tag deletes in `deletes`, a CR's deletion in `finalizer`, its other writes in
+//! `effects`, when it looks again in `error_policy`; what passes share in `context` and
+//! `own_writes`; per-VM serialization in [`locks`], worker turns in [`turns`], the
+//! leader-gated run loop in `term`; the phase gauges here and in [`census`].
 
 pub mod census;
+mod context;
+mod deletes;
+mod effects;
+mod error_policy;
+mod finalizer;
 pub mod locks;
+mod own_writes;
 pub mod plan;
 pub mod reconcile;
+mod term;
 pub mod turns;
+
+pub use context::{Context, context};
+pub use error_policy::{Deferral, error_policy};
+pub use finalizer::{add_finalizer_patch, remove_finalizer_patch};
+pub use term::run;
 
 #[cfg(test)]
 mod mock_tests;
 
-use crate::cache::{SharedCache, Trigger};
-use futures::StreamExt;
-use kube::ResourceExt;
-use kube::runtime::Controller;
-use kube::runtime::controller::Config;
-use kube::runtime::reflector::ObjectRef;
-use reconcile::{Context, error_policy};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
-
-/// Runs the controller while `leading` is true and the cache has synced. Triggers that
-/// arrive while not leading are dropped: a new term starts by enqueueing every CR.
-pub async fn run(
-    ctx: Arc<Context>,
-    mut triggers: mpsc::UnboundedReceiver<Trigger>,
-    mut leading: watch::Receiver<bool>,
-    concurrency: u16,
-    shutdown: CancellationToken,
-) {
-    loop {
-        // Follower: wait for the lease (and a synced cache), discarding triggers.
-        loop {
-            if *leading.borrow() && ctx.cache.is_synced() {
-                break;
-            }
-            tokio::select! {
-                _ = shutdown.cancelled() => return,
-                changed = leading.changed() => if changed.is_err() { return },
-                t = triggers.recv() => if t.is_none() { return },
-                _ = tokio::time::sleep(Duration::from_millis(200)) => {}
-            }
-        }
-        tracing::info!("leading: starting the controller");
-        ctx.metrics.leader.set(1);
-        let term = shutdown.child_token();
-        let (tx, rx) = mpsc::unbounded_channel();
-        for cr in ctx.cache.all_crs() {
-            let _ = tx.send(ObjectRef::from_obj(cr.as_ref()));
-        }
-        let controller = run_term(ctx.clone(), rx, concurrency, term.clone());
-        tokio::pin!(controller);
-        let outcome = loop {
-            tokio::select! {
-                _ = &mut controller => break Term::Ended,
-                t = triggers.recv() => match t {
-                    Some(t) => { let _ = tx.send(t); }
-                    None => break Term::Ended,
-                },
-                changed = leading.changed() => {
-                    if changed.is_err() || !*leading.borrow() {
-                        break Term::LostLease;
-                    }
-                }
-                _ = shutdown.cancelled() => break Term::Shutdown,
-            }
-        };
-        ctx.metrics.leader.set(0);
-        match outcome {
-            // P2: losing the lease stops reconciling at once; in-flight passes are dropped
-            // at their next await, and every effect is safe to redo.
-            Term::LostLease => {
-                tracing::warn!("lost the lease: controller stopped");
-                term.cancel();
-            }
-            Term::Shutdown => {
-                term.cancel();
-                let _ = tokio::time::timeout(Duration::from_secs(10), &mut controller).await;
-                return;
-            }
-            Term::Ended => return,
-        }
-    }
-}
 
 /// Keeps the phase gauges current from the cache, on every replica (alerts take the max).
 pub async fn report_census(ctx: Arc<Context>, shutdown: CancellationToken) {
@@ -111,89 +54,4 @@ pub async fn report_census(ctx: Arc<Context>, shutdown: CancellationToken) {
         ctx.metrics.crs_overdue.set(c.overdue);
         ctx.metrics.snapshot_deletes_owed.set(c.deletes_owed);
     }
-}
-
-enum Term {
-    Ended,
-    LostLease,
-    Shutdown,
-}
-
-async fn run_term(
-    ctx: Arc<Context>,
-    mut rx: mpsc::UnboundedReceiver<Trigger>,
-    concurrency: u16,
-    stop: CancellationToken,
-) {
-    let store = ctx.cache.cr_store();
-    let triggers = futures::stream::poll_fn(move |cx| rx.poll_recv(cx));
-    // kube-runtime starts every ready pass at once; `Turns` decides which runs (turns.rs).
-    let turns = turns::Turns::new(usize::from(concurrency));
-    let pass = move |cr: Arc<crate::api::CocoonHibernation>, ctx: Arc<Context>| {
-        let turns = turns.clone();
-        async move {
-            let (ns, name) = (cr.namespace().unwrap_or_default(), cr.name_any());
-            // Our own last write counts before the cache shows it: the pass after a
-            // transition's start is an ending pass at once.
-            let ending = || {
-                let now = ctx.cache.cr(&ns, &name).map(|cr| ctx.own_write_view(cr));
-                now.is_some_and(|cr| plan::may_end_a_transition(&cr))
-            };
-            let queued = std::time::Instant::now();
-            let Some(_turn) = turns.take(ending).await else {
-                return Ok(kube::runtime::controller::Action::await_change());
-            };
-            let (waited, started) = (queued.elapsed(), std::time::Instant::now());
-            // Boxed, so a pass waiting for its turn holds two Arcs, not a whole pass.
-            let result = Box::pin(reconcile::reconcile(cr, ctx)).await;
-            tracing::debug!(cr = %format_args!("{ns}/{name}"), waited_ms = waited.as_millis(),
-                ran_ms = started.elapsed().as_millis(), "pass done");
-            result
-        }
-    };
-    Controller::for_stream(futures::stream::pending(), store)
-        .with_config(Config::default().concurrency(0))
-        .reconcile_on(triggers)
-        .graceful_shutdown_on(async move { stop.cancelled().await })
-        .run(pass, error_policy, ctx)
-        .for_each(|res| async move {
-            if let Err(e) = res {
-                // Reconcile errors were handled by error_policy; the rest is routine.
-                tracing::debug!(error = %e, "controller event");
-            }
-        })
-        .await;
-}
-
-/// Builds the controller context: client, cache, registry, event recorder, metrics.
-pub fn context(
-    client: kube::Client,
-    cache: SharedCache,
-    registry: impl crate::registry::SnapshotStore + 'static,
-    metrics: crate::metrics::Metrics,
-    settings: plan::Settings,
-    reporter_instance: Option<String>,
-    fence: crate::leader::Fence,
-) -> Arc<Context> {
-    let reporter = kube::runtime::events::Reporter {
-        controller: "cocoon-hibernation".into(),
-        instance: reporter_instance,
-    };
-    let settings_slots = settings.registry_slots.max(1);
-    Arc::new(Context {
-        recorder: kube::runtime::events::Recorder::new(client.clone(), reporter),
-        client,
-        cache,
-        registry: Arc::new(registry),
-        metrics,
-        settings,
-        locks: locks::VmLocks::default(),
-        failures: Default::default(),
-        registry_slots: Arc::new(tokio::sync::Semaphore::new(settings_slots)),
-        event_slots: Arc::new(tokio::sync::Semaphore::new(reconcile::EVENTS_IN_FLIGHT)),
-        refusals: Default::default(),
-        superseded: Default::default(),
-        superseded_pods: Default::default(),
-        fence,
-    })
 }

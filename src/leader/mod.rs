@@ -14,12 +14,12 @@
 pub mod decide;
 mod elector;
 
-use crate::config::ElectionArgs;
 use crate::error::Result;
 use decide::{Readiness, Timing};
 use elector::{Elector, Leadership};
 use k8s_openapi::api::coordination::v1::Lease;
-use std::sync::{Arc, Mutex};
+use parking_lot::Mutex;
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -75,11 +75,16 @@ impl Fence {
     /// Runs `f` on the deadline under the fence's lock; the elector changes `leading` in
     /// the same critical section so the two never disagree.
     fn with<R>(&self, f: impl FnOnce(&mut Option<Instant>) -> R) -> R {
-        match self.until.lock() {
-            Ok(mut g) => f(&mut g),
-            Err(poisoned) => f(&mut poisoned.into_inner()),
-        }
+        f(&mut self.until.lock())
     }
+}
+
+/// Which Lease to hold and how long its record stays valid (`--lease-*`).
+#[derive(Clone, Debug)]
+pub struct LeaseSettings {
+    pub name: String,
+    pub namespace: String,
+    pub duration: Duration,
 }
 
 /// A running election. Cancel `stop` and await `task` to release the lease (P4).
@@ -149,12 +154,12 @@ impl Election {
     /// is the cache's fitness to lead on (S8), asked before every decision.
     pub async fn start(
         client: kube::Client,
-        args: &ElectionArgs,
+        lease: &LeaseSettings,
         identity: String,
         apiserver_timeout: Duration,
         readiness: impl Fn() -> Readiness + Send + Sync + 'static,
     ) -> Result<Self> {
-        let timing = Timing::new(args.lease_duration, apiserver_timeout);
+        let timing = Timing::new(lease.duration, apiserver_timeout);
         let fence = Fence::closed();
         let (leading_tx, leading) = watch::channel(false);
         let leadership = Arc::new(Leadership {
@@ -163,8 +168,8 @@ impl Election {
             span: timing.fence_span(),
         });
         let elector = Elector {
-            api: kube::Api::<Lease>::namespaced(client, &args.lease_namespace),
-            name: args.lease_name.clone(),
+            api: kube::Api::<Lease>::namespaced(client, &lease.namespace),
+            name: lease.name.clone(),
             identity: identity.clone(),
             timing,
             leadership,
@@ -174,8 +179,8 @@ impl Election {
         let task = tokio::spawn(elector.run(stop.clone()));
         tracing::info!(
             identity,
-            lease = args.lease_name,
-            namespace = args.lease_namespace,
+            lease = lease.name,
+            namespace = lease.namespace,
             duration = ?timing.lease_duration,
             margin = ?timing.margin,
             retry = ?timing.retry_period,

@@ -7,6 +7,7 @@ use super::*;
 use http::{Method, Request, Response, StatusCode};
 use kube::client::Body;
 use serde_json::{Value, json};
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use tower_test::mock;
 

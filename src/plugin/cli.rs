@@ -1,6 +1,7 @@
 //! The command line of `kubectl cocoon`. Parsing only; no I/O.
 
-use crate::config::{RegistryArgs, parse_duration};
+use crate::flags::parse_duration;
+use crate::registry::RegistryArgs;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use std::path::PathBuf;
 use std::time::Duration;

@@ -26,6 +26,9 @@ pub fn confirmed(answer: &str) -> bool {
     answer.trim() == "yes"
 }
 
+/// Hand-written rather than `dialoguer`: its `Confirm` takes one key (`[y/N]`) where a
+/// delete needs the whole word `yes`, and its `Input` would bring the `console` crate for
+/// one prompt on stderr and one `read_line`.
 pub fn confirm(count: usize, yes: bool) -> Result<(), PluginError> {
     match how(yes, std::io::stdin().is_terminal()) {
         Ask::Given => Ok(()),

@@ -9,8 +9,8 @@ use super::connect::Connection;
 use super::error::PluginError;
 use super::table::render;
 use super::terminal::{say, warn};
-use crate::config::RegistryArgs;
 use crate::metrics::Metrics;
+use crate::registry::RegistryArgs;
 use crate::registry::{DeleteOutcome, RegistryClient, SnapshotStore};
 use futures::{StreamExt as _, TryStreamExt as _};
 
@@ -83,8 +83,9 @@ fn client(args: &RegistryArgs) -> Result<RegistryClient, PluginError> {
                 .into(),
         ));
     }
-    let config =
-        crate::server::registry_config(args).map_err(|e| PluginError::Config(e.to_string()))?;
+    let config = args
+        .config()
+        .map_err(|e| PluginError::Config(e.to_string()))?;
     RegistryClient::new(config, Metrics::new()).map_err(|e| PluginError::Config(e.to_string()))
 }
 

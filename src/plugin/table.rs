@@ -3,6 +3,9 @@
 use std::time::Duration;
 
 /// kubectl's short human durations (`45s`, `3m12s`, `5h3m`, `2d4h`, `400d`).
+/// Hand-written: kubectl drops the smaller unit past a threshold (`3h`, not `3h0m59s`),
+/// which `humantime::format_duration` (every unit, space separated) does not do, and an
+/// AGE column should read as `kubectl get` prints it.
 pub fn human_duration(d: Duration) -> String {
     let secs = d.as_secs();
     let (m, h, day, year) = (60, 3600, 86_400, 365 * 86_400);
@@ -40,6 +43,9 @@ pub fn age(since: Option<jiff::Timestamp>, now: jiff::Timestamp) -> String {
 
 /// A table: a header row and rows of cells, columns three spaces apart, the last column
 /// not padded. Newlines in a cell are flattened so a row stays one line.
+/// Hand-written: kubectl's layout is these thirty lines; `comfy-table` or `tabled` would
+/// need their borders, padding and wrapping turned off one by one to print the same, for
+/// a dependency tree larger than the plugin.
 pub fn render(header: &[&str], rows: &[Vec<String>]) -> String {
     let clean = |cell: &str| cell.split_whitespace().collect::<Vec<_>>().join(" ");
     let rows: Vec<Vec<String>> = std::iter::once(header.iter().map(|h| h.to_string()).collect())

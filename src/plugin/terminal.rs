@@ -77,6 +77,10 @@ pub fn warn(line: &str) {
     let _ = writeln!(std::io::stderr().lock(), "{line}");
 }
 
+/// Hand-written rather than `indicatif`: one line, redrawn with a carriage return and an
+/// erase, and plain lines when stdout is not a terminal. indicatif's spinner would bring
+/// its own draw thread and rate limits to a line that changes only on a watch event or a
+/// one-second tick, and its non-terminal mode prints nothing, where a CI log needs lines.
 pub struct Progress {
     tty: bool,
     width: usize,

@@ -3,12 +3,14 @@
 //! types and one reqwest client (`http.rs`), each operation within one deadline (C2, S1).
 //! Secrets never reach logs, errors or `Debug`.
 
+mod args;
 mod client;
 mod config;
 mod error;
 mod http;
 mod names;
 
+pub use args::RegistryArgs;
 pub use client::RegistryClient;
 pub use config::{RegistryConfig, auth_from_docker_config};
 pub use error::RegistryError;

@@ -1,0 +1,162 @@
+//! The leader-gated run loop: a follower discards triggers; each leader term runs one
+//! kube-runtime `Controller` that reads the cache's trigger channel directly.
+//!
+//! The path of a trigger (docs/architecture.md): the cache's driver sends it on the one
+//! channel → the term's `Controller` (`reconcile_on`) schedules a pass → `Turns` gives it
+//! a worker → the pass (per-VM lock, registry slots) runs.
+
+use super::{Context, error_policy, plan, reconcile, turns};
+use crate::cache::Trigger;
+use futures::{Stream, StreamExt};
+use kube::ResourceExt;
+use kube::runtime::Controller;
+use kube::runtime::controller::{Action, Config};
+use kube::runtime::reflector::ObjectRef;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::{Mutex, mpsc, watch};
+use tokio_util::sync::CancellationToken;
+
+/// The cache's trigger channel, read by the current term's Controller or drained by the
+/// follower; a mutex rather than a second channel per term, so nothing forwards.
+type Triggers = Arc<Mutex<mpsc::UnboundedReceiver<Trigger>>>;
+
+/// Runs the controller while `leading` is true and both stores have listed. Triggers that
+/// arrive while not leading are dropped: a new term starts by enqueueing every CR.
+pub async fn run(
+    ctx: Arc<Context>,
+    triggers: mpsc::UnboundedReceiver<Trigger>,
+    mut leading: watch::Receiver<bool>,
+    concurrency: u16,
+    shutdown: CancellationToken,
+) {
+    let triggers: Triggers = Arc::new(Mutex::new(triggers));
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            may_lead = follow(&ctx, &mut leading, &triggers) => if !may_lead { return },
+        }
+        tracing::info!("leading: starting the controller");
+        ctx.metrics.leader.set(1);
+        let term = shutdown.child_token();
+        let closed = CancellationToken::new();
+        // Every CR first: triggers dropped while following are not replayed.
+        let initial: Vec<Trigger> = ctx
+            .cache
+            .all_crs()
+            .iter()
+            .map(|cr| ObjectRef::from_obj(cr.as_ref()))
+            .collect();
+        let stream = futures::stream::iter(initial).chain(read(triggers.clone(), closed.clone()));
+        let controller = run_term(ctx.clone(), stream, concurrency, term.clone());
+        tokio::pin!(controller);
+        let outcome = loop {
+            tokio::select! {
+                _ = &mut controller => break Term::Ended,
+                _ = closed.cancelled() => break Term::Ended,
+                changed = leading.changed() => {
+                    if changed.is_err() || !*leading.borrow() {
+                        break Term::LostLease;
+                    }
+                }
+                _ = shutdown.cancelled() => break Term::Shutdown,
+            }
+        };
+        ctx.metrics.leader.set(0);
+        match outcome {
+            // P2: losing the lease stops reconciling at once; in-flight passes are dropped
+            // at their next await, and every effect is safe to redo.
+            Term::LostLease => {
+                tracing::warn!("lost the lease: controller stopped");
+                term.cancel();
+            }
+            Term::Shutdown => {
+                term.cancel();
+                let _ = tokio::time::timeout(Duration::from_secs(10), &mut controller).await;
+                return;
+            }
+            Term::Ended => return,
+        }
+    }
+}
+
+enum Term {
+    Ended,
+    LostLease,
+    Shutdown,
+}
+
+/// Waits, discarding triggers, until this replica holds the lease and both stores hold
+/// their first list (S8: the elector leads only on a synced cache that is not relisting;
+/// this is kube's own readiness, not a flag polled). False when the lease watch, the
+/// trigger channel or a store's writer is gone.
+async fn follow(ctx: &Context, leading: &mut watch::Receiver<bool>, triggers: &Triggers) -> bool {
+    let mut rx = triggers.lock().await;
+    let discard = async { while rx.recv().await.is_some() {} };
+    let lead = async {
+        leading.wait_for(|leading| *leading).await.is_ok() && ctx.cache.wait_until_ready().await
+    };
+    tokio::select! {
+        _ = discard => false,
+        may_lead = lead => may_lead,
+    }
+}
+
+/// The trigger channel as a stream for one term; it releases the receiver when the term's
+/// Controller is dropped, and cancels `closed` if the cache's driver is gone.
+fn read(triggers: Triggers, closed: CancellationToken) -> impl Stream<Item = Trigger> + Send {
+    futures::stream::unfold((triggers, closed), |(triggers, closed)| async move {
+        let next = triggers.lock().await.recv().await;
+        if next.is_none() {
+            closed.cancel();
+        }
+        next.map(|t| (t, (triggers, closed)))
+    })
+}
+
+async fn run_term(
+    ctx: Arc<Context>,
+    triggers: impl Stream<Item = Trigger> + Send + 'static,
+    concurrency: u16,
+    stop: CancellationToken,
+) {
+    let store = ctx.cache.cr_store();
+    // kube-runtime starts every ready pass at once; `Turns` decides which runs (turns.rs).
+    let turns = turns::Turns::new(usize::from(concurrency));
+    let pass = move |cr: Arc<crate::api::CocoonHibernation>, ctx: Arc<Context>| {
+        let turns = turns.clone();
+        async move {
+            let (ns, name) = (cr.namespace().unwrap_or_default(), cr.name_any());
+            // Our own last write counts before the cache shows it: the pass after a
+            // transition's start is an ending pass at once.
+            let ending = || {
+                let now = ctx.cache.cr(&ns, &name).map(|cr| ctx.own_write_view(cr));
+                now.is_some_and(|cr| plan::may_end_a_transition(&cr))
+            };
+            let queued = std::time::Instant::now();
+            let Some(_turn) = turns.take(ending).await else {
+                return Ok(Action::await_change());
+            };
+            let (waited, started) = (queued.elapsed(), std::time::Instant::now());
+            // Boxed, so a pass waiting for its turn holds two Arcs, not a whole pass.
+            let result = Box::pin(reconcile::reconcile(cr, ctx)).await;
+            tracing::debug!(cr = %format_args!("{ns}/{name}"), waited_ms = waited.as_millis(),
+                ran_ms = started.elapsed().as_millis(), "pass done");
+            result
+        }
+    };
+    // The CRs come only through `reconcile_on`: the main stream is the trigger channel's
+    // job, not a second watch.
+    Controller::for_stream(futures::stream::pending(), store)
+        .with_config(Config::default().concurrency(0))
+        .reconcile_on(triggers)
+        .graceful_shutdown_on(async move { stop.cancelled().await })
+        .run(pass, error_policy, ctx)
+        .for_each(|res| async move {
+            if let Err(e) = res {
+                // Reconcile errors were handled by error_policy; the rest is routine.
+                tracing::debug!(error = %e, "controller event");
+            }
+        })
+        .await;
+}
