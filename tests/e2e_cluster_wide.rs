@@ -1,17 +1,11 @@
 //! SPEC S2 across namespaces: VM names are cluster-wide, so the product runs here
-//! watching every namespace. This binary holds one test, so no other test's CRs are
+//! watching every namespace. A binary of its own with one test, so no other test's CRs are
 //! reconciled by it while it runs (cargo runs test binaries one after another).
 
-#[path = "support/cluster.rs"]
-mod cluster;
-#[path = "support/env.rs"]
-mod env;
-#[path = "support/ports.rs"]
-mod ports;
-#[path = "support/product.rs"]
-mod product;
-#[path = "support/vk_sim.rs"]
-mod vk_sim;
+use testkit::cluster;
+use testkit::env;
+use testkit::product;
+use testkit::vk_sim;
 
 use cocoon_hibernation::api::annotations::HIBERNATE;
 use cocoon_hibernation::api::conditions::{self, READY};
