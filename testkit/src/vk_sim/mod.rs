@@ -18,25 +18,27 @@
 //!
 //! Also used by `examples/vk_cocoon_simulator.rs` (`make demo`).
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
-use std::hash::{BuildHasher, DefaultHasher, Hash, Hasher, RandomState};
+mod pods;
+mod registry;
+
+pub use pods::{create_vm_pod, stage_stale_lifecycle};
+use pods::{new_vm_id, running_status, stopped_status};
+pub use registry::{delete_manifest, push_snapshot, snapshot_digest};
+
+use std::collections::{HashMap, HashSet};
+use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use cocoon_hibernation::api::annotations::{
-    COCOONSET_GENERATION, LIFECYCLE_OBSERVED_GENERATION, LIFECYCLE_STATE, PodView,
-    STATE_HIBERNATED, STATE_HIBERNATING, VM_ID, VM_NAME,
+    LIFECYCLE_OBSERVED_GENERATION, LIFECYCLE_STATE, PodView, STATE_HIBERNATED, STATE_HIBERNATING,
+    VM_ID,
 };
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Container, Pod, PodSpec};
-use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::{WatchStreamExt, reflector, watcher};
-use oci_client::client::{ClientConfig, ClientProtocol, Config, ImageLayer};
-use oci_client::manifest::{OCI_IMAGE_MEDIA_TYPE, OciImageManifest};
-use oci_client::secrets::RegistryAuth;
-use oci_client::{Client as OciClient, Reference};
-use reqwest::StatusCode;
 use serde_json::{Value, json};
 use tokio::task::{JoinHandle, JoinSet};
 
@@ -483,274 +485,4 @@ impl Sim {
         tracing::info!(%name, %vm_id, "vk-sim: container Running");
         Ok(())
     }
-}
-
-fn new_vm_id() -> String {
-    let r = RandomState::new().hash_one(std::time::SystemTime::now());
-    format!("vmid-{r:016x}")
-}
-
-fn now_rfc3339() -> String {
-    jiff::Timestamp::now()
-        .strftime("%Y-%m-%dT%H:%M:%SZ")
-        .to_string()
-}
-
-fn container_names(pod: &Pod) -> Vec<String> {
-    pod.spec
-        .as_ref()
-        .map(|s| s.containers.iter().map(|c| c.name.clone()).collect())
-        .unwrap_or_default()
-}
-
-fn container_image(pod: &Pod, name: &str) -> String {
-    pod.spec
-        .as_ref()
-        .and_then(|s| s.containers.iter().find(|c| c.name == name))
-        .and_then(|c| c.image.clone())
-        .unwrap_or_default()
-}
-
-/// Pod status with every container Running and Ready.
-fn running_status(pod: &Pod, vm_id: &str) -> Value {
-    let now = now_rfc3339();
-    let statuses: Vec<Value> = container_names(pod)
-        .iter()
-        .map(|c| {
-            json!({
-                "name": c, "image": container_image(pod, c), "imageID": "",
-                "containerID": format!("cocoon://{vm_id}"),
-                "ready": true, "started": true, "restartCount": 0,
-                "state": { "running": { "startedAt": now } },
-            })
-        })
-        .collect();
-    json!({ "status": {
-        "phase": "Running",
-        "conditions": [
-            { "type": "Ready", "status": "True", "lastTransitionTime": now },
-            { "type": "ContainersReady", "status": "True", "lastTransitionTime": now },
-        ],
-        "containerStatuses": statuses,
-    }})
-}
-
-/// Pod status with every container waiting (the VM is gone). Waiting rather than
-/// terminated: a terminated container may not go back to running under some restart
-/// policies, and a woken VM must.
-fn stopped_status(pod: &Pod) -> Value {
-    let now = now_rfc3339();
-    let statuses: Vec<Value> = container_names(pod)
-        .iter()
-        .map(|c| {
-            json!({
-                "name": c, "image": container_image(pod, c), "imageID": "",
-                "ready": false, "started": false, "restartCount": 0,
-                "state": { "waiting": { "reason": "Hibernated", "message": "VM snapshot pushed; VM removed" } },
-            })
-        })
-        .collect();
-    json!({ "status": {
-        "conditions": [
-            { "type": "Ready", "status": "False", "reason": "Hibernated", "lastTransitionTime": now },
-            { "type": "ContainersReady", "status": "False", "reason": "Hibernated", "lastTransitionTime": now },
-        ],
-        "containerStatuses": statuses,
-    }})
-}
-
-/// Where the blobs every snapshot refers to are pushed once per registry. A snapshot push
-/// then mounts them into `<vm>` and PUTs a manifest: 3 small requests instead of two
-/// uploads and oci-client's `GET /v2/` before each step. vk uploads real snapshots from
-/// other machines; here the registry shares the bench's 2 cores with the apiserver.
-const SEED_REPOSITORY: &str = "vk-sim-seed";
-
-/// Registries (host:port) known to hold the seed blobs.
-static SEEDED: Mutex<BTreeSet<String>> = Mutex::new(BTreeSet::new());
-/// One seed push at a time: concurrent first pushes of the same blobs to a fresh
-/// Distribution registry failed with DIGEST_INVALID / MANIFEST_BLOB_UNKNOWN.
-static SEEDING: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
-fn snapshot_parts() -> (ImageLayer, Config) {
-    let layer = ImageLayer::oci_v1(b"vk-sim snapshot".to_vec(), None);
-    (layer, Config::oci_v1(b"{}".to_vec(), None))
-}
-
-fn sim_http() -> &'static reqwest::Client {
-    static HTTP: OnceLock<reqwest::Client> = OnceLock::new();
-    HTTP.get_or_init(reqwest::Client::new)
-}
-
-/// Pushes a tiny OCI artifact (config + one layer) to `<registry>/<vm>:hibernate` over
-/// plain http (`registry` is host:port, optionally with a path prefix). An annotation
-/// differs on every push, so each push gets a new digest. Returns the manifest URL.
-pub async fn push_snapshot(registry: &str, vm: &str, note: &str) -> Result<String, SimError> {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let (host, repository) = repository_of(registry, vm);
-    let (layer, config) = snapshot_parts();
-    let seeded = || SEEDED.lock().map(|s| s.contains(host)).unwrap_or(false);
-    if !seeded() {
-        let _one = SEEDING.lock().await;
-        if !seeded() {
-            push_image(&format!("{host}/{SEED_REPOSITORY}:seed"), None).await?;
-            SEEDED.lock().map(|mut s| s.insert(host.to_string())).ok();
-        }
-    }
-    let url = format!("http://{host}/v2/{repository}");
-    let mut mounted = true;
-    for digest in [config.sha256_digest(), layer.sha256_digest()] {
-        let mount = format!("{url}/blobs/uploads/?mount={digest}&from={SEED_REPOSITORY}");
-        mounted &= sim_http().post(mount).send().await?.status() == StatusCode::CREATED;
-    }
-    let note = format!("snapshot of {vm} ({note}) {}", new_vm_id());
-    let annotations = BTreeMap::from([("vk-sim.cocoonstack.io/note".to_string(), note)]);
-    if !mounted {
-        // The registry lost the seed (e.g. a fresh data directory): push it all.
-        SEEDED.lock().map(|mut s| s.remove(host)).ok();
-        return push_image(&format!("{registry}/{vm}:hibernate"), Some(annotations)).await;
-    }
-    let manifest = OciImageManifest::build(&[layer], &config, Some(annotations));
-    let url = format!("{url}/manifests/hibernate");
-    let answer = sim_http()
-        .put(&url)
-        .header(reqwest::header::CONTENT_TYPE, OCI_IMAGE_MEDIA_TYPE)
-        .body(serde_json::to_vec(&manifest)?)
-        .send()
-        .await?;
-    match answer.status() {
-        StatusCode::CREATED => Ok(url),
-        status => Err(format!("PUT {url}: {status}: {}", answer.text().await?).into()),
-    }
-}
-
-/// `(host, repository)` of `<vm>` in `registry` (host:port, optionally with a path prefix).
-fn repository_of<'a>(registry: &'a str, vm: &str) -> (&'a str, String) {
-    match registry.split_once('/') {
-        Some((host, prefix)) => (host, format!("{prefix}/{vm}")),
-        None => (registry, vm.to_string()),
-    }
-}
-
-/// The digest `<vm>:hibernate` names now, `None` if there is no such tag.
-pub async fn snapshot_digest(registry: &str, vm: &str) -> Result<Option<String>, SimError> {
-    let (host, repository) = repository_of(registry, vm);
-    let url = format!("http://{host}/v2/{repository}/manifests/hibernate");
-    let answer = sim_http()
-        .head(&url)
-        .header(reqwest::header::ACCEPT, OCI_IMAGE_MEDIA_TYPE)
-        .send()
-        .await?;
-    match answer.status() {
-        StatusCode::OK => Ok(answer
-            .headers()
-            .get("docker-content-digest")
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_owned)),
-        StatusCode::NOT_FOUND => Ok(None),
-        status => Err(format!("HEAD {url}: {status}").into()),
-    }
-}
-
-/// Deletes the manifest `digest` of `<vm>` (and so every tag naming it), as a registry
-/// that cannot delete tags needs. `false` if it was gone already.
-pub async fn delete_manifest(registry: &str, vm: &str, digest: &str) -> Result<bool, SimError> {
-    let (host, repository) = repository_of(registry, vm);
-    let url = format!("http://{host}/v2/{repository}/manifests/{digest}");
-    let answer = sim_http().delete(&url).send().await?;
-    match answer.status() {
-        StatusCode::ACCEPTED | StatusCode::OK => Ok(true),
-        StatusCode::NOT_FOUND => Ok(false),
-        status => Err(format!("DELETE {url}: {status}: {}", answer.text().await?).into()),
-    }
-}
-
-/// The whole push through oci-client: blobs, then the manifest.
-async fn push_image(
-    reference: &str,
-    annotations: Option<BTreeMap<String, String>>,
-) -> Result<String, SimError> {
-    let reference: Reference = reference.parse()?;
-    let client = OciClient::new(ClientConfig {
-        protocol: ClientProtocol::Http,
-        ..Default::default()
-    });
-    let (layer, config) = snapshot_parts();
-    let manifest = OciImageManifest::build(std::slice::from_ref(&layer), &config, annotations);
-    let resp = client
-        .push(
-            &reference,
-            &[layer],
-            config,
-            &RegistryAuth::Anonymous,
-            Some(manifest),
-        )
-        .await?;
-    Ok(resp.manifest_url)
-}
-
-/// See [`SimHandle::stage_stale_lifecycle`].
-pub async fn stage_stale_lifecycle(
-    client: &kube::Client,
-    namespace: &str,
-    pod: &str,
-) -> Result<(), SimError> {
-    let api: Api<Pod> = Api::namespaced(client.clone(), namespace);
-    let current = api.get(pod).await?;
-    let generation = PodView::of(&current).cocoonset_generation;
-    let patch = json!({ "metadata": { "annotations": {
-        LIFECYCLE_STATE: STATE_HIBERNATED,
-        LIFECYCLE_OBSERVED_GENERATION: (generation - 1).to_string(),
-    }}});
-    api.patch(pod, &PatchParams::default(), &Patch::Merge(&patch))
-        .await?;
-    Ok(())
-}
-
-/// Creates a VM-backed pod as the CocoonSet operator and vk would leave it: one container
-/// `vm`, the VM name, generation stamp 1, a VMID, `lifecycle-state=ready`, and (through
-/// `pods/status`, as there is no kubelet) a Running container. Returns the pod after the
-/// status write.
-pub async fn create_vm_pod(
-    client: &kube::Client,
-    namespace: &str,
-    pod_name: &str,
-    vm_name: &str,
-) -> Result<Pod, SimError> {
-    let api: Api<Pod> = Api::namespaced(client.clone(), namespace);
-    let vm_id = new_vm_id();
-    let pod = Pod {
-        metadata: ObjectMeta {
-            name: Some(pod_name.to_owned()),
-            annotations: Some(
-                [
-                    (VM_NAME, vm_name),
-                    (COCOONSET_GENERATION, "1"),
-                    (VM_ID, vm_id.as_str()),
-                    (LIFECYCLE_STATE, STATE_READY),
-                ]
-                .into_iter()
-                .map(|(k, v)| (k.to_owned(), v.to_owned()))
-                .collect(),
-            ),
-            ..Default::default()
-        },
-        spec: Some(PodSpec {
-            containers: vec![Container {
-                name: "vm".into(),
-                image: Some("cocoon/vm:test".into()),
-                ..Default::default()
-            }],
-            ..Default::default()
-        }),
-        ..Default::default()
-    };
-    let created = api.create(&PostParams::default(), &pod).await?;
-    let running = api
-        .patch_status(
-            pod_name,
-            &PatchParams::default(),
-            &Patch::Merge(&running_status(&created, &vm_id)),
-        )
-        .await?;
-    Ok(running)
 }
