@@ -240,11 +240,7 @@ fn e2e_release() -> String {
 }
 
 /// The chart's RBAC documents for the e2e release, `extra` values added.
-fn chart_rbac_docs(
-    cluster: &Cluster,
-    release: &str,
-    extra: &[&str],
-) -> Vec<serde_json::Value> {
+fn chart_rbac_docs(cluster: &Cluster, release: &str, extra: &[&str]) -> Vec<serde_json::Value> {
     let mut args = vec![
         "--set",
         "tls.mode=cert-manager", // no key generation: only RBAC is shown
