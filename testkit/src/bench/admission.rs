@@ -1,7 +1,7 @@
 //! The admission part: the webhook under load, beside a no-op TLS server's ceiling.
 
+use super::pods;
 use super::report::{Figures, Kind};
-use super::world;
 use super::{Opts, load, log};
 use crate::cluster;
 use kube::Api;
@@ -23,7 +23,7 @@ pub(super) async fn admission(
 ) {
     let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client.clone(), ns);
     let vm = format!("vm-{ns}-adm-0");
-    world::create_realistic_pod(&pods, "adm-0", &vm).await;
+    pods::create_realistic_pod(&pods, "adm-0", &vm).await;
     tokio::time::sleep(Duration::from_secs(1)).await;
     let body = load::review_body(ns, "adm-0");
     let answer = load::probe(port, &cluster.ca_cert_pem, &body).await;

@@ -21,6 +21,8 @@ mod admission;
 pub mod audit;
 mod figures;
 pub mod load;
+pub mod metrics;
+pub mod pods;
 pub mod report;
 mod roundtrip;
 mod scale;

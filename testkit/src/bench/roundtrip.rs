@@ -2,6 +2,8 @@
 //! window.
 
 use super::admission::admission;
+use super::metrics;
+use super::pods;
 use super::report::{self, Figures, Kind};
 use super::steps::{create_crs, create_sim_pods, latest, reactions, settle};
 use super::world::{self, PodDone, Watches};
@@ -58,7 +60,7 @@ pub(super) async fn roundtrip(
         world::for_each_concurrent(fillers, 32, |name| {
             let (pods, vm) = (env.pods.clone(), format!("vm-{ns}-{name}"));
             async move {
-                let pod = world::realistic_pod(&name, &vm);
+                let pod = pods::realistic_pod(&name, &vm);
                 let pp = kube::api::PostParams::default();
                 world::retry(&format!("create pod {name}"), || pods.create(&pp, &pod)).await;
             }
@@ -77,7 +79,7 @@ pub(super) async fn roundtrip(
 
     if o.part("roundtrip") {
         // Hibernate: N new CRs at once.
-        let m0 = world::scrape(&env.product);
+        let m0 = metrics::scrape(&env.product);
         let a0 = tail.mark();
         let t0 = Instant::now();
         let sampler = watches.sampler(names.clone(), t0, every);
@@ -93,7 +95,7 @@ pub(super) async fn roundtrip(
         let hib_at = watches.reached(&names, Phase::Hibernated, t0);
         let wall_hib = latest(&hib_at, t0);
         log(format!("all Hibernated after {wall_hib:.1}s"));
-        let m1 = world::scrape(&env.product);
+        let m1 = metrics::scrape(&env.product);
 
         // Wake: flip all at once.
         let t1 = Instant::now();
@@ -119,7 +121,7 @@ pub(super) async fn roundtrip(
         let timeline = sampler.finish();
         let a2 = tail.mark();
         let t2 = Instant::now();
-        let m2 = world::scrape(&env.product);
+        let m2 = metrics::scrape(&env.product);
 
         let pod_hib = watches.pod_done(PodDone::Hibernated, t0);
         let pod_woken = watches.pod_done(PodDone::Woken, t1);
@@ -160,12 +162,12 @@ pub(super) async fn roundtrip(
                 "the audit log holds no status bodies: rt.reason_writes is na (restart the control plane: hack/cluster-down.sh)",
             );
         }
-        let reg_hib = world::delta(&m0, &m1, world::REGISTRY_CALLS);
-        let reg_wake = world::delta(&m1, &m2, world::REGISTRY_CALLS);
-        let errors = world::delta(&m0, &m2, world::RECONCILE_ERRORS);
+        let reg_hib = metrics::delta(&m0, &m1, metrics::REGISTRY_CALLS);
+        let reg_wake = metrics::delta(&m1, &m2, metrics::REGISTRY_CALLS);
+        let errors = metrics::delta(&m0, &m2, metrics::RECONCILE_ERRORS);
         log(format!(
             "deferred passes: {:?}",
-            world::delta(&m0, &m2, "cocoon_hibernation_pass_deferrals_total")
+            metrics::delta(&m0, &m2, "cocoon_hibernation_pass_deferrals_total")
         ));
         let nf = n as f64;
         let pod_writes: usize = prod
@@ -229,8 +231,8 @@ pub(super) async fn roundtrip(
         // vk's write to the product and the status write to the observer.
         figs.set(
             "rt.product_reaction_p99_ms",
-            world::histogram_quantile(
-                &world::delta(&m0, &m2, "cocoon_hibernation_reaction_seconds_bucket"),
+            metrics::histogram_quantile(
+                &metrics::delta(&m0, &m2, "cocoon_hibernation_reaction_seconds_bucket"),
                 0.99,
             )
             .map(|s| s * 1000.0),
@@ -325,7 +327,7 @@ pub(super) async fn roundtrip(
                 "registry_calls_hibernate": reg_hib,
                 "registry_calls_wake": reg_wake,
                 "reconcile_errors": errors,
-                "reconcile_passes": world::delta(&m0, &m2, world::RECONCILE_PASSES),
+                "reconcile_passes": metrics::delta(&m0, &m2, metrics::RECONCILE_PASSES),
                 "status_changes": { "phase": changes[0], "reason": changes[1], "other": changes[2] },
                 "same_phase_status_writes": same_phase,
                 "reactions_measured": { "hibernate": react_hib.len(), "wake": react_wake.len() },
@@ -359,7 +361,7 @@ pub(super) async fn roundtrip(
             let fresh: Vec<String> = (0..o.fresh_n).map(|i| format!("f-{i:05}")).collect();
             create_sim_pods(&env, &fresh).await;
             tokio::time::sleep(Duration::from_secs(1)).await;
-            let m3 = world::scrape(&env.product);
+            let m3 = metrics::scrape(&env.product);
             let a3 = tail.mark();
             let t3 = Instant::now();
             create_crs(&env.crs, &fresh, Desire::Wake).await;
@@ -376,9 +378,9 @@ pub(super) async fn roundtrip(
             )
             .await;
             let a4 = tail.mark();
-            let m4 = world::scrape(&env.product);
+            let m4 = metrics::scrape(&env.product);
             let t = audit::tally(tail.window(a3, a4), |u| u == user);
-            let reg = world::delta(&m3, &m4, world::REGISTRY_CALLS);
+            let reg = metrics::delta(&m3, &m4, metrics::REGISTRY_CALLS);
             let k = o.fresh_n as f64;
             figs.set(
                 "fresh.writes_per_cr",
@@ -426,14 +428,14 @@ pub(super) async fn roundtrip(
 
     if o.part("quiet") {
         log(format!("quiet: {} s with {} settled CRs", o.quiet_s, n));
-        let m5 = world::scrape(&env.product);
+        let m5 = metrics::scrape(&env.product);
         let a5 = tail.mark();
         tokio::time::sleep(Duration::from_secs(o.quiet_s)).await;
         let a6 = tail.mark();
-        let m6 = world::scrape(&env.product);
+        let m6 = metrics::scrape(&env.product);
         let t = audit::tally(tail.window(a5, a6), |u| u == user);
-        let reg = world::delta(&m5, &m6, world::REGISTRY_CALLS);
-        let passes = world::delta(&m5, &m6, world::RECONCILE_PASSES);
+        let reg = metrics::delta(&m5, &m6, metrics::REGISTRY_CALLS);
+        let passes = metrics::delta(&m5, &m6, metrics::RECONCILE_PASSES);
         figs.set("quiet.window_s", Some(o.quiet_s as f64), "", Kind::Info);
         figs.set("quiet.writes", Some(t.total as f64), "", Kind::Count);
         figs.set("quiet.registry_calls", Some(sum(&reg)), "", Kind::Count);
@@ -456,7 +458,7 @@ pub(super) async fn roundtrip(
     } = env;
     drop(sim);
     if o.part("admission") {
-        let crs = world::count_crs(&crs).await;
+        let crs = metrics::count_crs(&crs).await;
         log(format!(
             "admission: webhook with {crs} CRs in the namespace"
         ));
@@ -474,5 +476,5 @@ pub(super) async fn roundtrip(
         figs.set("adm.crs_1k", Some(crs as f64), "", Kind::Info);
     }
     drop(product);
-    world::delete_pods(&client, &ns).await;
+    pods::delete_pods(&client, &ns).await;
 }

@@ -1,6 +1,8 @@
 //! The scale part: cache memory and start-up with S realistic pods and S CRs.
 
 use super::admission::admission;
+use super::metrics;
+use super::pods;
 use super::report::{self, Figures, Kind};
 use super::steps::{create_crs, passes_quiet};
 use super::world::{self, Watches};
@@ -30,7 +32,7 @@ pub(super) async fn scale(
     let empty_ns = cluster.fresh_namespace(client, "bench-empty").await;
     let empty = product::Product::start(cluster, &opts_for(&empty_ns)).await;
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let (rss0, _) = world::memory_kib(empty.pid().expect("pid"));
+    let (rss0, _) = metrics::memory_kib(empty.pid().expect("pid"));
     drop(empty);
     figs.set(
         "scale.rss_empty_mib",
@@ -49,7 +51,7 @@ pub(super) async fn scale(
     world::for_each_concurrent(names.clone(), 48, |name| {
         let (pods, sizes, vm) = (pods.clone(), sizes.clone(), format!("vm-{ns}-{name}"));
         async move {
-            let size = world::create_realistic_pod(&pods, &name, &vm).await;
+            let size = pods::create_realistic_pod(&pods, &name, &vm).await;
             sizes.lock().expect("sizes").push(size);
         }
     })
@@ -85,7 +87,7 @@ pub(super) async fn scale(
         .await;
     let settle_s = t.elapsed().as_secs_f64();
     passes_quiet(&p, Duration::from_secs(3), Duration::from_secs(600)).await;
-    let (rss1, hwm1) = world::memory_kib(pid);
+    let (rss1, hwm1) = metrics::memory_kib(pid);
     drop(watches);
 
     // Restarts in the settled world (the figure that matters for a rollout): the median
@@ -101,7 +103,7 @@ pub(super) async fn scale(
         // RSS and admission load once the initial pass over every CR is done.
         let d = passes_quiet(&p, Duration::from_secs(3), Duration::from_secs(600)).await;
         passes.push(d.as_secs_f64());
-        (rss2, hwm2) = world::memory_kib(pid);
+        (rss2, hwm2) = metrics::memory_kib(pid);
     }
     let warm = report::pct(&warms, 0.5).unwrap_or(f64::NAN);
     let passes_s = report::pct(&passes, 0.5).unwrap_or(f64::NAN);
@@ -158,5 +160,5 @@ pub(super) async fn scale(
         return;
     }
     // The bulk of what this run stored: gone, so runs do not pile up in etcd.
-    world::delete_pods(client, &ns).await;
+    pods::delete_pods(client, &ns).await;
 }

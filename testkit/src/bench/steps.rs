@@ -1,6 +1,7 @@
 //! Steps the benchmark's parts share: waiting for quiet, creating CRs and pods,
 //! reaction times.
 
+use super::metrics;
 use super::world;
 use super::{audit, log, ms};
 use crate::{env, product, vk_sim};
@@ -54,11 +55,11 @@ pub(super) async fn passes_quiet(
     max: Duration,
 ) -> Duration {
     let start = Instant::now();
-    let mut last = product.metric(world::RECONCILE_PASSES);
+    let mut last = product.metric(metrics::RECONCILE_PASSES);
     let mut last_change = Instant::now();
     loop {
         tokio::time::sleep(Duration::from_millis(500)).await;
-        let now = product.metric(world::RECONCILE_PASSES);
+        let now = product.metric(metrics::RECONCILE_PASSES);
         if now != last {
             last = now;
             last_change = Instant::now();
