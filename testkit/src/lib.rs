@@ -1,5 +1,5 @@
 //! The test kit: what the root crate's tests, the benches, the soak and the demo's vk
-//! simulator share. One crate, built once, instead of `#[path]` includes compiled into
+//! simulator share. One crate, built once, instead of the same sources compiled into
 //! every test binary.
 //!
 //! The tests are three binaries (plus the lib's and bins' unit tests):
