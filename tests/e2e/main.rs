@@ -2,10 +2,9 @@
 //! (`hack/cluster-up.sh`, or the env file named by `COCOON_CLUSTER_ENV`) and a real
 //! registry. One module per area; every test works in namespaces of its own, so the
 //! tests share the process and its thread pool. A test whose product watches every
-//! namespace does not belong here (`tests/e2e_cluster_wide.rs`).
+//! namespace, or whose load would starve the others' timeouts, goes to `tests/e2e_alone`.
 
 mod admission;
-mod bench_short;
 mod cache;
 mod harness_smoke;
 mod leader;

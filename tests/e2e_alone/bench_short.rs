@@ -15,6 +15,7 @@ use std::collections::BTreeMap;
 /// registry call.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn e2e_w2_c3_short_bench_round_trips_at_the_write_floor_and_quiet_when_settled() {
+    let _alone = crate::alone().await;
     let _ = rustls::crypto::ring::default_provider().install_default();
     let out = tempfile::tempdir().expect("tempdir");
     let args: Vec<String> = [

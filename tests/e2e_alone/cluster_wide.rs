@@ -1,6 +1,6 @@
 //! SPEC S2 across namespaces: VM names are cluster-wide, so the product runs here
-//! watching every namespace. A binary of its own with one test, so no other test's CRs are
-//! reconciled by it while it runs (cargo runs test binaries one after another).
+//! watching every namespace; alone (see `main.rs`), so no other test's CRs are
+//! reconciled by it while it runs.
 
 use testkit::cluster;
 use testkit::env;
@@ -24,6 +24,7 @@ use vk_sim::SimKnobs;
 /// runs, such a CREATE is refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn e2e_s2_a_vm_held_in_another_namespace_is_never_touched() {
+    let _alone = crate::alone().await;
     let cluster = cluster::cluster();
     let client = cluster.client().await;
     product::ensure_crd(&client).await;
