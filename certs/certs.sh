@@ -12,7 +12,7 @@
 #   certs.sh rotate (the flags of issue)
 #
 # Keys are EC P-256 in PKCS#8, mode 600. Subjects are written as UTF8String (string_mask
-# utf8only): tests/support/cluster.rs rebuilds the CA's name with rcgen to sign webhook
+# utf8only): testkit/src/cluster.rs rebuilds the CA's name with rcgen to sign webhook
 # certificates, and verifiers compare the issuer's bytes.
 set -euo pipefail
 

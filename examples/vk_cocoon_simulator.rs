@@ -3,10 +3,7 @@
 //!
 //! cargo run --example vk_cocoon_simulator -- --registry 127.0.0.1:5000 [--namespace demo]
 
-#[path = "../tests/support/virtual_node.rs"]
-mod virtual_node;
-#[path = "../tests/support/vk_sim.rs"]
-mod vk_sim;
+use testkit::{virtual_node, vk_sim};
 
 use std::sync::Arc;
 use std::time::Duration;

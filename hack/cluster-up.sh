@@ -66,7 +66,7 @@ RUN_STATE="$STATE_DIR/run.state"
 # PKI (generated once per state dir), made with certs/certs.sh. One CA serves as apiserver
 # serving CA, client CA and the CA tests sign webhook serving certs with; tests may also
 # mint client identities. Its subject is a UTF8String CN (certs.sh's utf8only mask):
-# tests/support/cluster.rs rebuilds the issuer name with rcgen to sign webhook certs, and
+# testkit/src/cluster.rs rebuilds the issuer name with rcgen to sign webhook certs, and
 # verifiers compare the bytes. Keep CA_CN equal to that file's CA_COMMON_NAME.
 CERTS="$HACK_DIR/../certs/certs.sh"
 CA_CN=cocoon-hibernation-test-ca

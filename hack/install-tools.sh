@@ -90,7 +90,7 @@ helm_ldflags() {
 }
 
 mkdir -p "$TOOLS"
-# One install at a time: test processes (tests/support/product.rs) and the chart checks
+# One install at a time: test processes (testkit/src/product.rs) and the chart checks
 # may call this concurrently against one cache.
 command -v flock >/dev/null || die "flock is required (apt-get install util-linux)"
 exec 9>"$TOOLS/.lock"

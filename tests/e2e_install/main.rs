@@ -5,11 +5,6 @@
 //! failure; the last line sums up:
 //! `install: image_mb=.. admissions=.. failed=.. transitions=.. lost=.. handover_s=.. takeover_s=..`
 
-#[path = "../support/virtual_node.rs"]
-mod virtual_node;
-#[path = "../support/vk_sim.rs"]
-mod vk_sim;
-
 mod fence;
 mod load;
 mod node;
@@ -20,6 +15,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Instant;
 
+use testkit::{virtual_node, vk_sim};
 use world::World;
 
 /// What the summary line reports.

@@ -29,21 +29,8 @@
 //! [`observer::MAX_UNDECIDABLE_SHARE`] of its checks undecidable as one, beyond
 //! [`observer::UNDECIDABLE_ALLOWANCE`]).
 
-#[path = "../../benches/system/report.rs"]
-#[allow(dead_code)]
-mod bench_report;
-#[path = "../support/cluster.rs"]
-mod cluster;
 mod observer;
-#[path = "../support/ports.rs"]
-mod ports;
-#[path = "../support/product.rs"]
-mod product;
 mod proxy;
-#[path = "../support/tls_proxy.rs"]
-mod tls_proxy;
-#[path = "../support/vk_sim.rs"]
-mod vk_sim;
 
 use cocoon_hibernation::api::annotations::PodView;
 use cocoon_hibernation::api::conditions::{self, SNAPSHOT_DELETED};
@@ -63,6 +50,8 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use testkit::bench::report as bench_report;
+use testkit::{cluster, product, vk_sim};
 use tokio::sync::Mutex as AsyncMutex;
 use vk_sim::SimKnobs;
 
@@ -148,9 +137,7 @@ fn log(started: Instant, msg: impl AsRef<str>) {
 }
 
 fn hack(script: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("hack")
-        .join(script)
+    testkit::repo_root().join("hack").join(script)
 }
 
 /// Runs `hack/cluster-up.sh [args] <state dir>`; returns the env file it printed.

@@ -12,9 +12,8 @@
 //!   [`Tap`]: serialized per VM, bracketed by the etcd revision and by the observer's own
 //!   HEAD of the tag, so each one is placed in the apiserver's history.
 //!
-//! The TLS ends and the upstream connections are tests/support/tls_proxy.rs's.
+//! The TLS ends and the upstream connections are testkit::tls_proxy's.
 
-use super::tls_proxy::{self, BoxError, Connect, Io};
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full};
@@ -30,6 +29,7 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use testkit::tls_proxy::{self, BoxError, Connect, Io};
 use tokio::net::{TcpSocket, TcpStream};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;

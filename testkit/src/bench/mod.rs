@@ -1,0 +1,373 @@
+//! System benchmark (issue 8, "Performance at scale"): the release binary against the real
+//! local control plane (kube-apiserver + etcd + registry from `hack/cluster-up.sh`).
+//! It measures, it never changes what the product does.
+//!
+//! Run: `make bench` (or `bash hack/bench.sh [--n 100] [--scale-n 0] ...`). Parts, in order:
+//! - roundtrip: N CRs created with `Hibernate` at once, then all flipped to `Wake`, with
+//!   the vk simulator: wall times, reaction latency (simulator's completion write seen by
+//!   our pod watch → terminal phase seen by our CR watch), API writes per CR from the
+//!   audit log (by verb/resource/subresource; events apart), 409s, registry calls;
+//!   then fresh-wake writes (a new `Wake` CR on a running pod);
+//! - quiet: API writes and registry calls over a settled window with the N CRs;
+//! - admission: requests/s and latency at concurrency 16 and 64 straight to the webhook
+//!   over TLS, and the same load against a no-op axum + rustls server (the ceiling);
+//! - scale: RSS and time to /readyz with S realistic pods (3 containers, ~8 KB) and S CRs.
+//!
+//! Writes `<target>/bench/system-latest.json` (and a timestamped copy) with two SVG charts
+//! beside it; prints a table with ratios to `bench/baseline.json`; the last line printed
+//! is the one-line summary.
+
+mod admission;
+pub mod audit;
+mod figures;
+pub mod load;
+pub mod metrics;
+pub mod pods;
+pub mod report;
+mod roundtrip;
+mod scale;
+mod steps;
+pub mod world;
+
+use crate::{cluster, product};
+use figures::declare;
+use report::{Figures, Kind};
+use roundtrip::roundtrip;
+use scale::scale;
+use serde_json::{Value, json};
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+/// Settings: `--name value` / `--name=value` flags, else `BENCH_NAME` env, else default.
+pub struct Opts {
+    /// CRs in the round-trip run.
+    n: usize,
+    /// Realistic pods without a CR beside the N simulated ones (the cache's load in the
+    /// short variant of `make test`).
+    filler_pods: usize,
+    /// New `Wake` CRs for the fresh-wake count.
+    fresh_n: usize,
+    /// Settled window of the quiet part, seconds.
+    quiet_s: u64,
+    /// Pods and CRs of the cache-memory run (0 skips it).
+    scale_n: usize,
+    /// Seconds per admission load run, and runs per point (the median is kept).
+    admission_s: f64,
+    admission_reps: usize,
+    /// Restarts timed in the scale run (the median is kept).
+    startup_reps: usize,
+    /// The simulator's hibernate and wake delay, ms.
+    sim_delay_ms: u64,
+    /// The simulator writes `lifecycle-state=hibernating` before each push, as vk-cocoon
+    /// does (off by default: a write more per hibernate than the baseline's runs).
+    sim_hibernating_first: bool,
+    /// Share of the simulator's wakes that delete the tag they restored from (vk-cocoon
+    /// may; 0 by default, as in the baseline's runs).
+    sim_wake_drops_tag: f64,
+    /// Parts to run: roundtrip,quiet,admission,scale.
+    parts: Vec<String>,
+    out: PathBuf,
+    baseline: PathBuf,
+    /// Write this run's figures to the baseline file.
+    update_baseline: bool,
+    /// Exit 1 when a figure regressed against the baseline.
+    fail_on_regression: bool,
+    /// Leave the scale run's pods and CRs in place (for a heap profile of the product).
+    keep_scale: bool,
+}
+
+impl Opts {
+    pub fn parse(args: &[String]) -> Self {
+        let mut flags: HashMap<String, String> = HashMap::new();
+        let mut i = 0;
+        while i < args.len() {
+            let a = &args[i];
+            if let Some(flag) = a.strip_prefix("--") {
+                if let Some((k, v)) = flag.split_once('=') {
+                    flags.insert(k.replace('-', "_"), v.to_owned());
+                } else if i + 1 < args.len() && !args[i + 1].starts_with("--") {
+                    flags.insert(flag.replace('-', "_"), args[i + 1].clone());
+                    i += 1;
+                } else {
+                    flags.insert(flag.replace('-', "_"), "1".into());
+                }
+            }
+            i += 1;
+        }
+        let get = |name: &str, default: &str| -> String {
+            flags
+                .get(name)
+                .cloned()
+                .or_else(|| std::env::var(format!("BENCH_{}", name.to_uppercase())).ok())
+                .filter(|v| !v.is_empty())
+                .unwrap_or_else(|| default.to_owned())
+        };
+        let num = |name: &str, default: &str| -> f64 {
+            get(name, default).parse().unwrap_or_else(|_| {
+                panic!("--{name} / BENCH_{} is not a number", name.to_uppercase())
+            })
+        };
+        let root = crate::repo_root();
+        // <target>/release/deps/system-<hash> → <target>/bench
+        let default_out = std::env::current_exe()
+            .ok()
+            .and_then(|e| Some(e.parent()?.parent()?.parent()?.join("bench")))
+            .unwrap_or_else(|| root.join("target/bench"));
+        let n = num("n", "1000") as usize;
+        Self {
+            n,
+            filler_pods: num("filler_pods", "0") as usize,
+            fresh_n: num("fresh_n", &n.min(100).to_string()) as usize,
+            quiet_s: num("quiet_s", "60") as u64,
+            scale_n: num("scale_n", "10000") as usize,
+            admission_s: num("admission_s", "3"),
+            admission_reps: num("admission_reps", "3") as usize,
+            startup_reps: num("startup_reps", "3") as usize,
+            sim_delay_ms: num("sim_delay_ms", "50") as u64,
+            sim_hibernating_first: get("sim_hibernating_first", "0") == "1",
+            sim_wake_drops_tag: num("sim_wake_drops_tag", "0"),
+            parts: get("parts", "roundtrip,quiet,admission,scale")
+                .split(',')
+                .map(|s| s.trim().to_owned())
+                .collect(),
+            out: PathBuf::from(get("out", &default_out.to_string_lossy())),
+            baseline: PathBuf::from(get(
+                "baseline",
+                &root.join("bench/baseline.json").to_string_lossy(),
+            )),
+            update_baseline: get("update_baseline", "0") == "1",
+            fail_on_regression: get("fail_on_regression", "0") == "1",
+            keep_scale: get("keep_scale", "0") == "1",
+        }
+    }
+
+    fn part(&self, name: &str) -> bool {
+        self.parts.iter().any(|p| p == name)
+    }
+}
+
+/// The product's flags on top of the test defaults: info logging (the tests log debug),
+/// then `BENCH_PRODUCT_ARGS` (whitespace-separated), to compare settings.
+fn product_args() -> Vec<String> {
+    let extra = std::env::var("BENCH_PRODUCT_ARGS").unwrap_or_default();
+    let extra: Vec<String> = extra.split_whitespace().map(str::to_string).collect();
+    let default = (!extra.iter().any(|a| a.starts_with("--log-filter")))
+        .then(|| "--log-filter=info".to_string());
+    default.into_iter().chain(extra).collect()
+}
+
+/// The `make bench` binary's `main` (`benches/system.rs`): flags from the command line.
+pub fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().map(String::as_str) == Some(load::CEILING_FLAG) {
+        load::ceiling_main(&args[1..]);
+        return;
+    }
+    let opts = Opts::parse(&args);
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    let code = rt.block_on(run(opts));
+    drop(rt);
+    std::process::exit(code);
+}
+
+fn log(msg: impl AsRef<str>) {
+    eprintln!(
+        "[bench {}] {}",
+        jiff::Timestamp::now().strftime("%H:%M:%S"),
+        msg.as_ref()
+    );
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+fn sum(m: &BTreeMap<String, f64>) -> f64 {
+    m.values().sum()
+}
+
+/// Every part `o` asks for; the figures and the details for the JSON.
+pub async fn measure(o: &Opts) -> (Figures, serde_json::Map<String, Value>) {
+    let cluster = cluster::cluster();
+    log(format!(
+        "kube-apiserver {} at {}; parts {:?}; n={} scale_n={} quiet_s={}",
+        cluster.k8s_version, cluster.apiserver_url, o.parts, o.n, o.scale_n, o.quiet_s
+    ));
+    let client = cluster.client().await;
+    product::ensure_crd(&client).await;
+    let product_user = product::product_identity(cluster).await.username.clone();
+    std::fs::create_dir_all(&o.out).expect("create output dir");
+
+    let mut figs = Figures::default();
+    declare(&mut figs);
+    let mut detail = serde_json::Map::new();
+
+    // The ceiling server: certificates as the product's, from the cluster CA.
+    let certs = tempfile::tempdir().expect("tempdir");
+    let (cert, key) = cluster.serving_cert(&["127.0.0.1", "localhost"]);
+    let (cert_path, key_path) = (certs.path().join("tls.crt"), certs.path().join("tls.key"));
+    std::fs::write(&cert_path, cert).expect("write cert");
+    std::fs::write(&key_path, key).expect("write key");
+
+    if o.part("roundtrip") || o.part("quiet") || o.part("admission") {
+        roundtrip(o, cluster, &product_user, &mut figs, &mut detail).await;
+    }
+    if o.part("admission") {
+        log("admission: ceiling (no-op axum + rustls)");
+        let ceiling = load::Ceiling::start(&cert_path, &key_path).await;
+        let body = load::review_body("ceiling", "web-0");
+        let mut runs = Vec::new();
+        for c in [16, 64] {
+            let (m, all) = load::median_of(
+                o.admission_reps,
+                ceiling.port,
+                &cluster.ca_cert_pem,
+                &body,
+                c,
+                o.admission_s,
+            )
+            .await;
+            if c == 16 {
+                figs.set("adm.ceiling_rps_c16", Some(m.rps), "", Kind::Rate);
+            } else {
+                figs.set("adm.ceiling_rps_c64", Some(m.rps), "", Kind::Rate);
+                figs.set("adm.ceiling_p99_c64_ms", Some(m.p99_ms), "", Kind::Time);
+            }
+            runs.extend(all);
+        }
+        detail.insert("admission_ceiling_runs".into(), json!(runs));
+    }
+    if o.part("scale") && o.scale_n > 0 {
+        scale(o, cluster, &client, &mut figs, &mut detail).await;
+    }
+    let ours = figs.get("adm.rps_c64_10k").or(figs.get("adm.rps_c64_1k"));
+    if let (Some(ours), Some(ceiling)) = (ours, figs.get("adm.ceiling_rps_c64")) {
+        figs.set("adm.ceiling_share", Some(ours / ceiling), "", Kind::Rate);
+    }
+    (figs, detail)
+}
+
+async fn run(o: Opts) -> i32 {
+    let started = Instant::now();
+    let (figs, detail) = measure(&o).await;
+
+    // Output.
+    let machine = machine();
+    let doc = json!({
+        "command": "make bench",
+        "date": jiff::Timestamp::now().to_string(),
+        "machine": machine,
+        "settings": {
+            "n": o.n, "filler_pods": o.filler_pods, "fresh_n": o.fresh_n, "quiet_s": o.quiet_s, "scale_n": o.scale_n,
+            "admission_s": o.admission_s, "admission_reps": o.admission_reps,
+            "sim_delay_ms": o.sim_delay_ms, "sim_hibernating_first": o.sim_hibernating_first,
+            "sim_wake_drops_tag": o.sim_wake_drops_tag, "parts": o.parts,
+        },
+        "duration_s": report::round(started.elapsed().as_secs_f64()),
+        "figures": figs.to_json(),
+        "detail": Value::Object(detail),
+    });
+    let text = serde_json::to_string_pretty(&doc).expect("JSON");
+    let stamp = jiff::Timestamp::now().as_second();
+    std::fs::write(o.out.join("system-latest.json"), &text).expect("write JSON");
+    std::fs::write(o.out.join(format!("system-{stamp}.json")), &text).expect("write JSON");
+
+    let baseline: Option<Value> = std::fs::read_to_string(&o.baseline)
+        .ok()
+        .and_then(|t| serde_json::from_str(&t).ok());
+    let regressions = report::print_table(&figs, baseline.as_ref());
+    println!();
+    println!(
+        "machine: {}; baseline: {} ({}); output: {}",
+        machine,
+        o.baseline.display(),
+        baseline
+            .as_ref()
+            .and_then(|b| b["date"].as_str())
+            .unwrap_or("missing"),
+        o.out.join("system-latest.json").display()
+    );
+    println!(
+        "regression thresholds: counts any increase; times ×{} (tails ×{}), and +{} s / +{} ms; memory ×{}; rates ÷{}",
+        report::TIME_RATIO,
+        report::TAIL_RATIO,
+        report::time_slack("_s"),
+        report::time_slack("_ms"),
+        report::MEMORY_RATIO,
+        report::TIME_RATIO
+    );
+    if regressions.is_empty() {
+        println!("regressions: none");
+    } else {
+        println!("regressions: {}", regressions.join(", "));
+    }
+    if o.update_baseline {
+        let base = json!({
+            "command": "make bench",
+            "date": doc["date"],
+            "machine": doc["machine"],
+            "settings": doc["settings"],
+            "figures": doc["figures"],
+        });
+        std::fs::write(
+            &o.baseline,
+            serde_json::to_string_pretty(&base).expect("JSON") + "\n",
+        )
+        .expect("write baseline");
+        println!("baseline written: {}", o.baseline.display());
+    }
+    let f = |k: &str| report::fmt(figs.get(k).map(report::round));
+    let mib = |k: &str| report::fmt(figs.get(k).map(|v| v.round()));
+    println!(
+        "bench: writes_per_round={} floor=9 reason_writes={} conflicts={} reaction_p99_ms={} \
+         registry_calls_per_wake={} fresh_wake_writes={} rss_mib_10k={} startup_s_10k={} \
+         admission_rps_c64_10k={} ceiling_share={}",
+        f("rt.writes_per_round"),
+        f("rt.reason_writes"),
+        f("rt.conflicts"),
+        mib("rt.reaction_p99_ms"),
+        f("rt.registry_calls_per_wake"),
+        f("fresh.writes_per_cr"),
+        mib("scale.rss_mib"),
+        f("scale.startup_s"),
+        mib("adm.rps_c64_10k"),
+        figs.get("adm.ceiling_share")
+            .map_or("na".into(), |v| format!("{v:.2}")),
+    );
+    if o.fail_on_regression && !regressions.is_empty() {
+        1
+    } else {
+        0
+    }
+}
+
+fn machine() -> String {
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split_once(':'))
+                .map(|(_, v)| v.trim().to_owned())
+        })
+        .unwrap_or_else(|| "unknown cpu".into());
+    let mem_gib = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find(|l| l.starts_with("MemTotal:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse::<f64>().ok())
+        })
+        .map_or(0.0, |kib| kib / 1024.0 / 1024.0);
+    format!(
+        "{cores} cores ({cpu}), {mem_gib:.0} GiB, Linux, loopback control plane ({})",
+        cluster::cluster().k8s_version
+    )
+}

@@ -1,0 +1,14 @@
+//! The unit test binary: pure tables and properties, the admission router and webhook TLS
+//! in-process, the registry client against a real `docker-registry`, and the test kit's
+//! own checks. One module per area; the shared kit is the `testkit` crate.
+
+mod api_tap;
+mod chart_crd;
+mod fuzz_regressions;
+mod plan_properties;
+mod plan_rules;
+mod registry_client;
+mod registry_harness;
+mod safety_rules;
+mod webhook_router;
+mod webhook_tls;
