@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The system benchmark (`make bench`, issue 8): the release build against the local control
-# plane (hack/cluster-up.sh). Not part of `make test`.
+# plane (hack/cluster-up.sh, a fresh one of its own, stopped again at the end). Not part of
+# `make test`.
 #
 # Usage: hack/bench.sh [--n 1000] [--scale-n 10000] [--quiet-s 60] [--parts roundtrip,quiet,admission,scale]
 #                      [--filler-pods 0] [--keep-scale]
@@ -24,9 +25,22 @@ BENCH_EXE="$(cargo bench --locked --bench system --no-run --message-format=json-
 [[ -x "$BENCH_EXE" ]] || { echo "bench executable not found" >&2; exit 1; }
 cargo build --locked --release --bin cocoon-hibernation >&2
 
-echo "=== local control plane" >&2
-ENV_FILE="$(bash hack/cluster-up.sh | tail -n 1)"
+# A control plane of its own, fresh and stopped at the end: the scale part leaves 10k pods
+# behind, which would cost a core and gigabytes, and would skew the next run.
+# BENCH_KEEP_CLUSTER=1 keeps it (then: bash hack/cluster-down.sh "$BENCH_STATE_DIR").
+BENCH_STATE_DIR="${BENCH_STATE_DIR:-$HOME/.cache/cocoon-hibernation/bench-cluster}"
+stop_cluster() {
+  if [[ "${BENCH_KEEP_CLUSTER:-}" == 1 ]]; then
+    echo "=== control plane kept running (BENCH_KEEP_CLUSTER=1); stop it with: bash hack/cluster-down.sh $BENCH_STATE_DIR" >&2
+  else
+    bash hack/cluster-down.sh "$BENCH_STATE_DIR" >/dev/null 2>&1 || echo "hack/cluster-down.sh $BENCH_STATE_DIR failed" >&2
+  fi
+}
+echo "=== local control plane ($BENCH_STATE_DIR, fresh)" >&2
+bash hack/cluster-down.sh "$BENCH_STATE_DIR" >/dev/null 2>&1 || true
+trap stop_cluster EXIT
+ENV_FILE="$(bash hack/cluster-up.sh "$BENCH_STATE_DIR" | tail -n 1)"
 export COCOON_CLUSTER_ENV="$ENV_FILE"
 
 echo "=== system benchmark: $BENCH_EXE (output in $BENCH_OUT)" >&2
-exec "$BENCH_EXE" "$@"
+"$BENCH_EXE" "$@"
