@@ -12,6 +12,7 @@ pub mod error;
 pub mod metrics;
 pub mod plugin;
 pub mod registry;
+pub mod schedule;
 
 pub use error::{Error, Result};
 pub mod admin;
