@@ -2,6 +2,7 @@
 //! on a weekly calendar. Pure calendar in [`calendar`], the API in [`spec`].
 
 pub mod calendar;
+pub mod plan;
 pub mod spec;
 
 pub use spec::{CocoonHibernationSchedule, CocoonHibernationScheduleSpec};
