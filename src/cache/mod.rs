@@ -137,6 +137,15 @@ impl SharedCache {
         self.crs.state()
     }
 
+    /// Pods of `namespace` (labels kept for the schedules' selectors, K1).
+    pub fn pods_in(&self, namespace: &str) -> Vec<Arc<PodSlice>> {
+        self.pods
+            .state()
+            .into_iter()
+            .filter(|p| p.metadata.namespace.as_deref() == Some(namespace))
+            .collect()
+    }
+
     pub fn cr_store(&self) -> Store<CocoonHibernation> {
         self.crs.clone()
     }
@@ -219,13 +228,11 @@ pub fn start_tracked(
 
 /// Keep only what a pass or the webhook reads: name, namespace, uid, resourceVersion and
 /// the contract's annotations ([`PodSlice`] already dropped the spec and all but whether a
-/// container runs). Labels are matched by the apiserver (`--pod-selector`), so none are
-/// kept; other annotations (such as last-applied-configuration), owner references and
+/// container runs), and the labels schedules select on (K1); other annotations (such as last-applied-configuration), owner references and
 /// managed fields go.
 pub fn strip_pod(pod: &mut PodSlice) {
     let meta = &mut pod.metadata;
     meta.managed_fields = None;
-    meta.labels = None;
     meta.owner_references = None;
     meta.finalizers = None;
     meta.generate_name = None;
@@ -513,7 +520,11 @@ mod tests {
             PodView::from_pod(&PodSlice::from(&full))
         );
         assert!(stripped.container_running);
-        assert!(stripped.metadata.labels.is_none());
+        // K1: schedules select pods by label.
+        assert_eq!(
+            stripped.metadata.labels.as_ref().and_then(|l| l.get("app")),
+            Some(&"web".to_owned())
+        );
         assert!(stripped.metadata.owner_references.is_none());
         let kept = stripped.metadata.annotations.clone().unwrap_or_default();
         assert!(!kept.contains_key("kubectl.kubernetes.io/last-applied-configuration"));
