@@ -103,6 +103,16 @@ fn in_transition(phase: Option<Phase>) -> bool {
     matches!(phase, Some(Phase::Hibernating | Phase::Waking))
 }
 
+/// K7: counts against maxInFlight: in transition, or not yet settled at its desire (a
+/// flip the CR controller has not picked up yet is on its way into a transition).
+fn in_flight(cr: &CrState) -> bool {
+    let settled = match cr.desire {
+        Desire::Hibernate => Phase::Hibernated,
+        _ => Phase::Active,
+    };
+    !matches!(cr.phase, Some(p) if p == settled || p == Phase::Failed)
+}
+
 /// The whole pass for one schedule.
 pub fn plan(input: &Inputs) -> Plan {
     let mut plan = Plan::default();
@@ -110,7 +120,7 @@ pub fn plan(input: &Inputs) -> Plan {
     let mut in_flight = input
         .crs
         .values()
-        .filter(|cr| ours(cr) && in_transition(cr.phase))
+        .filter(|cr| ours(cr) && in_flight(cr))
         .count();
     let budget = input
         .max_in_flight

@@ -195,14 +195,20 @@ fn k6_the_younger_schedule_writes_nothing() {
 }
 
 /// K7: no desire changes while in transition; Failed with Conflict is skipped; at most
-/// maxInFlight of the schedule's CRs in transition (those already moving count).
+/// maxInFlight of the schedule's CRs in transition (those already moving count, and so
+/// does a flip not yet picked up).
 #[test]
 fn k7_transitions_are_left_to_finish_and_bounded() {
     let mut i = input(Hibernate, b2());
-    i.max_in_flight = Some(3);
-    let mut pods = vec![("moving", Driver::Us), ("conflict", Driver::Us)];
+    i.max_in_flight = Some(4);
+    let mut pods = vec![
+        ("moving", Driver::Us),
+        ("flipped", Driver::Us),
+        ("conflict", Driver::Us),
+    ];
     let mut crs = vec![
         ("moving", ours(Wake, Phase::Waking, Wake, b1())),
+        ("flipped", ours(Hibernate, Phase::Active, Hibernate, b2())),
         ("conflict", {
             let mut c = ours(Wake, Phase::Failed, Wake, b1());
             c.conflict = true;
@@ -222,7 +228,7 @@ fn k7_transitions_are_left_to_finish_and_bounded() {
     };
     assert_eq!(p.actions, vec![create, flip("p0", Hibernate)]);
     assert!(p.pending);
-    assert_eq!(p.managed, 8);
+    assert_eq!(p.managed, 9);
 }
 
 /// K1: a suspended schedule writes nothing but still counts.
