@@ -98,6 +98,16 @@ impl Calendar {
         self.boundaries(since, t).last().copied()
     }
 
+    /// K8: the next hibernate and the next wake after `t` (within a week and a day).
+    pub fn next_sleep_and_wake(&self, t: Timestamp) -> (Option<Timestamp>, Option<Timestamp>) {
+        let Ok(until) = t.checked_add(SignedDuration::from_hours(8 * 24)) else {
+            return (None, None);
+        };
+        let all = self.boundaries(t, until);
+        let first = |wake: bool| all.iter().find(|b| b.wake == wake).map(|b| b.at);
+        (first(false), first(true))
+    }
+
     /// K2: the boundary a pass at `now` must apply, given the last one applied: the latest
     /// one not yet applied, so a boundary missed while down is applied once on return and
     /// none is applied twice.

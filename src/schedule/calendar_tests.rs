@@ -147,6 +147,20 @@ fn k2_due_is_the_latest_unapplied_boundary() {
     assert_eq!(c.due(now, Some(ts("2026-06-09T17:00:00Z"))), Some(b));
 }
 
+/// K8: what `kubectl cocoon schedule` shows: the next sleep and the next wake.
+#[test]
+fn k8_next_sleep_and_wake() {
+    let c = cal("UTC", &[(WEEKDAYS, "09:00", "17:00")], 0);
+    // Friday 18:00: asleep over the weekend, awake Monday 09:00, asleep again at 17:00.
+    let (sleep, wake) = c.next_sleep_and_wake(ts("2026-06-12T18:00:00Z"));
+    assert_eq!(wake, Some(ts("2026-06-15T09:00:00Z")));
+    assert_eq!(sleep, Some(ts("2026-06-15T17:00:00Z")));
+    assert_eq!(
+        cal("UTC", &[], 0).next_sleep_and_wake(ts("2026-06-12T18:00:00Z")),
+        (None, None)
+    );
+}
+
 const ZONES: [&str; 6] = [
     "Europe/London",
     "America/New_York",
