@@ -22,42 +22,12 @@ use cocoon_hibernation::schedule::spec::{
 };
 use env::{Env, LONG, Setup, setup};
 use jiff::{SignedDuration, Timestamp};
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
-use kube::{Api, CustomResourceExt, ResourceExt};
+use kube::{Api, ResourceExt};
 use product::eventually;
 use std::collections::BTreeMap;
 use std::time::Duration;
-
-/// Installs the schedule CRD (server-side apply) and waits until Established.
-async fn ensure_schedule_crd() {
-    let client = cluster::cluster().client().await;
-    product::ensure_crd(&client).await;
-    let api: Api<CustomResourceDefinition> = Api::all(client);
-    let crd = CocoonHibernationSchedule::crd();
-    let name = crd.metadata.name.clone().expect("crd name");
-    api.patch(
-        &name,
-        &PatchParams::apply("cocoon-e2e").force(),
-        &Patch::Apply(&crd),
-    )
-    .await
-    .expect("apply the schedule CRD");
-    eventually(
-        "schedule CRD established",
-        Duration::from_secs(30),
-        || async {
-            let crd = api.get(&name).await.ok()?;
-            crd.status?
-                .conditions?
-                .iter()
-                .any(|c| c.type_ == "Established" && c.status == "True")
-                .then_some(())
-        },
-    )
-    .await;
-}
 
 /// The product's clock, given the offset it was started with.
 struct SimClock(SignedDuration);
@@ -172,7 +142,6 @@ async fn settle_within_budget(crs: &Api<CocoonHibernation>, n: usize, desire: De
 /// return, and not one CR deleted, not even by deleting the schedule.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn e2e_k2_k4_k5_k7_twenty_pods_follow_the_calendar() {
-    ensure_schedule_crd().await;
     // A Monday; the windows are 06:00-10:00 and 10:02-10:04 UTC.
     let (hibernate_at, wake_at) = (ts("2030-01-07T10:00:00Z"), ts("2030-01-07T10:02:00Z"));
     let clock = SimClock::before(hibernate_at, Duration::from_secs(75));
@@ -318,7 +287,6 @@ async fn e2e_k2_k4_k5_k7_twenty_pods_follow_the_calendar() {
 /// `kubectl get chs` shows the window, the next boundary and the counts.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn e2e_k6_k4_overlapping_schedules_the_younger_reports_conflict() {
-    ensure_schedule_crd().await;
     let env = setup("schedule-k6", Setup::default()).await;
     let names: Vec<String> = (0..3).map(|i| format!("web-{i}")).collect();
     labelled_pods(&env, &names, "web").await;

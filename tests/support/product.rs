@@ -291,27 +291,32 @@ impl Drop for Product {
     }
 }
 
-/// Installs the CRD with its CEL rule (server-side apply) and waits until Established.
+/// Installs both CRDs (CocoonHibernation with its CEL rule, and the schedules' of K1) by
+/// server-side apply and waits until they are Established.
 pub async fn ensure_crd(client: &kube::Client) {
     let api: Api<CustomResourceDefinition> = Api::all(client.clone());
-    let crd = CocoonHibernation::crd();
-    let name = crd.metadata.name.clone().expect("crd name");
-    api.patch(
-        &name,
-        &PatchParams::apply("cocoon-e2e").force(),
-        &Patch::Apply(&crd),
-    )
-    .await
-    .expect("apply CRD");
-    eventually("CRD established", Duration::from_secs(30), || async {
-        let crd = api.get(&name).await.ok()?;
-        crd.status?
-            .conditions?
-            .iter()
-            .any(|c| c.type_ == "Established" && c.status == "True")
-            .then_some(())
-    })
-    .await;
+    for crd in [
+        CocoonHibernation::crd(),
+        cocoon_hibernation::schedule::CocoonHibernationSchedule::crd(),
+    ] {
+        let name = crd.metadata.name.clone().expect("crd name");
+        api.patch(
+            &name,
+            &PatchParams::apply("cocoon-e2e").force(),
+            &Patch::Apply(&crd),
+        )
+        .await
+        .expect("apply CRD");
+        eventually("CRD established", Duration::from_secs(30), || async {
+            let crd = api.get(&name).await.ok()?;
+            crd.status?
+                .conditions?
+                .iter()
+                .any(|c| c.type_ == "Established" && c.status == "True")
+                .then_some(())
+        })
+        .await;
+    }
 }
 
 /// A ValidatingWebhookConfiguration for one namespace, pointing at `port` on loopback,
