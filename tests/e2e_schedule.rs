@@ -353,3 +353,25 @@ async fn e2e_k6_k4_overlapping_schedules_the_younger_reports_conflict() {
     }
     assert!(text.contains("Awake"), "{text}");
 }
+
+/// K1: the apiserver sends schedules to the webhook, which refuses a time zone the bundled
+/// database does not know; a good one (a zone with a 30-minute shift) passes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e2e_k1_admission_refuses_an_unknown_time_zone() {
+    let env = setup("schedule-k1", Setup::default()).await;
+    let schedules: Api<CocoonHibernationSchedule> = Api::namespaced(env.client.clone(), &env.ns);
+    let mut bad = schedule("bad", "web", &[("09:00", "17:00")], None);
+    bad.spec.time_zone = "Mars/Olympus_Mons".into();
+    let err = schedules
+        .create(&PostParams::default(), &bad)
+        .await
+        .expect_err("an unknown zone must be refused");
+    let text = err.to_string();
+    assert!(text.contains("spec.timeZone"), "{text}");
+    let mut good = schedule("good", "web", &[("09:00", "24:00")], None);
+    good.spec.time_zone = "Australia/Lord_Howe".into();
+    schedules
+        .create(&PostParams::default(), &good)
+        .await
+        .expect("a valid schedule is admitted");
+}

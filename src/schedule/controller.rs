@@ -175,7 +175,8 @@ async fn reconcile(
             Action::Flip { cr, .. } | Action::Mark { cr, .. } | Action::Release { cr, .. } => cr,
         };
         match writer.execute(action, versions.get(cr).cloned()).await {
-            Ok(()) => count_write(&ctx.metrics, action),
+            Ok(true) => count_write(&ctx.metrics, action),
+            Ok(false) => {}
             Err(e) => {
                 // 409: a person changed the CR since the cache showed it; look again.
                 tracing::info!(schedule = %name, cr = %cr, error = %e, "schedule write not made");

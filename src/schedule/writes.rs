@@ -26,26 +26,27 @@ pub fn desire_str(d: Desire) -> &'static str {
 }
 
 impl Writer<'_> {
-    /// `resource_version`: of the CR the plan read (None for a create).
+    /// `resource_version`: of the CR the plan read (None for a create). `Ok(false)`: a
+    /// create found the CR already there, and wrote nothing.
     pub async fn execute(
         &self,
         action: &Action,
         resource_version: Option<String>,
-    ) -> Result<(), kube::Error> {
+    ) -> Result<bool, kube::Error> {
         match action {
             Action::Create { pod, desire } => self.create(pod, *desire).await,
             Action::Flip { cr, desire } | Action::Mark { cr, desire } => {
                 let patch = self.mark_patch(*desire, resource_version);
-                self.patch(cr, patch).await
+                self.patch(cr, patch).await.map(|()| true)
             }
             Action::Release { cr, wake } => {
                 let patch = release_patch(*wake, resource_version);
-                self.patch(cr, patch).await
+                self.patch(cr, patch).await.map(|()| true)
             }
         }
     }
 
-    async fn create(&self, pod: &str, desire: Desire) -> Result<(), kube::Error> {
+    async fn create(&self, pod: &str, desire: Desire) -> Result<bool, kube::Error> {
         let mut cr = CocoonHibernation::new(
             pod,
             CocoonHibernationSpec {
@@ -68,8 +69,8 @@ impl Writer<'_> {
         };
         match self.api.create(&PostParams::default(), &cr).await {
             // Someone else's CR: the next pass counts it as overridden (never adopted).
-            Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
-            other => other.map(|_| ()),
+            Err(kube::Error::Api(e)) if e.code == 409 => Ok(false),
+            other => other.map(|_| true),
         }
     }
 

@@ -358,6 +358,30 @@ pub async fn install_webhook(
                 "resources": ["cocoonhibernations"],
                 "scope": "Namespaced",
             }],
+        }, {
+            // K1: schedules, as the chart's second webhook.
+            "name": "validate.cocoonhibernationschedule.cocoonstack.io",
+            "admissionReviewVersions": ["v1"],
+            "sideEffects": "None",
+            "failurePolicy": "Fail",
+            "matchPolicy": "Equivalent",
+            "timeoutSeconds": 5,
+            "clientConfig": {
+                "url": format!("https://127.0.0.1:{port}/validate-cocoonhibernationschedule"),
+                "caBundle": ca,
+            },
+            "namespaceSelector": { "matchLabels": { "kubernetes.io/metadata.name": namespace } },
+            "matchConditions": [{
+                "name": "create-or-spec-change",
+                "expression": "request.operation == 'CREATE' || object.spec != oldObject.spec",
+            }],
+            "rules": [{
+                "apiGroups": [group],
+                "apiVersions": ["v1alpha1"],
+                "operations": ["CREATE", "UPDATE"],
+                "resources": ["cocoonhibernationschedules"],
+                "scope": "Namespaced",
+            }],
         }],
     }))
     .expect("valid webhook configuration");
