@@ -3,7 +3,7 @@
 # plane (hack/cluster-up.sh, a fresh one of its own, stopped again at the end). Not part of
 # `make test`.
 #
-# Usage: hack/bench.sh [--n 1000] [--scale-n 10000] [--quiet-s 60] [--parts roundtrip,quiet,admission,scale]
+# Usage: hack/bench.sh [--n 1000] [--scale-n 10000] [--quiet-s 60] [--parts roundtrip,quiet,admission,scale,schedule]
 #                      [--filler-pods 0] [--keep-scale]
 #                      [--update-baseline] [--fail-on-regression]
 #   Every flag also reads BENCH_<NAME> from the environment (e.g. BENCH_N=100).

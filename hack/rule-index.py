@@ -16,7 +16,7 @@ from collections import defaultdict
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 RULES = ROOT / "docs" / "rules.md"
 START, END = "<!-- rule-index:start -->", "<!-- rule-index:end -->"
-RULE_TOKEN = re.compile(r"^[arhwdfgscovp][0-9]+$")
+RULE_TOKEN = re.compile(r"^[arhwdfgscovpk][0-9]+$")
 TEST_ATTR = re.compile(r"#\[(test|rstest|tokio::test|case|proptest)|proptest!")
 FN = re.compile(r"^\s*(?:pub\s+)?(?:async\s+)?fn\s+([a-z0-9_]+)")
 CASE = re.compile(r"^\s*#\[case::([a-z0-9_]+)")

@@ -13,6 +13,7 @@ pub mod flags;
 pub mod metrics;
 pub mod plugin;
 pub mod registry;
+pub mod schedule;
 
 pub use error::{Error, Result};
 pub mod admin;

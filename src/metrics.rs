@@ -88,7 +88,23 @@ pub struct Metrics {
     /// From the pod change that completed a transition (vk's write, as the watch delivered
     /// it) to the CR's terminal status write.
     pub reaction_seconds: Family<ReactionLabels, Histogram>,
+    /// K8: boundaries schedules applied, by the desire they set.
+    pub schedule_boundaries: Family<ScheduleLabels, Counter>,
+    /// K8: CR writes by schedules, by kind (create, flip, mark, release).
+    pub schedule_writes: Family<ScheduleWriteLabels, Counter>,
+    /// K8: pods whose manual override schedules are keeping now, over all schedules.
+    pub schedule_overrides: Gauge,
     registry: Arc<Registry>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ScheduleLabels {
+    pub desire: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ScheduleWriteLabels {
+    pub kind: &'static str,
 }
 
 /// Opaque: the families would print every series.
@@ -183,7 +199,28 @@ impl Metrics {
             "1 while this replica holds the leader lease",
             leader.clone(),
         );
+        let schedule_boundaries = Family::<ScheduleLabels, Counter>::default();
+        let schedule_writes = Family::<ScheduleWriteLabels, Counter>::default();
+        let schedule_overrides = Gauge::default();
+        registry.register(
+            "schedule_boundaries_applied",
+            "Schedule boundaries applied, by the desire they set",
+            schedule_boundaries.clone(),
+        );
+        registry.register(
+            "schedule_writes",
+            "CocoonHibernation writes by schedules, by kind",
+            schedule_writes.clone(),
+        );
+        registry.register(
+            "schedule_overrides",
+            "Pods whose manual override the schedules keep now",
+            schedule_overrides.clone(),
+        );
         Self {
+            schedule_boundaries,
+            schedule_writes,
+            schedule_overrides,
             reconcile_passes,
             pass_deferrals,
             reconcile_errors,

@@ -119,6 +119,24 @@ pub async fn run(args: ServerArgs) -> Result<()> {
             .max(1),
         ..Settings::default()
     };
+    // K1: schedules run in this process, on this cache, while this replica leads.
+    let schedule_task = tokio::spawn({
+        let (client, cache, metrics) = (client.clone(), cache.clone(), metrics.clone());
+        let clock = crate::schedule::Clock {
+            offset: args.schedule_clock_offset,
+        };
+        let (leading, namespace) = (
+            election.leading.clone(),
+            args.controller.watch_namespace.clone(),
+        );
+        let stop = shutdown.clone();
+        async move {
+            crate::schedule::controller::run(
+                client, cache, metrics, clock, leading, &namespace, stop,
+            )
+            .await
+        }
+    });
     let ctx = controller::context(
         client,
         cache,
@@ -160,6 +178,7 @@ pub async fn run(args: ServerArgs) -> Result<()> {
         let _ = controller_task.await;
     }
     census_task.abort();
+    let _ = tokio::time::timeout(Duration::from_secs(5), schedule_task).await;
     election.stop.cancel();
     if let Some(task) = election.task {
         let _ = tokio::time::timeout(Duration::from_secs(5), task).await;

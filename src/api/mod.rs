@@ -183,9 +183,15 @@ pub fn parse_duration(raw: &str) -> Result<std::time::Duration, String> {
     humantime::parse_duration(raw).map_err(|e| e.to_string())
 }
 
-/// The CRD as YAML, exactly as `cocoon-hibernation crd` prints it.
+/// Both CRDs (CocoonHibernation, then CocoonHibernationSchedule, K1) as one YAML stream,
+/// exactly as `cocoon-hibernation crd` prints it.
 pub fn crd_yaml() -> Result<String, serde_norway::Error> {
-    serde_norway::to_string(&CocoonHibernation::crd())
+    let schedule = crate::schedule::CocoonHibernationSchedule::crd();
+    Ok(format!(
+        "{}---\n{}",
+        serde_norway::to_string(&CocoonHibernation::crd())?,
+        serde_norway::to_string(&schedule)?
+    ))
 }
 
 #[cfg(test)]

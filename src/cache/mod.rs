@@ -132,6 +132,15 @@ impl SharedCache {
         self.crs.state()
     }
 
+    /// Pods of `namespace` (labels kept for the schedules' selectors, K1).
+    pub fn pods_in(&self, namespace: &str) -> Vec<Arc<PodSlice>> {
+        self.pods
+            .state()
+            .into_iter()
+            .filter(|p| p.metadata.namespace.as_deref() == Some(namespace))
+            .collect()
+    }
+
     pub fn cr_store(&self) -> Store<CocoonHibernation> {
         self.crs.clone()
     }
@@ -214,13 +223,11 @@ pub fn start_tracked(
 
 /// Keep only what a pass or the webhook reads: name, namespace, uid, resourceVersion and
 /// the contract's annotations ([`PodSlice`] already dropped the spec and all but whether a
-/// container runs). Labels are matched by the apiserver (`--pod-selector`), so none are
-/// kept; other annotations (such as last-applied-configuration), owner references and
+/// container runs), and the labels schedules select on (K1); other annotations (such as last-applied-configuration), owner references and
 /// managed fields go.
 pub fn strip_pod(pod: &mut PodSlice) {
     let meta = &mut pod.metadata;
     meta.managed_fields = None;
-    meta.labels = None;
     meta.owner_references = None;
     meta.finalizers = None;
     meta.generate_name = None;

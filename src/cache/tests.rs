@@ -41,7 +41,11 @@ fn c3_stripped_pod_keeps_everything_a_pass_reads() {
         PodView::from_pod(&PodSlice::from(&full))
     );
     assert!(stripped.container_running);
-    assert!(stripped.metadata.labels.is_none());
+    // K1: schedules select pods by label.
+    assert_eq!(
+        stripped.metadata.labels.as_ref().and_then(|l| l.get("app")),
+        Some(&"web".to_owned())
+    );
     assert!(stripped.metadata.owner_references.is_none());
     let kept = stripped.metadata.annotations.clone().unwrap_or_default();
     assert!(!kept.contains_key("kubectl.kubernetes.io/last-applied-configuration"));

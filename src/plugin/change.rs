@@ -22,7 +22,7 @@ struct Written {
 }
 
 pub async fn run(conn: &Connection, want: Want, args: &ChangeArgs) -> Result<(), PluginError> {
-    let written = request(conn, want, &args.pod).await?;
+    let written = request(conn, want, &args.pod, args.until).await?;
     say(&written.summary);
     if !args.wait {
         return Ok(());
@@ -44,13 +44,18 @@ pub async fn run(conn: &Connection, want: Want, args: &ChangeArgs) -> Result<(),
     Ok(())
 }
 
-async fn request(conn: &Connection, want: Want, pod: &str) -> Result<Written, PluginError> {
+async fn request(
+    conn: &Connection,
+    want: Want,
+    pod: &str,
+    until: Option<jiff::Timestamp>,
+) -> Result<Written, PluginError> {
     let ns = &conn.namespace;
     let api = resources::crs(&conn.client, ns);
     // A create that loses a race with another one finds that CR on the second round.
     for _ in 0..2 {
         if let Some(cr) = find(&api, ns, pod).await? {
-            return set_desire(&api, cr, want).await;
+            return set_desire(&api, cr, want, until).await;
         }
         ensure_pod(conn, pod).await?;
         let object = resources::new_cr(ns, pod, want.desire())
@@ -117,6 +122,7 @@ async fn set_desire(
     api: &Api<DynamicObject>,
     cr: CrView,
     want: Want,
+    until: Option<jiff::Timestamp>,
 ) -> Result<Written, PluginError> {
     if cr.deleting {
         return Err(PluginError::Refused(format!(
@@ -124,7 +130,7 @@ async fn set_desire(
             cr.key()
         )));
     }
-    if cr.desire == want.desire() {
+    if cr.desire == want.desire() && until.is_none() {
         return Ok(Written {
             summary: format!(
                 "cocoonhibernation/{} unchanged: desire is already {}",
@@ -135,7 +141,12 @@ async fn set_desire(
             changed: false,
         });
     }
-    let patch = serde_json::json!({ "spec": { "desire": want.desire() } });
+    let mut patch = serde_json::json!({ "spec": { "desire": want.desire() } });
+    if let Some(until) = until {
+        // K5: a schedule leaves this desire alone until then.
+        let key = crate::schedule::plan::OVERRIDE_UNTIL;
+        patch["metadata"] = serde_json::json!({ "annotations": { key: until.to_string() } });
+    }
     let patched = api
         .patch(&cr.name, &PatchParams::default(), &Patch::Merge(&patch))
         .await

@@ -104,6 +104,18 @@ whose VM is still named by a pod is kept: it may be that VM's only copy. The del
 the server's own: it deletes the manifest digest the audit saw, never by tag, and never
 when another tag shares that manifest.")]
     Orphans(OrphansArgs),
+    /// Show CocoonHibernationSchedules: when each pod they drive next sleeps and wakes.
+    #[command(long_about = "\
+Show the CocoonHibernationSchedules (short name `chs`) of the namespace, or the one named,
+and for each pod a schedule drives: its desire and phase, when it next hibernates and
+next wakes by the calendar, and whether a manual override holds it (K5).")]
+    Schedule(ScheduleArgs),
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct ScheduleArgs {
+    /// Only this schedule.
+    pub name: Option<String>,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -116,6 +128,25 @@ pub struct ChangeArgs {
     /// How long --wait waits, e.g. 90s, 10m.
     #[arg(long, value_parser = parse_duration, default_value = "10m", value_name = "DURATION", requires = "wait")]
     pub timeout: Duration,
+    /// A manual override of a schedule (K5) that ends at this time: an RFC 3339 instant
+    /// (`2026-06-12T18:00:00Z`) or a duration from now (`2h`). Without it, the override
+    /// lasts until the schedule's next boundary.
+    #[arg(long, value_parser = parse_until, value_name = "TIME")]
+    pub until: Option<jiff::Timestamp>,
+}
+
+/// `--until`: an instant, or a duration from now.
+fn parse_until(raw: &str) -> Result<jiff::Timestamp, String> {
+    if let Ok(at) = raw.parse::<jiff::Timestamp>() {
+        return Ok(at);
+    }
+    let d = parse_duration(raw).map_err(|_| {
+        format!("{raw:?} is neither an RFC 3339 time (2026-06-12T18:00:00Z) nor a duration (2h)")
+    })?;
+    let d = jiff::SignedDuration::try_from(d).map_err(|e| e.to_string())?;
+    jiff::Timestamp::now()
+        .checked_add(d)
+        .map_err(|e| e.to_string())
 }
 
 #[derive(Args, Debug, Clone)]
@@ -210,5 +241,26 @@ mod tests {
             "--timeout only with --wait"
         );
         assert!(parse(&["status", "-o", "wide"]).is_ok());
+        assert!(parse(&["wake", "w", "--until", "whenever"]).is_err());
+    }
+
+    /// K5: `wake --until` takes an instant or a duration from now.
+    #[test]
+    fn k5_wake_until_reads_an_instant_or_a_duration() {
+        let cli = parse(&["wake", "w", "--until", "2030-01-07T18:00:00Z"]).unwrap();
+        let Command::Wake(args) = cli.command else {
+            panic!("not wake")
+        };
+        assert_eq!(args.until, Some("2030-01-07T18:00:00Z".parse().unwrap()));
+        let cli = parse(&["wake", "w", "--until", "2h"]).unwrap();
+        let Command::Wake(args) = cli.command else {
+            panic!("not wake")
+        };
+        let left = args.until.unwrap().duration_since(jiff::Timestamp::now());
+        assert!(left > jiff::SignedDuration::from_mins(110), "{left}");
+        assert!(matches!(
+            parse(&["schedule", "office"]).unwrap().command,
+            Command::Schedule(ScheduleArgs { name: Some(_) })
+        ));
     }
 }

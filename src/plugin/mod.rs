@@ -6,7 +6,8 @@
 //! (reading CRs leniently), `change` (create or flip a desire), `progress` (when a wait
 //! is over, pure), `wait` (the watch), `terminal` (progress output), `status` and
 //! `table` (the status table), `audit` (orphan decisions, pure), `claims` (who holds
-//! which VM), `confirm`, `orphans` (the audit command), `error` (messages, exit codes).
+//! which VM), `confirm`, `orphans` (the audit command), `schedule` (schedules' next boundaries),
+//! `error` (messages, exit codes).
 
 mod audit;
 mod change;
@@ -18,6 +19,7 @@ mod error;
 mod orphans;
 mod progress;
 mod resources;
+mod schedule;
 mod status;
 mod table;
 mod terminal;
@@ -38,6 +40,7 @@ pub async fn run(cli: Cli) -> Result<(), PluginError> {
         Command::Wake(args) => change::run(&conn, Want::Wake, args).await,
         Command::Status(args) => status::run(&conn, args).await,
         Command::Orphans(args) => orphans::run(&conn, args).await,
+        Command::Schedule(args) => schedule::run(&conn, args).await,
     };
     result.map_err(|e| e.at_server(&conn.server))
 }

@@ -71,7 +71,7 @@ fn operation_label(operation: &Operation) -> &'static str {
 }
 
 /// The request of an `admission.k8s.io/v1` AdmissionReview, or why the body is not one.
-fn decode(body: &[u8]) -> Result<AdmissionRequest<DynamicObject>, String> {
+pub(crate) fn decode(body: &[u8]) -> Result<AdmissionRequest<DynamicObject>, String> {
     let review: AdmissionReview<DynamicObject> = serde_json::from_slice(body).map_err(|e| {
         if e.is_syntax() || e.is_eof() {
             format!("request body is not JSON: {e}")

@@ -30,6 +30,10 @@ pub fn router<V: validate::ClaimView + Clone + Send + Sync + 'static>(
 ) -> Router {
     Router::new()
         .route(PATH, post(validate_handler::<V>))
+        .route(
+            crate::schedule::admission::PATH,
+            post(validate_schedule::<V>),
+        )
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .layer(tower_http::timeout::TimeoutLayer::with_status_code(
             axum::http::StatusCode::REQUEST_TIMEOUT,
@@ -43,6 +47,14 @@ async fn validate_handler<V: validate::ClaimView + Clone + Send + Sync + 'static
     body: Bytes,
 ) -> impl IntoResponse {
     handler::review(&body, &state.view, &state.metrics)
+}
+
+/// K1: schedules need no cache, only the bundled tz database.
+async fn validate_schedule<V: Clone + Send + Sync + 'static>(
+    State(state): State<WebhookState<V>>,
+    body: Bytes,
+) -> impl IntoResponse {
+    crate::schedule::admission::review(&body, &state.metrics)
 }
 
 /// The production router over the shared cache.

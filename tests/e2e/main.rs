@@ -13,4 +13,5 @@ mod partition;
 mod plugin;
 mod registry_stall;
 mod safety;
+mod schedule;
 mod status;

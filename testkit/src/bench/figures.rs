@@ -152,6 +152,17 @@ pub(super) fn declare(figs: &mut Figures) {
             "(RSS − empty RSS) / (pods + CRs)",
             Memory,
         ),
+        ("sched.n", "pods of one schedule", Info),
+        (
+            "sched.flip_s",
+            "s, hibernate boundary → all N Hibernated",
+            Time,
+        ),
+        (
+            "sched.writes_per_pod",
+            "schedule CR writes per pod for one boundary (target 1)",
+            Count,
+        ),
     ] {
         figs.set(key, None, unit, kind);
     }

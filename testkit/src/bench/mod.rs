@@ -11,7 +11,9 @@
 //! - quiet: API writes and registry calls over a settled window with the N CRs;
 //! - admission: requests/s and latency at concurrency 16 and 64 straight to the webhook
 //!   over TLS, and the same load against a no-op axum + rustls server (the ceiling);
-//! - scale: RSS and time to /readyz with S realistic pods (3 containers, ~8 KB) and S CRs.
+//! - scale: RSS and time to /readyz with S realistic pods (3 containers, ~8 KB) and S CRs;
+//! - schedule: N pods of one CocoonHibernationSchedule, a boundary reached through the
+//!   product's shifted clock: boundary → all Hibernated, and CR writes per pod (K2).
 //!
 //! Writes `<target>/bench/system-latest.json` (and a timestamped copy) with two SVG charts
 //! beside it; prints a table with ratios to `bench/baseline.json`; the last line printed
@@ -26,6 +28,7 @@ pub mod pods;
 pub mod report;
 mod roundtrip;
 mod scale;
+mod schedule;
 mod steps;
 pub mod world;
 
@@ -65,7 +68,7 @@ pub struct Opts {
     /// Share of the simulator's wakes that delete the tag they restored from (vk-cocoon
     /// may; 0 by default, as in the baseline's runs).
     sim_wake_drops_tag: f64,
-    /// Parts to run: roundtrip,quiet,admission,scale.
+    /// Parts to run: roundtrip,quiet,admission,scale,schedule.
     parts: Vec<String>,
     out: PathBuf,
     baseline: PathBuf,
@@ -127,7 +130,7 @@ impl Opts {
             sim_delay_ms: num("sim_delay_ms", "50") as u64,
             sim_hibernating_first: get("sim_hibernating_first", "0") == "1",
             sim_wake_drops_tag: num("sim_wake_drops_tag", "0"),
-            parts: get("parts", "roundtrip,quiet,admission,scale")
+            parts: get("parts", "roundtrip,quiet,admission,scale,schedule")
                 .split(',')
                 .map(|s| s.trim().to_owned())
                 .collect(),
@@ -245,6 +248,9 @@ pub async fn measure(o: &Opts) -> (Figures, serde_json::Map<String, Value>) {
     if o.part("scale") && o.scale_n > 0 {
         scale(o, cluster, &client, &mut figs, &mut detail).await;
     }
+    if o.part("schedule") && o.n > 0 {
+        schedule::schedule(o, &mut figs, &mut detail).await;
+    }
     let ours = figs.get("adm.rps_c64_10k").or(figs.get("adm.rps_c64_1k"));
     if let (Some(ours), Some(ceiling)) = (ours, figs.get("adm.ceiling_rps_c64")) {
         figs.set("adm.ceiling_share", Some(ours / ceiling), "", Kind::Rate);
@@ -326,7 +332,8 @@ async fn run(o: Opts) -> i32 {
     println!(
         "bench: writes_per_round={} floor=9 reason_writes={} conflicts={} reaction_p99_ms={} \
          registry_calls_per_wake={} fresh_wake_writes={} rss_mib_10k={} startup_s_10k={} \
-         admission_rps_c64_10k={} ceiling_share={}",
+         admission_rps_c64_10k={} ceiling_share={} schedule_flip_s_1000={} \
+         schedule_writes_per_pod={}",
         f("rt.writes_per_round"),
         f("rt.reason_writes"),
         f("rt.conflicts"),
@@ -338,6 +345,8 @@ async fn run(o: Opts) -> i32 {
         mib("adm.rps_c64_10k"),
         figs.get("adm.ceiling_share")
             .map_or("na".into(), |v| format!("{v:.2}")),
+        f("sched.flip_s"),
+        f("sched.writes_per_pod"),
     );
     if o.fail_on_regression && !regressions.is_empty() {
         1

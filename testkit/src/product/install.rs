@@ -11,27 +11,32 @@ use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, CustomResourceExt};
 use std::time::Duration;
 
-/// Installs the CRD with its CEL rule (server-side apply) and waits until Established.
+/// Installs both CRDs (CocoonHibernation with its CEL rule, and the schedules' of K1) by
+/// server-side apply and waits until they are Established.
 pub async fn ensure_crd(client: &kube::Client) {
     let api: Api<CustomResourceDefinition> = Api::all(client.clone());
-    let crd = CocoonHibernation::crd();
-    let name = crd.metadata.name.clone().expect("crd name");
-    api.patch(
-        &name,
-        &PatchParams::apply("cocoon-e2e").force(),
-        &Patch::Apply(&crd),
-    )
-    .await
-    .expect("apply CRD");
-    eventually("CRD established", Duration::from_secs(30), || async {
-        let crd = api.get(&name).await.ok()?;
-        crd.status?
-            .conditions?
-            .iter()
-            .any(|c| c.type_ == "Established" && c.status == "True")
-            .then_some(())
-    })
-    .await;
+    for crd in [
+        CocoonHibernation::crd(),
+        cocoon_hibernation::schedule::CocoonHibernationSchedule::crd(),
+    ] {
+        let name = crd.metadata.name.clone().expect("crd name");
+        api.patch(
+            &name,
+            &PatchParams::apply("cocoon-e2e").force(),
+            &Patch::Apply(&crd),
+        )
+        .await
+        .expect("apply CRD");
+        eventually("CRD established", Duration::from_secs(30), || async {
+            let crd = api.get(&name).await.ok()?;
+            crd.status?
+                .conditions?
+                .iter()
+                .any(|c| c.type_ == "Established" && c.status == "True")
+                .then_some(())
+        })
+        .await;
+    }
 }
 
 /// A ValidatingWebhookConfiguration for one namespace, pointing at `port` on loopback,
@@ -71,6 +76,30 @@ pub async fn install_webhook(
                 "apiVersions": ["v1"],
                 "operations": ["CREATE", "UPDATE"],
                 "resources": ["cocoonhibernations"],
+                "scope": "Namespaced",
+            }],
+        }, {
+            // K1: schedules, as the chart's second webhook.
+            "name": "validate.cocoonhibernationschedule.cocoonstack.io",
+            "admissionReviewVersions": ["v1"],
+            "sideEffects": "None",
+            "failurePolicy": "Fail",
+            "matchPolicy": "Equivalent",
+            "timeoutSeconds": 5,
+            "clientConfig": {
+                "url": format!("https://127.0.0.1:{port}/validate-cocoonhibernationschedule"),
+                "caBundle": ca,
+            },
+            "namespaceSelector": { "matchLabels": { "kubernetes.io/metadata.name": namespace } },
+            "matchConditions": [{
+                "name": "create-or-spec-change",
+                "expression": "request.operation == 'CREATE' || object.spec != oldObject.spec",
+            }],
+            "rules": [{
+                "apiGroups": [group],
+                "apiVersions": ["v1alpha1"],
+                "operations": ["CREATE", "UPDATE"],
+                "resources": ["cocoonhibernationschedules"],
                 "scope": "Namespaced",
             }],
         }],

@@ -1,0 +1,330 @@
+//! The schedule controller (K2, K4–K8): one pass per schedule reads the shared cache,
+//! plans, writes, records status and events, and requeues at the next boundary. Runs in
+//! the same process as the CR controller, while this replica leads.
+
+use super::Clock;
+use super::plan::{self, Action, Plan};
+use super::spec::{self, CocoonHibernationSchedule, CocoonHibernationScheduleStatus, OnDelete};
+use super::writes::{Writer, desire_str};
+use super::{inputs, status};
+use crate::api::{CocoonHibernation, Desire};
+use crate::cache::SharedCache;
+use crate::metrics::{Metrics, ScheduleLabels, ScheduleWriteLabels};
+use futures::StreamExt;
+use jiff::Timestamp;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::controller::Action as Requeue;
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::reflector::Store;
+use kube::runtime::{Controller, watcher};
+use kube::{Resource, ResourceExt};
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+/// Holds the schedule until its CRs are released (K4).
+pub const FINALIZER: &str = "cocoonhibernationschedule.cocoonset.cocoonstack.io/finalizer";
+/// While a write is deferred (K7) or failed: look again this soon.
+const PENDING_RETRY: Duration = Duration::from_secs(3);
+/// Without a boundary sooner: new pods, label changes and CR changes are seen this often.
+const RESYNC: Duration = Duration::from_secs(30);
+
+pub struct Context {
+    pub client: kube::Client,
+    pub cache: SharedCache,
+    pub schedules: Store<CocoonHibernationSchedule>,
+    pub recorder: Recorder,
+    pub metrics: Metrics,
+    pub clock: Clock,
+    pub leading: watch::Receiver<bool>,
+    /// (schedule uid, CR, boundary) already reported as `OverrideKept`.
+    reported: Mutex<HashSet<(String, String, Timestamp)>>,
+    /// Overrides kept now, per schedule uid, for the gauge.
+    overrides: Mutex<HashMap<String, u32>>,
+}
+
+/// Watches schedules (in `namespace`, or everywhere when empty) and drives them until
+/// `shutdown`.
+pub async fn run(
+    client: kube::Client,
+    cache: SharedCache,
+    metrics: Metrics,
+    clock: Clock,
+    leading: watch::Receiver<bool>,
+    namespace: &str,
+    shutdown: CancellationToken,
+) {
+    let api: Api<CocoonHibernationSchedule> = if namespace.is_empty() {
+        Api::all(client.clone())
+    } else {
+        Api::namespaced(client.clone(), namespace)
+    };
+    let controller = Controller::new(api, watcher::Config::default());
+    let reporter = Reporter {
+        controller: "cocoon-hibernation".into(),
+        instance: None,
+    };
+    let ctx = Arc::new(Context {
+        recorder: Recorder::new(client.clone(), reporter),
+        schedules: controller.store(),
+        client,
+        cache,
+        metrics,
+        clock,
+        leading,
+        reported: Mutex::default(),
+        overrides: Mutex::default(),
+    });
+    controller
+        .graceful_shutdown_on(async move { shutdown.cancelled().await })
+        .run(reconcile, error_policy, ctx)
+        .for_each(|res| async move {
+            if let Err(e) = res {
+                tracing::debug!(error = %e, "schedule controller event");
+            }
+        })
+        .await;
+}
+
+fn error_policy(s: Arc<CocoonHibernationSchedule>, e: &kube::Error, _: Arc<Context>) -> Requeue {
+    tracing::warn!(schedule = %s.name_any(), error = %e, "schedule pass failed");
+    Requeue::requeue(PENDING_RETRY)
+}
+
+async fn reconcile(
+    s: Arc<CocoonHibernationSchedule>,
+    ctx: Arc<Context>,
+) -> Result<Requeue, kube::Error> {
+    if !*ctx.leading.borrow() || !ctx.cache.is_synced() {
+        return Ok(Requeue::requeue(Duration::from_secs(2)));
+    }
+    let ns = s.namespace().unwrap_or_default();
+    let (name, uid) = (s.name_any(), s.uid().unwrap_or_default());
+    let api: Api<CocoonHibernationSchedule> = Api::namespaced(ctx.client.clone(), &ns);
+    let has_finalizer = s.finalizers().iter().any(|f| f == FINALIZER);
+    let deleting = s.metadata.deletion_timestamp.is_some();
+    if deleting && !has_finalizer {
+        return Ok(Requeue::await_change());
+    }
+    if !has_finalizer {
+        let mut finalizers = s.finalizers().to_vec();
+        finalizers.push(FINALIZER.into());
+        let patch = serde_json::json!({ "metadata": {
+            "finalizers": finalizers, "resourceVersion": s.resource_version() } });
+        api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await?;
+        return Ok(Requeue::await_change());
+    }
+    let calendar = match spec::calendar(&s.spec) {
+        Ok(c) => c,
+        Err(errors) => {
+            let st = status::invalid(&s, &errors.join("; "));
+            patch_status(&api, &name, &st).await?;
+            return Ok(Requeue::requeue(RESYNC));
+        }
+    };
+    let now = ctx.clock.now();
+    let desire = if calendar.awake(now) {
+        Desire::Wake
+    } else {
+        Desire::Hibernate
+    };
+    let boundary = calendar
+        .latest_boundary(now)
+        .map_or(Timestamp::UNIX_EPOCH, |b| b.at);
+    let last_applied = s
+        .status
+        .as_ref()
+        .and_then(|st| st.last_applied_boundary.as_ref())
+        .map(|t| t.0);
+    let due = calendar.due(now, last_applied);
+    let pods = inputs::selected_pods(&s, &ctx.schedules.state(), &ctx.cache.pods_in(&ns));
+    let in_ns: Vec<Arc<CocoonHibernation>> = ctx
+        .cache
+        .all_crs()
+        .into_iter()
+        .filter(|cr| cr.metadata.namespace.as_deref() == Some(ns.as_str()))
+        .collect();
+    let (crs, versions) = inputs::crs(&uid, &pods, &in_ns);
+    let input = plan::Inputs {
+        now,
+        desire,
+        boundary,
+        uid: uid.clone(),
+        suspend: s.spec.suspend,
+        max_in_flight: s.spec.max_in_flight,
+        deleting,
+        wake_on_delete: s.spec.on_delete == OnDelete::Wake,
+        pods,
+        crs,
+    };
+    let mut plan = plan::plan(&input);
+    let cr_api: Api<CocoonHibernation> = Api::namespaced(ctx.client.clone(), &ns);
+    let writer = Writer {
+        api: &cr_api,
+        schedule: &name,
+        uid: &uid,
+        boundary,
+    };
+    let mut failed = false;
+    for action in &plan.actions {
+        let cr = match action {
+            Action::Create { pod, .. } => pod,
+            Action::Flip { cr, .. } | Action::Mark { cr, .. } | Action::Release { cr, .. } => cr,
+        };
+        match writer.execute(action, versions.get(cr).cloned()).await {
+            Ok(true) => count_write(&ctx.metrics, action),
+            Ok(false) => {}
+            Err(e) => {
+                // 409: a person changed the CR since the cache showed it; look again.
+                tracing::info!(schedule = %name, cr = %cr, error = %e, "schedule write not made");
+                failed = true;
+            }
+        }
+    }
+    plan.pending |= failed;
+    if deleting {
+        if !plan.pending {
+            let rest: Vec<&String> = s.finalizers().iter().filter(|f| *f != FINALIZER).collect();
+            let patch = serde_json::json!({ "metadata": {
+                "finalizers": rest, "resourceVersion": s.resource_version() } });
+            api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await?;
+            forget(&ctx, &uid);
+            return Ok(Requeue::await_change());
+        }
+        return Ok(Requeue::requeue(PENDING_RETRY));
+    }
+    let applied = due.filter(|_| !s.spec.suspend);
+    let next = calendar.next_boundary(now);
+    let st = status::of(
+        &s,
+        &plan,
+        desire,
+        next,
+        applied.map(|b| b.at).or(last_applied),
+    );
+    patch_status(&api, &name, &st).await?;
+    publish(&ctx, &s, &uid, &plan, applied.map(|b| b.wake), boundary).await;
+    Ok(Requeue::requeue(requeue_after(&plan, now, next)))
+}
+
+/// K2: at the next boundary (a little after, so the pass sees it passed), sooner while a
+/// write waits, and at least every [`RESYNC`].
+fn requeue_after(plan: &Plan, now: Timestamp, next: Option<super::calendar::Boundary>) -> Duration {
+    if plan.pending {
+        return PENDING_RETRY;
+    }
+    let until = next
+        .and_then(|b| Duration::try_from(b.at.duration_since(now)).ok())
+        .map_or(RESYNC, |d| d + Duration::from_millis(200));
+    until.min(RESYNC)
+}
+
+fn count_write(metrics: &Metrics, action: &Action) {
+    let kind = match action {
+        Action::Create { .. } => "create",
+        Action::Flip { .. } => "flip",
+        Action::Mark { .. } => "mark",
+        Action::Release { .. } => "release",
+    };
+    metrics
+        .schedule_writes
+        .get_or_create(&ScheduleWriteLabels { kind })
+        .inc();
+}
+
+async fn patch_status(
+    api: &Api<CocoonHibernationSchedule>,
+    name: &str,
+    st: &CocoonHibernationScheduleStatus,
+) -> Result<(), kube::Error> {
+    let patch = serde_json::json!({ "status": st });
+    api.patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .map(|_| ())
+}
+
+/// K8: `ScheduledHibernate`/`ScheduledWake` once per boundary, `OverrideKept` once per
+/// overridden CR and boundary; the metrics.
+async fn publish(
+    ctx: &Context,
+    s: &CocoonHibernationSchedule,
+    uid: &str,
+    plan: &Plan,
+    applied: Option<bool>,
+    boundary: Timestamp,
+) {
+    let reference = s.object_ref(&());
+    let mut events = Vec::new();
+    if let Some(wake) = applied {
+        let desire = if wake {
+            Desire::Wake
+        } else {
+            Desire::Hibernate
+        };
+        ctx.metrics
+            .schedule_boundaries
+            .get_or_create(&ScheduleLabels {
+                desire: desire_str(desire),
+            })
+            .inc();
+        let reason = if wake {
+            "ScheduledWake"
+        } else {
+            "ScheduledHibernate"
+        };
+        let note = format!(
+            "boundary {boundary}: {} of {} pods to {}",
+            plan.managed,
+            plan.managed + plan.overridden + plan.conflicting,
+            desire_str(desire)
+        );
+        events.push((reason, note));
+    }
+    let fresh: Vec<&String> = {
+        let mut seen = ctx.reported.lock().unwrap_or_else(|p| p.into_inner());
+        seen.retain(|(u, _, b)| u != uid || *b >= boundary);
+        plan.overrides
+            .iter()
+            .filter(|cr| seen.insert((uid.to_owned(), (*cr).clone(), boundary)))
+            .collect()
+    };
+    for cr in fresh {
+        events.push((
+            "OverrideKept",
+            format!("{cr}: desire changed by hand; left alone until the next boundary"),
+        ));
+    }
+    {
+        let mut counts = ctx.overrides.lock().unwrap_or_else(|p| p.into_inner());
+        counts.insert(uid.to_owned(), plan.overridden);
+        ctx.metrics
+            .schedule_overrides
+            .set(i64::from(counts.values().sum::<u32>()));
+    }
+    for (reason, note) in events {
+        let ev = Event {
+            type_: EventType::Normal,
+            reason: reason.into(),
+            note: Some(note),
+            action: "Schedule".into(),
+            secondary: None,
+        };
+        if let Err(e) = ctx.recorder.publish(&ev, &reference).await {
+            tracing::warn!(schedule = %s.name_any(), reason, error = %e, "could not publish event");
+        }
+    }
+}
+
+fn forget(ctx: &Context, uid: &str) {
+    let mut counts = ctx.overrides.lock().unwrap_or_else(|p| p.into_inner());
+    counts.remove(uid);
+    ctx.metrics
+        .schedule_overrides
+        .set(i64::from(counts.values().sum::<u32>()));
+    let mut seen = ctx.reported.lock().unwrap_or_else(|p| p.into_inner());
+    seen.retain(|(u, _, _)| u != uid);
+}

@@ -1,0 +1,186 @@
+//! The `CocoonHibernationSchedule` API (K1, K8) and its reading into a [`Calendar`].
+
+use super::calendar::{Calendar, MAX_LEAD, Window, parse_hhmm};
+use crate::api::{Condition, Time};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use kube::{CustomResource, KubeSchema};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// Wakes and hibernates the selected pods on a weekly calendar, through their
+/// CocoonHibernations.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "cocoonset.cocoonstack.io",
+    version = "v1alpha1",
+    kind = "CocoonHibernationSchedule",
+    plural = "cocoonhibernationschedules",
+    shortname = "chs",
+    category = "cocoon",
+    namespaced,
+    status = "CocoonHibernationScheduleStatus",
+    printcolumn = r#"{"name":"Zone","type":"string","jsonPath":".spec.timeZone"}"#,
+    printcolumn = r#"{"name":"Window","type":"string","jsonPath":".status.window"}"#,
+    printcolumn = r#"{"name":"Next","type":"string","jsonPath":".status.nextBoundary"}"#,
+    printcolumn = r#"{"name":"Managed","type":"integer","jsonPath":".status.managed"}"#,
+    printcolumn = r#"{"name":"Overridden","type":"integer","jsonPath":".status.overridden"}"#,
+    printcolumn = r#"{"name":"Conflicting","type":"integer","jsonPath":".status.conflicting"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase")]
+pub struct CocoonHibernationScheduleSpec {
+    /// Pods in this namespace, naming a VM, that the schedule drives.
+    pub selector: LabelSelector,
+    /// IANA time zone of the windows, such as `Europe/London`; checked at admission.
+    #[schemars(length(min = 1, max = 64))]
+    pub time_zone: String,
+    /// When pods should be awake (their union); outside every window they hibernate.
+    #[schemars(length(max = 64))]
+    pub awake: Vec<AwakeWindow>,
+    /// Start waking this long before a window opens, as a duration (0s to 24h).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 32), regex(pattern = r"^([0-9]+(ms|s|m|h))+$"))]
+    #[x_kube(validation = Rule::new("duration(self) <= duration('24h')").message("must be at most 24h"))]
+    pub wake_lead: Option<String>,
+    /// At most this many of the schedule's CocoonHibernations hibernating or waking at once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub max_in_flight: Option<u32>,
+    /// Pause the automation; boundaries passed meanwhile are caught up on resume.
+    #[serde(default)]
+    pub suspend: bool,
+    /// What becomes of the CocoonHibernations the schedule made when it is deleted.
+    #[serde(default)]
+    pub on_delete: OnDelete,
+}
+
+/// One awake window in civil time.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+pub struct AwakeWindow {
+    /// The days the window opens on; empty means every day.
+    #[serde(default)]
+    pub days: Vec<Day>,
+    /// `HH:MM`, when the window opens.
+    #[schemars(regex(pattern = r"^([01][0-9]|2[0-3]):[0-5][0-9]$"))]
+    pub from: String,
+    /// `HH:MM` or `24:00`; before `from` (or equal), the window spans midnight.
+    #[schemars(regex(pattern = r"^(([01][0-9]|2[0-3]):[0-5][0-9]|24:00)$"))]
+    pub to: String,
+}
+
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum Day {
+    Mon,
+    Tue,
+    Wed,
+    Thu,
+    Fri,
+    Sat,
+    Sun,
+}
+
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum OnDelete {
+    /// Release the CRs as they are.
+    #[default]
+    Orphan,
+    /// Wake each CR, then release it.
+    Wake,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CocoonHibernationScheduleStatus {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// `Awake` or `Asleep`: what the calendar asks for now.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub window: Option<String>,
+    /// The next boundary; unset when the calendar never changes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_boundary: Option<Time>,
+    /// The latest boundary applied: never applied twice (K2).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_applied_boundary: Option<Time>,
+    /// Selected pods whose CR the schedule drives.
+    #[serde(default)]
+    pub managed: u32,
+    /// Selected pods whose CR a person changed since the last boundary, or that the
+    /// schedule did not create.
+    #[serde(default)]
+    pub overridden: u32,
+    /// Selected pods an older schedule drives (K6).
+    #[serde(default)]
+    pub conflicting: u32,
+    /// Some of the conflicting pods, with the schedule that drives each.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conflicts: Vec<String>,
+    #[serde(default)]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
+    pub conditions: Vec<Condition>,
+}
+
+impl Day {
+    fn bit(self) -> u8 {
+        1 << (self as u8)
+    }
+}
+
+/// The spec as a calendar, or every reason it is not one (admission shows them all).
+pub fn calendar(spec: &CocoonHibernationScheduleSpec) -> Result<Calendar, Vec<String>> {
+    let mut errors = Vec::new();
+    let tz = jiff::tz::TimeZone::get(&spec.time_zone)
+        .map_err(|_| {
+            errors.push(format!(
+                "spec.timeZone: {:?} is not an IANA time zone name",
+                spec.time_zone
+            ))
+        })
+        .ok();
+    let mut windows = Vec::new();
+    for (i, w) in spec.awake.iter().enumerate() {
+        let from = parse_hhmm(&w.from, false);
+        let to = parse_hhmm(&w.to, true);
+        match (from, to) {
+            (Ok(from), Ok(to)) => windows.push(Window {
+                days: days(&w.days),
+                from,
+                to,
+            }),
+            (from, to) => {
+                for e in [from.err(), to.err()].into_iter().flatten() {
+                    errors.push(format!("spec.awake[{i}]: {e}"));
+                }
+            }
+        }
+    }
+    let lead = match spec.wake_lead.as_deref().map(crate::api::parse_duration) {
+        None => jiff::SignedDuration::ZERO,
+        Some(Ok(d)) => match jiff::SignedDuration::try_from(d) {
+            Ok(d) if d <= MAX_LEAD => d,
+            _ => {
+                errors.push("spec.wakeLead: must be at most 24h".into());
+                jiff::SignedDuration::ZERO
+            }
+        },
+        Some(Err(e)) => {
+            errors.push(format!("spec.wakeLead: {e}"));
+            jiff::SignedDuration::ZERO
+        }
+    };
+    if let Err(e) = kube::core::Selector::try_from(spec.selector.clone()) {
+        errors.push(format!("spec.selector: {e}"));
+    }
+    match tz {
+        Some(tz) if errors.is_empty() => Ok(Calendar::new(tz, windows, lead)),
+        _ => Err(errors),
+    }
+}
+
+fn days(list: &[Day]) -> u8 {
+    if list.is_empty() {
+        Window::EVERY_DAY
+    } else {
+        list.iter().fold(0, |acc, d| acc | d.bit())
+    }
+}

@@ -1,0 +1,365 @@
+//! End-to-end: CocoonHibernationSchedule (K1–K8) on the real control plane. The product
+//! runs with `--schedule-clock-offset` (testing only), so its clock reads shortly before a
+//! boundary and no test waits for a real hour.
+
+use cocoon_hibernation::api::{CocoonHibernation, Desire, Phase};
+use cocoon_hibernation::schedule::plan::{SCHEDULE_BOUNDARY, SCHEDULE_LABEL};
+use cocoon_hibernation::schedule::spec::{
+    AwakeWindow, CocoonHibernationSchedule, CocoonHibernationScheduleSpec, OnDelete,
+};
+use env::{Env, LONG, Setup, setup};
+use jiff::{SignedDuration, Timestamp};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::{Api, ResourceExt};
+use product::eventually;
+use std::collections::BTreeMap;
+use std::time::Duration;
+use testkit::{cluster, env, product};
+
+/// The product's clock, given the offset it was started with.
+struct SimClock(SignedDuration);
+
+impl SimClock {
+    /// An offset putting the product's now `lead` before `at`.
+    fn before(at: Timestamp, lead: Duration) -> Self {
+        let lead = SignedDuration::try_from(lead).unwrap();
+        Self(at.duration_since(Timestamp::now()) - lead)
+    }
+
+    fn flag(&self) -> String {
+        let secs = self.0.as_secs();
+        if secs < 0 {
+            format!("--schedule-clock-offset=-{}s", -secs)
+        } else {
+            format!("--schedule-clock-offset={secs}s")
+        }
+    }
+
+    fn now(&self) -> Timestamp {
+        Timestamp::now().checked_add(self.0).unwrap()
+    }
+
+    async fn sleep_until(&self, at: Timestamp) {
+        let left = at.duration_since(self.now());
+        if let Ok(d) = Duration::try_from(left) {
+            tokio::time::sleep(d).await;
+        }
+    }
+}
+
+fn ts(s: &str) -> Timestamp {
+    s.parse().unwrap()
+}
+
+async fn labelled_pods(env: &Env, names: &[String], tier: &str) {
+    for name in names {
+        env.pod(name).await;
+        let patch = serde_json::json!({ "metadata": { "labels": { "tier": tier } } });
+        env.pods
+            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .unwrap();
+    }
+}
+
+fn schedule(
+    name: &str,
+    tier: &str,
+    windows: &[(&str, &str)],
+    max_in_flight: Option<u32>,
+) -> CocoonHibernationSchedule {
+    CocoonHibernationSchedule::new(
+        name,
+        CocoonHibernationScheduleSpec {
+            selector: LabelSelector {
+                match_labels: Some(BTreeMap::from([("tier".to_owned(), tier.to_owned())])),
+                ..LabelSelector::default()
+            },
+            time_zone: "UTC".into(),
+            awake: windows
+                .iter()
+                .map(|(from, to)| AwakeWindow {
+                    days: Vec::new(),
+                    from: (*from).into(),
+                    to: (*to).into(),
+                })
+                .collect(),
+            wake_lead: None,
+            max_in_flight,
+            suspend: false,
+            on_delete: OnDelete::Orphan,
+        },
+    )
+}
+
+fn moving(cr: &CocoonHibernation) -> bool {
+    let settled = match cr.spec.desire {
+        Desire::Hibernate => Phase::Hibernated,
+        _ => Phase::Active,
+    };
+    cr.phase() != Some(settled)
+}
+
+/// Polls until every CR is settled at `desire`, asserting at each look that at most
+/// `max` are in flight (K7).
+async fn settle_within_budget(crs: &Api<CocoonHibernation>, n: usize, desire: Desire, max: usize) {
+    eventually(
+        &format!("{n} CRs settled at {desire:?}"),
+        Duration::from_secs(120),
+        || async {
+            let list = crs.list(&ListParams::default()).await.ok()?.items;
+            let in_flight = list.iter().filter(|cr| moving(cr)).count();
+            assert!(
+                in_flight <= max,
+                "{in_flight} CRs in flight, maxInFlight {max}"
+            );
+            let settled = list
+                .iter()
+                .filter(|cr| cr.spec.desire == desire && !moving(cr))
+                .count();
+            (settled == n).then_some(())
+        },
+    )
+    .await;
+}
+
+/// K2 K4 K5 K7 K8: twenty pods follow the calendar: created awake, hibernated at the
+/// boundary within maxInFlight with one write each, a manual wake kept until the next
+/// boundary, the wake boundary passed while the product was stopped applied on its
+/// return, and not one CR deleted, not even by deleting the schedule.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e2e_k2_k4_k5_k7_twenty_pods_follow_the_calendar() {
+    // A Monday; the windows are 06:00-10:00 and 10:02-10:04 UTC.
+    let (hibernate_at, wake_at) = (ts("2030-01-07T10:00:00Z"), ts("2030-01-07T10:02:00Z"));
+    let clock = SimClock::before(hibernate_at, Duration::from_secs(75));
+    let mut env = setup(
+        "schedule",
+        Setup {
+            hibernate_delay: Duration::from_secs(1),
+            wake_delay: Duration::from_secs(1),
+            extra_args: vec![clock.flag()],
+            ..Setup::default()
+        },
+    )
+    .await;
+    let names: Vec<String> = (0..20).map(|i| format!("web-{i:02}")).collect();
+    labelled_pods(&env, &names, "web").await;
+    let schedules: Api<CocoonHibernationSchedule> = Api::namespaced(env.client.clone(), &env.ns);
+    let office = schedule(
+        "office",
+        "web",
+        &[("06:00", "10:00"), ("10:02", "10:04")],
+        Some(5),
+    );
+    schedules
+        .create(&PostParams::default(), &office)
+        .await
+        .unwrap();
+
+    // K4: one CR per pod, created awake (the window is open), within maxInFlight.
+    settle_within_budget(&env.crs, 20, Desire::Wake, 5).await;
+    let uids: BTreeMap<String, String> = env
+        .crs
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .map(|cr| (cr.name_any(), cr.uid().unwrap()))
+        .collect();
+    assert_eq!(uids.len(), 20);
+    let s = eventually("status counts 20 managed", LONG, || async {
+        let s = schedules.get("office").await.ok()?.status?;
+        (s.managed == 20).then_some(s)
+    })
+    .await;
+    assert_eq!(s.window.as_deref(), Some("Awake"));
+    assert_eq!(s.next_boundary.map(|t| t.0), Some(hibernate_at));
+    assert!(
+        clock.now() < hibernate_at,
+        "setup took too long: {}",
+        clock.now()
+    );
+
+    // K2 K7: the boundary hibernates all twenty, at most five at a time.
+    clock.sleep_until(hibernate_at).await;
+    settle_within_budget(&env.crs, 20, Desire::Hibernate, 5).await;
+    let flips = env
+        .product
+        .metric(r#"cocoon_hibernation_schedule_writes_total{kind="flip"}"#);
+    assert_eq!(flips, 20.0, "one write per pod for the boundary");
+
+    // K5: a manual wake is kept until the next boundary.
+    product::set_desire(&env.crs, "web-00", Desire::Wake).await;
+    eventually("the override is counted", LONG, || async {
+        let s = schedules.get("office").await.ok()?.status?;
+        (s.overridden == 1 && s.managed == 19).then_some(())
+    })
+    .await;
+    env.wait_events("office", &["ScheduledHibernate", "OverrideKept"])
+        .await;
+    tokio::time::sleep(Duration::from_secs(7)).await;
+    assert_eq!(
+        env.crs.get("web-00").await.unwrap().spec.desire,
+        Desire::Wake
+    );
+
+    // K2: stopped across the wake boundary; nothing changes while down...
+    assert!(
+        clock.now() < wake_at - SignedDuration::from_secs(5),
+        "too slow to stop before the wake boundary: {}",
+        clock.now()
+    );
+    env.product.kill9();
+    clock
+        .sleep_until(wake_at + SignedDuration::from_secs(5))
+        .await;
+    let hibernating = env.crs.list(&ListParams::default()).await.unwrap().items;
+    assert_eq!(
+        hibernating
+            .iter()
+            .filter(|cr| cr.spec.desire == Desire::Hibernate)
+            .count(),
+        19
+    );
+    // ...and the missed boundary is applied on return, once.
+    env.product.restart().await;
+    settle_within_budget(&env.crs, 20, Desire::Wake, 5).await;
+    let s = eventually("the wake boundary is recorded", LONG, || async {
+        let s = schedules.get("office").await.ok()?.status?;
+        (s.last_applied_boundary.as_ref().map(|t| t.0) == Some(wake_at) && s.managed == 20)
+            .then_some(s)
+    })
+    .await;
+    assert_eq!(s.overridden, 0, "the override ended at the boundary");
+    let web0 = env.crs.get("web-00").await.unwrap();
+    assert_eq!(
+        web0.annotations().get(SCHEDULE_BOUNDARY),
+        Some(&wake_at.to_string()),
+        "web-00 is managed again"
+    );
+    env.wait_events("office", &["ScheduledWake"]).await;
+
+    // K4: deleting the schedule releases the CRs; none is ever deleted.
+    schedules
+        .delete("office", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually("the schedule is gone", LONG, || async {
+        schedules
+            .get_opt("office")
+            .await
+            .ok()?
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    let after = env.crs.list(&ListParams::default()).await.unwrap().items;
+    let after_uids: BTreeMap<String, String> = after
+        .iter()
+        .map(|cr| (cr.name_any(), cr.uid().unwrap()))
+        .collect();
+    assert_eq!(
+        after_uids, uids,
+        "the same twenty CRs, none deleted or replaced"
+    );
+    for cr in &after {
+        assert!(cr.metadata.deletion_timestamp.is_none());
+        assert!(!cr.labels().contains_key(SCHEDULE_LABEL), "released");
+    }
+}
+
+/// K6 K4 K8: of two schedules selecting the same pods, the older drives them and the
+/// younger reports Conflict and writes nothing; a CR made by hand is never adopted;
+/// `kubectl get chs` shows the window, the next boundary and the counts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e2e_k6_k4_overlapping_schedules_the_younger_reports_conflict() {
+    let env = setup("schedule-k6", Setup::default()).await;
+    let names: Vec<String> = (0..3).map(|i| format!("web-{i}")).collect();
+    labelled_pods(&env, &names, "web").await;
+    labelled_pods(&env, &["hand".to_owned()], "web").await;
+    product::create_cr(&env.crs, "hand", "hand", Desire::Hibernate).await;
+    let schedules: Api<CocoonHibernationSchedule> = Api::namespaced(env.client.clone(), &env.ns);
+    // Awake except 03:00-03:01: a boundary exists, and the pods stay awake meanwhile.
+    let windows = [("03:01", "03:00")];
+    schedules
+        .create(
+            &PostParams::default(),
+            &schedule("old", "web", &windows, None),
+        )
+        .await
+        .unwrap();
+    eventually("old drives the three", LONG, || async {
+        let s = schedules.get("old").await.ok()?.status?;
+        (s.managed == 3 && s.overridden == 1).then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    schedules
+        .create(
+            &PostParams::default(),
+            &schedule("young", "web", &windows, None),
+        )
+        .await
+        .unwrap();
+    let s = eventually("young reports the conflicts", LONG, || async {
+        let s = schedules.get("young").await.ok()?.status?;
+        (s.conflicting == 4).then_some(s)
+    })
+    .await;
+    assert_eq!(s.managed, 0);
+    assert!(
+        s.conflicts.iter().any(|c| c == "web-0 (driven by old)"),
+        "{:?}",
+        s.conflicts
+    );
+    for name in &names {
+        let cr = env.crs.get(name).await.unwrap();
+        assert_eq!(
+            cr.labels().get(SCHEDULE_LABEL).map(String::as_str),
+            Some("old")
+        );
+    }
+    let hand = env.crs.get("hand").await.unwrap();
+    assert!(!hand.labels().contains_key(SCHEDULE_LABEL), "never adopted");
+    assert_eq!(hand.spec.desire, Desire::Hibernate);
+
+    let out = cluster::cluster().kubectl(&["-n", &env.ns, "get", "chs"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    let header = text.lines().next().unwrap_or_default();
+    for column in [
+        "ZONE",
+        "WINDOW",
+        "NEXT",
+        "MANAGED",
+        "OVERRIDDEN",
+        "CONFLICTING",
+    ] {
+        assert!(header.contains(column), "{column} missing: {text}");
+    }
+    assert!(text.contains("Awake"), "{text}");
+}
+
+/// K1: the apiserver sends schedules to the webhook, which refuses a time zone the bundled
+/// database does not know; a good one (a zone with a 30-minute shift) passes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e2e_k1_admission_refuses_an_unknown_time_zone() {
+    let env = setup("schedule-k1", Setup::default()).await;
+    let schedules: Api<CocoonHibernationSchedule> = Api::namespaced(env.client.clone(), &env.ns);
+    let mut bad = schedule("bad", "web", &[("09:00", "17:00")], None);
+    bad.spec.time_zone = "Mars/Olympus_Mons".into();
+    let err = schedules
+        .create(&PostParams::default(), &bad)
+        .await
+        .expect_err("an unknown zone must be refused");
+    let text = err.to_string();
+    assert!(text.contains("spec.timeZone"), "{text}");
+    let mut good = schedule("good", "web", &[("09:00", "24:00")], None);
+    good.spec.time_zone = "Australia/Lord_Howe".into();
+    schedules
+        .create(&PostParams::default(), &good)
+        .await
+        .expect("a valid schedule is admitted");
+}
