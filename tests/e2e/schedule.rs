@@ -130,9 +130,9 @@ async fn settle_within_budget(crs: &Api<CocoonHibernation>, n: usize, desire: De
 /// return, and not one CR deleted, not even by deleting the schedule.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn e2e_k2_k4_k5_k7_twenty_pods_follow_the_calendar() {
-    // A Monday; the windows are 06:00-10:00 and 10:02-10:04 UTC.
-    let (hibernate_at, wake_at) = (ts("2030-01-07T10:00:00Z"), ts("2030-01-07T10:02:00Z"));
-    let clock = SimClock::before(hibernate_at, Duration::from_secs(75));
+    // A Monday; the windows are 06:00-10:00 and 10:03-10:04 UTC.
+    let (hibernate_at, wake_at) = (ts("2030-01-07T10:00:00Z"), ts("2030-01-07T10:03:00Z"));
+    let clock = SimClock::before(hibernate_at, Duration::from_secs(90));
     let mut env = setup(
         "schedule",
         Setup {
@@ -149,7 +149,7 @@ async fn e2e_k2_k4_k5_k7_twenty_pods_follow_the_calendar() {
     let office = schedule(
         "office",
         "web",
-        &[("06:00", "10:00"), ("10:02", "10:04")],
+        &[("06:00", "10:00"), ("10:03", "10:04")],
         Some(5),
     );
     schedules
