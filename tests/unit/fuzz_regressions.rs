@@ -78,3 +78,80 @@ fn d1_w2_w3_a_wake_ending_after_a_flip_to_hibernate_keeps_the_tag_as_owed() {
     assert_eq!(kept.status, "False");
     assert_eq!(kept.reason, conditions::REASON_KEPT_FOR_HIBERNATE);
 }
+
+/// SPEC W2 S1 C3 (target `plan`, crash 5823088705a5, invariant "a settled CR planned
+/// another write"): a Waking Wake CR (being deleted, nothing recorded but the phase) whose
+/// pod runs vm-a with a VMID but still asks for a hibernate. The pass ended the wake with
+/// the tag delete while the pod it read asked vk for a hibernate; the same world planned
+/// again then recorded `HibernateNotRecorded` for the tag just deleted. The product was
+/// wrong: the wake now ends only on a pass that sees W1's patch.
+#[test]
+fn w2_s1_c3_a_waking_cr_whose_pod_asks_for_a_hibernate_clears_it_before_the_wake_ends() {
+    let mut cr = CocoonHibernation::new(
+        "other",
+        CocoonHibernationSpec {
+            pod_ref: PodRef {
+                name: "web-1".into(),
+            },
+            desire: Desire::Wake,
+            hibernate_timeout: None,
+            wake_timeout: None,
+        },
+    );
+    cr.metadata.namespace = Some("ns".into());
+    cr.metadata.uid = Some("uid-other".into());
+    cr.metadata.creation_timestamp = Some(at(0));
+    cr.metadata.finalizers = Some(vec![FINALIZER.into()]);
+    cr.metadata.deletion_timestamp = Some(at(32_639));
+    cr.status = Some(CocoonHibernationStatus {
+        phase: Some(Phase::Waking),
+        ..Default::default()
+    });
+    let asks = PodView {
+        uid: Some("pod-uid".into()),
+        vm_name: Some("vm-a".into()),
+        hibernate_requested: true,
+        lifecycle_state: Some("ready".into()),
+        observed_generation: 57,
+        cocoonset_generation: 57,
+        vm_id: Some("id-1".into()),
+        container_running: true,
+    };
+    let settings = Settings {
+        hibernate_timeout: std::time::Duration::from_secs(32_640),
+        wake_timeout: std::time::Duration::from_secs(32_640),
+        ..Settings::default()
+    };
+    let run = |cr: &CocoonHibernation, view: &PodView| {
+        plan::plan(
+            cr,
+            Some(view),
+            &Ownership::Sole,
+            &Probe::Present,
+            at(32_639),
+            &settings,
+        )
+    };
+    let p = run(&cr, &asks);
+    assert_eq!(
+        p.pod_patch,
+        Some(plan::PodPatch::ClearHibernate),
+        "W1 first"
+    );
+    assert_eq!(p.delete_tag, None, "S1: the pod still asks for a hibernate");
+    let next = p.status.expect("Progressing says what the wake waits for");
+    assert_eq!(next.phase, Some(Phase::Waking), "the wake goes on");
+    // The world after W1's patch: the wake ends with the delete, and is then a fixpoint.
+    cr.status = Some(next);
+    let cleared = PodView {
+        hibernate_requested: false,
+        ..asks
+    };
+    let p = run(&cr, &cleared);
+    assert_eq!(p.delete_tag.as_deref(), Some("vm-a"));
+    assert!(p.delete_first);
+    let ended = p.status.expect("the wake ends in one write");
+    assert_eq!(ended.phase, Some(Phase::Active));
+    cr.status = Some(ended);
+    assert_eq!(run(&cr, &cleared).status, None, "C3: settled");
+}
