@@ -9,6 +9,9 @@ use cocoon_hibernation::api::{
     PodRef,
 };
 use cocoon_hibernation::controller::plan::{self, Ownership, Probe, Settings};
+use cocoon_hibernation::metrics::Metrics;
+use cocoon_hibernation::webhook::handler::{Reply, review};
+use cocoon_hibernation::webhook::validate::{Claim, ClaimView, VmHolder};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 fn at(secs: i64) -> Time {
@@ -154,4 +157,136 @@ fn w2_s1_c3_a_waking_cr_whose_pod_asks_for_a_hibernate_clears_it_before_the_wake
     assert_eq!(ended.phase, Some(Phase::Active));
     cr.status = Some(ended);
     assert_eq!(run(&cr, &cleared).status, None, "C3: settled");
+}
+
+/// The body of fuzz crash `admission_review` 8fefb010dd4e, byte for byte: a mangled
+/// review whose request decodes, with two bytes of invalid UTF-8 (`\xff\xff`) in a string
+/// under `object.metadata` that no field reads.
+fn crash_8fefb010dd4e() -> Vec<u8> {
+    [
+        br#"{
+  "apiVersion": "admission.k8s.io/v1",
+  "kind": "AdmissionReview",
+  "request": {
+    "uid": "705ab4f5-6393-11e8-b7cc-42010a8000021",
+    "kind": {
+      "group": "cocoonset.cocoonstack.io",
+      "version": "v1",
+      "kind": "CocoonHibernation"
+    },
+    "resource": {
+      "group": "cocoonset.cocoonstack*io",
+      "version": "v1",
+      "resource": "cocoonhibernations"
+    },
+    "name": "web-0",
+    "namespace": "team-a",
+    "operation": "UPDATE",
+    "userInfo": {
+      "username": "alice"
+    },
+    "object": {
+      "apiVersion": "cocoonset.cocoonstack.io/v1",
+      "kind": "CocoonHibernation",
+      "metadata": {
+     "na[,mmespa": {
+      "group": "cocoonsev1",
+      "resource": "cocoonhibernations"
+    },
+    "nmae": "web-0",
+    "namesp]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]ace": "team-a",
+    "operation": "UPDATE",
+    "userI.fo": {
+       "kind": "Ction"
+    },
+    "resource": {
+      "group": "cocoonset.cocoonstack.io",
+      "version": "v1",
+      "resource": "cocoonhibernations"
+    },
+    "opername": "web-0",
+    "namespace": "team-a",
+    "operation": "UPDATE",
+    "userInfo": {
+      "username": "alige"
+    },
+    "object": {
+      "apiVersion": "cocoonset."#.as_slice(),
+        b"\xff\xff",
+        br#"cocoonstack.io/v1",
+      "kind": "v1",
+      "kind": "CocoonocoonHibernation",
+      "metadata": {
+        "n(ame": "web",
+ 
+      "apiVersion": "cocoonset.cocoonstack.io/v1",
+      "kind": "CocoonocoonHibernation",
+      "metadata": {
+        "n(ame": "web",
+        "namespace": "team-a"
+      },
+      "spec": {
+        "podRef": {
+          "name": "web-0"
+        },
+        "desire": "Hibernate"
+      }
+    },
+    "drce": "team-a"
+      },
+      "spec": {
+        "podRef": {
+        
+        "desire": "Hibernate"
+      }
+    },
+    "drce": "team-a"
+      },
+      "spec": {
+        "podRef": {
+          "name": "web-0"
+        },
+      "desir": "Hibernate"
+      }
+    },
+    "dryRun": false
+  }
+}"#.as_slice(),
+    ]
+    .concat()
+}
+
+/// A synced cache with no claims, as a fresh cluster has.
+struct NoClaims;
+
+impl ClaimView for NoClaims {
+    fn synced(&self) -> bool {
+        true
+    }
+    fn claims(&self, _namespace: &str, _pod: &str) -> Vec<Claim> {
+        vec![]
+    }
+    fn vm_holder(&self, _namespace: &str, _pod: &str) -> Option<VmHolder> {
+        None
+    }
+}
+
+/// SPEC V5 (target `admission_review`, invariant "every review answer carries the
+/// request's uid"): the product reads the body as serde does, skipping fields it does not
+/// know without checking their strings, so invalid UTF-8 there still gets a review answer
+/// with the request's uid. The target's own check re-read the body with
+/// `serde_json::Value`, which checks every string, and panicked: the target was wrong,
+/// not the product. Its check now reads the uid as leniently as the product does.
+#[test]
+fn v5_invalid_utf8_in_an_unread_field_still_gets_the_requests_uid() {
+    let body = crash_8fefb010dd4e();
+    assert_eq!(body.len(), 1979, "the crash input, unchanged");
+    assert!(
+        serde_json::from_slice::<serde_json::Value>(&body).is_err(),
+        "strict JSON refuses it: why the target's old check panicked"
+    );
+    let Reply::Review(response) = review(&body, &NoClaims, &Metrics::new()) else {
+        panic!("the request decodes, so V5 asks for a review answer");
+    };
+    assert_eq!(response.uid, "705ab4f5-6393-11e8-b7cc-42010a8000021");
 }
