@@ -368,6 +368,10 @@ fn check_plan(
                 "W2 delete from {before:?}"
             );
             assert!(view.woken(), "W2 delete while not woken: {view:?}");
+            assert!(
+                !view.hibernate_requested,
+                "S1: W2 delete while the pod asks for a hibernate: {view:?}"
+            );
             assert_eq!(Some(tag), view.vm_name.as_ref());
         } else {
             // W3: retried on the settled Active CR, which writes nothing.
@@ -394,6 +398,10 @@ fn check_plan(
             assert!(
                 !vk_reports_hibernate(view),
                 "Active while vk reports a hibernate: {view:?}"
+            );
+            assert!(
+                view.is_some_and(|v| !v.hibernate_requested),
+                "Active while the pod asks for a hibernate: {view:?}"
             );
         }
         // The transition graph: no skipped states, reversals only on the desire.

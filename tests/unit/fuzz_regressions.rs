@@ -9,6 +9,9 @@ use cocoon_hibernation::api::{
     PodRef,
 };
 use cocoon_hibernation::controller::plan::{self, Ownership, Probe, Settings};
+use cocoon_hibernation::metrics::Metrics;
+use cocoon_hibernation::webhook::handler::{Reply, review};
+use cocoon_hibernation::webhook::validate::{Claim, ClaimView, VmHolder};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 fn at(secs: i64) -> Time {
@@ -77,4 +80,213 @@ fn d1_w2_w3_a_wake_ending_after_a_flip_to_hibernate_keeps_the_tag_as_owed() {
     let kept = conditions::find(&next.conditions, SNAPSHOT_DELETED).expect("recorded");
     assert_eq!(kept.status, "False");
     assert_eq!(kept.reason, conditions::REASON_KEPT_FOR_HIBERNATE);
+}
+
+/// SPEC W2 S1 C3 (target `plan`, crash 5823088705a5, invariant "a settled CR planned
+/// another write"): a Waking Wake CR (being deleted, nothing recorded but the phase) whose
+/// pod runs vm-a with a VMID but still asks for a hibernate. The pass ended the wake with
+/// the tag delete while the pod it read asked vk for a hibernate; the same world planned
+/// again then recorded `HibernateNotRecorded` for the tag just deleted. The product was
+/// wrong: the wake now ends only on a pass that sees W1's patch.
+#[test]
+fn w2_s1_c3_a_waking_cr_whose_pod_asks_for_a_hibernate_clears_it_before_the_wake_ends() {
+    let mut cr = CocoonHibernation::new(
+        "other",
+        CocoonHibernationSpec {
+            pod_ref: PodRef {
+                name: "web-1".into(),
+            },
+            desire: Desire::Wake,
+            hibernate_timeout: None,
+            wake_timeout: None,
+        },
+    );
+    cr.metadata.namespace = Some("ns".into());
+    cr.metadata.uid = Some("uid-other".into());
+    cr.metadata.creation_timestamp = Some(at(0));
+    cr.metadata.finalizers = Some(vec![FINALIZER.into()]);
+    cr.metadata.deletion_timestamp = Some(at(32_639));
+    cr.status = Some(CocoonHibernationStatus {
+        phase: Some(Phase::Waking),
+        ..Default::default()
+    });
+    let asks = PodView {
+        uid: Some("pod-uid".into()),
+        vm_name: Some("vm-a".into()),
+        hibernate_requested: true,
+        lifecycle_state: Some("ready".into()),
+        observed_generation: 57,
+        cocoonset_generation: 57,
+        vm_id: Some("id-1".into()),
+        container_running: true,
+    };
+    let settings = Settings {
+        hibernate_timeout: std::time::Duration::from_secs(32_640),
+        wake_timeout: std::time::Duration::from_secs(32_640),
+        ..Settings::default()
+    };
+    let run = |cr: &CocoonHibernation, view: &PodView| {
+        plan::plan(
+            cr,
+            Some(view),
+            &Ownership::Sole,
+            &Probe::Present,
+            at(32_639),
+            &settings,
+        )
+    };
+    let p = run(&cr, &asks);
+    assert_eq!(
+        p.pod_patch,
+        Some(plan::PodPatch::ClearHibernate),
+        "W1 first"
+    );
+    assert_eq!(p.delete_tag, None, "S1: the pod still asks for a hibernate");
+    let next = p.status.expect("Progressing says what the wake waits for");
+    assert_eq!(next.phase, Some(Phase::Waking), "the wake goes on");
+    // The world after W1's patch: the wake ends with the delete, and is then a fixpoint.
+    cr.status = Some(next);
+    let cleared = PodView {
+        hibernate_requested: false,
+        ..asks
+    };
+    let p = run(&cr, &cleared);
+    assert_eq!(p.delete_tag.as_deref(), Some("vm-a"));
+    assert!(p.delete_first);
+    let ended = p.status.expect("the wake ends in one write");
+    assert_eq!(ended.phase, Some(Phase::Active));
+    cr.status = Some(ended);
+    assert_eq!(run(&cr, &cleared).status, None, "C3: settled");
+}
+
+/// The body of fuzz crash `admission_review` 8fefb010dd4e, byte for byte: a mangled
+/// review whose request decodes, with two bytes of invalid UTF-8 (`\xff\xff`) in a string
+/// under `object.metadata` that no field reads.
+fn crash_8fefb010dd4e() -> Vec<u8> {
+    [
+        br#"{
+  "apiVersion": "admission.k8s.io/v1",
+  "kind": "AdmissionReview",
+  "request": {
+    "uid": "705ab4f5-6393-11e8-b7cc-42010a8000021",
+    "kind": {
+      "group": "cocoonset.cocoonstack.io",
+      "version": "v1",
+      "kind": "CocoonHibernation"
+    },
+    "resource": {
+      "group": "cocoonset.cocoonstack*io",
+      "version": "v1",
+      "resource": "cocoonhibernations"
+    },
+    "name": "web-0",
+    "namespace": "team-a",
+    "operation": "UPDATE",
+    "userInfo": {
+      "username": "alice"
+    },
+    "object": {
+      "apiVersion": "cocoonset.cocoonstack.io/v1",
+      "kind": "CocoonHibernation",
+      "metadata": {
+     "na[,mmespa": {
+      "group": "cocoonsev1",
+      "resource": "cocoonhibernations"
+    },
+    "nmae": "web-0",
+    "namesp]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]ace": "team-a",
+    "operation": "UPDATE",
+    "userI.fo": {
+       "kind": "Ction"
+    },
+    "resource": {
+      "group": "cocoonset.cocoonstack.io",
+      "version": "v1",
+      "resource": "cocoonhibernations"
+    },
+    "opername": "web-0",
+    "namespace": "team-a",
+    "operation": "UPDATE",
+    "userInfo": {
+      "username": "alige"
+    },
+    "object": {
+      "apiVersion": "cocoonset."#.as_slice(),
+        b"\xff\xff",
+        br#"cocoonstack.io/v1",
+      "kind": "v1",
+      "kind": "CocoonocoonHibernation",
+      "metadata": {
+        "n(ame": "web",
+ 
+      "apiVersion": "cocoonset.cocoonstack.io/v1",
+      "kind": "CocoonocoonHibernation",
+      "metadata": {
+        "n(ame": "web",
+        "namespace": "team-a"
+      },
+      "spec": {
+        "podRef": {
+          "name": "web-0"
+        },
+        "desire": "Hibernate"
+      }
+    },
+    "drce": "team-a"
+      },
+      "spec": {
+        "podRef": {
+        
+        "desire": "Hibernate"
+      }
+    },
+    "drce": "team-a"
+      },
+      "spec": {
+        "podRef": {
+          "name": "web-0"
+        },
+      "desir": "Hibernate"
+      }
+    },
+    "dryRun": false
+  }
+}"#.as_slice(),
+    ]
+    .concat()
+}
+
+/// A synced cache with no claims, as a fresh cluster has.
+struct NoClaims;
+
+impl ClaimView for NoClaims {
+    fn synced(&self) -> bool {
+        true
+    }
+    fn claims(&self, _namespace: &str, _pod: &str) -> Vec<Claim> {
+        vec![]
+    }
+    fn vm_holder(&self, _namespace: &str, _pod: &str) -> Option<VmHolder> {
+        None
+    }
+}
+
+/// SPEC V5 (target `admission_review`, invariant "every review answer carries the
+/// request's uid"): the product reads the body as serde does, skipping fields it does not
+/// know without checking their strings, so invalid UTF-8 there still gets a review answer
+/// with the request's uid. The target's own check re-read the body with
+/// `serde_json::Value`, which checks every string, and panicked: the target was wrong,
+/// not the product. Its check now reads the uid as leniently as the product does.
+#[test]
+fn v5_invalid_utf8_in_an_unread_field_still_gets_the_requests_uid() {
+    let body = crash_8fefb010dd4e();
+    assert_eq!(body.len(), 1979, "the crash input, unchanged");
+    assert!(
+        serde_json::from_slice::<serde_json::Value>(&body).is_err(),
+        "strict JSON refuses it: why the target's old check panicked"
+    );
+    let Reply::Review(response) = review(&body, &NoClaims, &Metrics::new()) else {
+        panic!("the request decodes, so V5 asks for a review answer");
+    };
+    assert_eq!(response.uid, "705ab4f5-6393-11e8-b7cc-42010a8000021");
 }

@@ -476,6 +476,66 @@ fn w2_running_alone_or_vmid_alone_or_vk_hibernating_is_not_woken(#[case] pod: Po
     assert_eq!(p.delete_tag, None);
 }
 
+/// The CR of fuzz crash `plan` 5823088705a5: Waking with nothing recorded yet, no
+/// generation and no conditions.
+fn bare_waking() -> CocoonHibernation {
+    let mut c = cr(Desire::Wake, None);
+    c.metadata.generation = None;
+    c.status = Some(CocoonHibernationStatus {
+        phase: Some(Phase::Waking),
+        ..Default::default()
+    });
+    c
+}
+
+/// SPEC W2 S1 (fuzz crash `plan` 5823088705a5): a Waking CR whose pod runs its VM with a
+/// VMID but still asks for a hibernate does not end the wake: vk may act on the request,
+/// and the delete's fresh pod read would only see this pass's own W1 patch. W1 goes
+/// first; the wake ends on a pass that sees the annotation gone. Before the fix the pass
+/// ended the wake with the tag delete, and the next pass, seeing the same pod, recorded
+/// `HibernateNotRecorded` for a tag it had just deleted.
+#[rstest]
+#[case::s1_wake(cr(Desire::Wake, Some(Phase::Waking)), true)]
+#[case::s1_d1_flipped_to_hibernate(cr(Desire::Hibernate, Some(Phase::Waking)), false)]
+#[case::s1_fuzz_crash_bare_waking(bare_waking(), true)]
+fn w2_s1_a_wake_ends_only_once_the_pod_asks_for_no_hibernate(
+    #[case] c: CocoonHibernation,
+    #[case] deletes: bool,
+) {
+    let asks = PodView {
+        hibernate_requested: true,
+        observed_generation: 57,
+        cocoonset_generation: 57,
+        ..running_pod()
+    };
+    for probe in [Probe::NotProbed, Probe::Present] {
+        let p = run(&c, Some(&asks), probe, 20);
+        assert_eq!(p.pod_patch, Some(PodPatch::ClearHibernate), "W1 first");
+        assert_eq!(p.delete_tag, None, "S1: the pod still asks for a hibernate");
+        assert!(!p.delete_first);
+        assert_eq!(p.finished, None, "the wake goes on");
+        assert!(matches!(phase_of(&p), None | Some(Phase::Waking)));
+        assert!(p.events.is_empty());
+    }
+    // The next pass sees W1's patch: the wake ends, and only a Wake CR deletes the tag.
+    let cleared = PodView {
+        hibernate_requested: false,
+        ..asks
+    };
+    let p = run(&c, Some(&cleared), Probe::Present, 21);
+    assert_eq!(phase_of(&p), Some(Phase::Active));
+    assert_eq!(p.pod_patch, None);
+    assert_eq!(p.delete_tag.as_deref(), deletes.then_some("vm-a"));
+    assert_eq!(p.delete_first, deletes);
+    // C3: written, the Active Wake CR is settled in the same world.
+    if deletes {
+        let settled = applied(c.clone(), &p);
+        let again = run(&settled, Some(&cleared), Probe::Present, 22);
+        assert_eq!(again.status, None);
+        assert_eq!(again.delete_tag, None);
+    }
+}
+
 /// An Active CR whose wake's tag delete failed (the one write recorded the debt), and
 /// the plan that ended that wake.
 fn active_owing_a_delete() -> (CocoonHibernation, Plan) {

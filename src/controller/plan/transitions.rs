@@ -1,6 +1,6 @@
 //! The two transitions a pass drives: hibernate (H1-H5) and wake (W1-W4).
 
-use super::deletes::{DeleteResult, after_delete, owes_tag_delete};
+use super::deletes::{DeleteResult, after_delete, owes_tag_delete, vm_running_again};
 use super::pass::{Pass, READY_DONE, READY_PENDING};
 use super::{Ending, EventKind, Plan, PodPatch, Probe, Settings, Timeouts, Transition};
 use crate::api::annotations::PodView;
@@ -140,7 +140,10 @@ impl Pass<'_> {
             }
             Some(Phase::Waking) => {
                 let elapsed = self.elapsed();
-                if view.woken() {
+                // W2, S1: not while the pod still asks for a hibernate: vk may act on it, so
+                // W1's patch goes first and a later pass ends the wake. Ended now, the delete's
+                // fresh pod read would only see this pass's own patch.
+                if vm_running_again(Some(view), vm) {
                     self.finished(Transition::Wake, Ending::Done, elapsed);
                     // D1: a desire flipped back to Hibernate wants the tag again.
                     let tag = if self.cr.spec.desire == Desire::Wake {
