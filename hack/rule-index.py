@@ -79,7 +79,7 @@ def main():
         return 1
     unproved = sorted(known - set(proved))
     if "--write" in sys.argv:
-        order = "ARHWDFGSCOVP"
+        order = "ARHWDFGSCOVPK"
         rows = ["| rule | tests (by file) |", "|---|---|"]
         for rule in sorted(proved, key=lambda r: (order.index(r[0]), int(r[1:]))):
             cells = "<br>".join(
