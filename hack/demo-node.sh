@@ -7,6 +7,8 @@
 set -euo pipefail
 LOG_TAG=demo-node
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+# shellcheck source=hack/demo-lib.sh
+source "$HACK_DIR/demo-lib.sh"
 ROOT="$(cd "$HACK_DIR/.." && pwd)"
 DEMO_DIR="${COCOON_DEMO_DIR:-$HOME/.cache/cocoon-hibernation/demo}"
 NODE_DIR="$DEMO_DIR/node-cluster"
@@ -15,7 +17,6 @@ NS=demo POD=web-0 RELEASE=cocoon-hibernation RELEASE_NS=cocoon-system
 SIMULATOR=vk_cocoon_simulator
 mkdir -p "$DEMO_DIR"
 STATE_DIR="$DEMO_DIR" # lib.sh's start_daemon/stop_daemon keep the simulator's pid here
-say() { echo "$(date -u +%H:%M:%S)  $*"; }
 
 if [[ "${1:-up}" == down ]]; then
   stop_daemon "$SIMULATOR"
@@ -40,17 +41,12 @@ KUBECTL="$COCOON_BIN_DIR/kubectl"
 say "     kube-apiserver $COCOON_K8S_VERSION at $COCOON_APISERVER_URL, node $COCOON_NODE_NAME, registry $COCOON_REGISTRY"
 
 say "3/6  make image: the product image, pushed to that registry (first run: a release build)"
-image_line="$(IMAGE_REGISTRY="$COCOON_REGISTRY" bash "$HACK_DIR/image.sh" build 2>"$DEMO_DIR/image.log" | tail -n 1)" ||
-  { cat "$DEMO_DIR/image.log" >&2; die "make image failed"; }
-pushed='^image: ([^ @]+):[^ @]+@(sha256:[0-9a-f]{64}) size_mb=([0-9.]+)$'
-[[ "$image_line" =~ $pushed ]] ||
-  die "make image printed no pushed reference: $image_line"
-REPO="${BASH_REMATCH[1]}" DIGEST="${BASH_REMATCH[2]}"
-say "     ${image_line#image: }"
+push_image "$DEMO_DIR/image.log"
+say "     ${IMAGE_LINE#image: }"
 
 say "4/6  helm install $RELEASE (two replicas; waits until they are Ready)"
 "$HELM" upgrade --install "$RELEASE" "$ROOT/charts/cocoon-hibernation" -n "$RELEASE_NS" --create-namespace \
-  --set image.repository="$REPO" --set image.digest="$DIGEST" \
+  --set image.repository="$IMAGE_REPO" --set image.digest="$IMAGE_DIGEST" \
   --set registry.base="$COCOON_REGISTRY" --set registry.plainHTTP=true \
   --set 'vmIdentityPolicy.allowedUsernames={admin}' \
   --wait --timeout 180s >"$DEMO_DIR/helm.log" 2>&1 ||
@@ -81,39 +77,11 @@ spec:
       image: cocoon/vm:demo
 YAML
 
-phase() { "$KUBECTL" -n "$NS" get ch "$POD" -o jsonpath='{.status.phase}' 2>/dev/null || true; }
-watch_until() {
-  local want="$1" last="" now deadline=$((SECONDS + 90))
-  while ((SECONDS < deadline)); do
-    daemon_pid "$SIMULATOR" >/dev/null || die "the simulator exited; see $DEMO_DIR/$SIMULATOR.log"
-    now="$(phase)"
-    if [[ -n "$now" && "$now" != "$last" ]]; then
-      echo "$(date -u +%H:%M:%S.%3N)     $NS/$POD  ${now}"
-      last="$now"
-    fi
-    [[ "$now" == "$want" ]] && return 0
-    sleep 0.2
-  done
-  die "$NS/$POD did not reach $want in 90s; see: $KUBECTL -n $RELEASE_NS logs deploy/$RELEASE"
+simulator_alive() {
+  daemon_pid "$SIMULATOR" >/dev/null || die "the simulator exited; see $DEMO_DIR/$SIMULATOR.log"
 }
-
 say "6/6  hibernating it (desire: Hibernate), then waking it (desire: Wake)"
-START=$SECONDS
-"$KUBECTL" -n "$NS" apply -f - >/dev/null <<YAML
-apiVersion: cocoonset.cocoonstack.io/v1
-kind: CocoonHibernation
-metadata:
-  name: $POD
-spec:
-  podRef: { name: $POD }
-  desire: Hibernate
-YAML
-watch_until Hibernated
-"$KUBECTL" -n "$NS" patch ch "$POD" --type merge -p '{"spec":{"desire":"Wake"}}' >/dev/null
-watch_until Active
-say "     round trip took $((SECONDS - START))s"
-echo
-"$KUBECTL" -n "$NS" get ch
+demo_round_trip simulator_alive "$KUBECTL -n $RELEASE_NS logs deploy/$RELEASE"
 cat <<EOF
 
 The demo runs on a real node and is still running. Try it yourself:

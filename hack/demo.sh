@@ -10,6 +10,8 @@
 set -euo pipefail
 LOG_TAG=demo
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+# shellcheck source=hack/demo-lib.sh
+source "$HACK_DIR/demo-lib.sh"
 ROOT="$(cd "$HACK_DIR/.." && pwd)"
 DEMO_DIR="${COCOON_DEMO_DIR:-$HOME/.cache/cocoon-hibernation/demo}"
 CLUSTER_DIR="$DEMO_DIR/cluster"
@@ -20,7 +22,6 @@ POD=web-0
 SERVER=cocoon-hibernation SIMULATOR=vk_cocoon_simulator # also their executables' names
 mkdir -p "$DEMO_DIR"
 STATE_DIR="$DEMO_DIR" # where lib.sh's start_daemon/stop_daemon keep pid files and logs
-say() { echo "$(date -u +%H:%M:%S)  $*"; }
 
 if [[ "${1:-up}" == "down" ]]; then
   stop_daemon "$SIMULATOR"
@@ -158,39 +159,8 @@ spec:
       image: cocoon/vm:demo
 YAML
 
-phase() { "$KUBECTL" -n "$NS" get ch "$POD" -o jsonpath='{.status.phase}' 2>/dev/null || true; }
-watch_until() {
-  local want="$1" last="" now deadline=$((SECONDS + 90))
-  while ((SECONDS < deadline)); do
-    alive "$SERVER"
-    now="$(phase)"
-    if [[ -n "$now" && "$now" != "$last" ]]; then
-      echo "$(date -u +%H:%M:%S.%3N)     $NS/$POD  ${now}"
-      last="$now"
-    fi
-    [[ "$now" == "$want" ]] && return 0
-    sleep 0.2
-  done
-  die "$NS/$POD did not reach $want in 90s; see $DEMO_DIR/$SERVER.log"
-}
-
 say "6/6  hibernating it (CocoonHibernation desire: Hibernate), then waking it (desire: Wake)"
-START=$SECONDS
-"$KUBECTL" -n "$NS" apply -f - >/dev/null <<YAML
-apiVersion: cocoonset.cocoonstack.io/v1
-kind: CocoonHibernation
-metadata:
-  name: $POD
-spec:
-  podRef: { name: $POD }
-  desire: Hibernate
-YAML
-watch_until Hibernated
-"$KUBECTL" -n "$NS" patch ch "$POD" --type merge -p '{"spec":{"desire":"Wake"}}' >/dev/null
-watch_until Active
-say "     round trip took $((SECONDS - START))s"
-echo
-"$KUBECTL" -n "$NS" get ch
+demo_round_trip "alive $SERVER" "$DEMO_DIR/$SERVER.log"
 cat <<EOF
 
 The demo is up and still running. Try it yourself:

@@ -10,6 +10,8 @@ set -euo pipefail
 LOG_TAG=install-test
 # shellcheck source=hack/lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+# shellcheck source=hack/demo-lib.sh
+source "$HACK_DIR/demo-lib.sh"
 ROOT="$(cd "$HACK_DIR/.." && pwd)"
 cd "$ROOT"
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/cocoon-hibernation/target}"
@@ -34,11 +36,7 @@ source "$ENV_FILE"
 set +a
 
 # The image users build, pushed to the node's registry (containerd pulls it from there).
-image_line="$(IMAGE_REGISTRY="$COCOON_REGISTRY" bash hack/image.sh build | tail -n 1)"
-pushed='^image: ([^ ]+@sha256:[0-9a-f]{64}) size_mb=([0-9.]+)$'
-[[ "$image_line" =~ $pushed ]] ||
-  die "make image printed no pushed reference: $image_line"
-IMAGE_REF="${BASH_REMATCH[1]}" IMAGE_MB="${BASH_REMATCH[2]}"
+push_image
 log "image $IMAGE_REF ($IMAGE_MB MB)"
 
 log "running tests/e2e_install"

@@ -15,6 +15,8 @@ step "cargo fmt --check"
 cargo fmt --all -- --check
 step "rule IDs cited by tests are defined in docs/rules.md"
 python3 hack/rule-index.py
+step "every link in README and docs resolves inside the repository"
+python3 hack/check-links.py
 step "cargo clippy --all-targets -- -D warnings"
 cargo clippy --locked --all-targets -- -D warnings
 step "cargo build"

@@ -3,19 +3,16 @@
 
 use super::spec::{self, CocoonHibernationSchedule};
 use crate::metrics::Metrics;
-use crate::webhook::handler::{Reply, decode};
+use crate::webhook::handler::{Reply, decode_counted};
 use kube::core::admission::{AdmissionResponse, Operation};
 
 pub const PATH: &str = "/validate-cocoonhibernationschedule";
 
 /// The whole decision for one request body; synchronous so tests need no server.
 pub fn review(body: &[u8], metrics: &Metrics) -> Reply {
-    let request = match decode(body) {
+    let request = match decode_counted(body, metrics) {
         Ok(request) => request,
-        Err(message) => {
-            metrics.admission("unknown", "invalid");
-            return Reply::BadRequest(message);
-        }
+        Err(reply) => return reply,
     };
     let response = AdmissionResponse::from(&request);
     let verdict = match (&request.operation, &request.object) {

@@ -35,12 +35,9 @@ impl IntoResponse for Reply {
 /// Counted by operation (`unknown` when the body is not a review) and result
 /// (`allowed`, `denied`, `unsynced` for the V3 denial, `invalid`).
 pub fn review(body: &[u8], view: &impl ClaimView, metrics: &Metrics) -> Reply {
-    let request = match decode(body) {
+    let request = match decode_counted(body, metrics) {
         Ok(request) => request,
-        Err(message) => {
-            metrics.admission("unknown", "invalid");
-            return Reply::BadRequest(message);
-        }
+        Err(reply) => return reply,
     };
     let response = AdmissionResponse::from(&request);
     let (response, result) = match decide(&request, view) {
@@ -71,6 +68,17 @@ fn operation_label(operation: &Operation) -> &'static str {
 }
 
 /// The request of an `admission.k8s.io/v1` AdmissionReview, or why the body is not one.
+/// [`decode`], with a body that is no review counted (`unknown`, `invalid`) and answered 400.
+pub(crate) fn decode_counted(
+    body: &[u8],
+    metrics: &Metrics,
+) -> Result<AdmissionRequest<DynamicObject>, Reply> {
+    decode(body).map_err(|message| {
+        metrics.admission("unknown", "invalid");
+        Reply::BadRequest(message)
+    })
+}
+
 pub(crate) fn decode(body: &[u8]) -> Result<AdmissionRequest<DynamicObject>, String> {
     let review: AdmissionReview<DynamicObject> = serde_json::from_slice(body).map_err(|e| {
         if e.is_syntax() || e.is_eof() {

@@ -112,34 +112,16 @@ pub(super) async fn scale(
         rss2 / 1024,
         hwm2 / 1024
     ));
+    let mut mib =
+        |key: &'static str, kib: u64| figs.set(key, Some(kib as f64 / 1024.0), "", Kind::Memory);
+    mib("scale.rss_settled_mib", rss1);
+    mib("scale.hwm_settled_mib", hwm1);
+    mib("scale.rss_mib", rss2);
+    mib("scale.hwm_mib", hwm2);
     figs.set("scale.startup_cold_s", Some(cold), "", Kind::Time);
     figs.set("scale.settle_s", Some(settle_s), "", Kind::Time);
-    figs.set(
-        "scale.rss_settled_mib",
-        Some(rss1 as f64 / 1024.0),
-        "",
-        Kind::Memory,
-    );
-    figs.set(
-        "scale.hwm_settled_mib",
-        Some(hwm1 as f64 / 1024.0),
-        "",
-        Kind::Memory,
-    );
     figs.set("scale.startup_s", Some(warm), "", Kind::Time);
     figs.set("scale.restart_passes_s", Some(passes_s), "", Kind::Time);
-    figs.set(
-        "scale.rss_mib",
-        Some(rss2 as f64 / 1024.0),
-        "",
-        Kind::Memory,
-    );
-    figs.set(
-        "scale.hwm_mib",
-        Some(hwm2 as f64 / 1024.0),
-        "",
-        Kind::Memory,
-    );
     figs.set(
         "scale.bytes_per_object",
         Some((rss2.saturating_sub(rss0) as f64 * 1024.0) / (2 * s) as f64),

@@ -9,6 +9,7 @@ use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, CustomResourceExt};
+use serde_json::{Value, json};
 use std::time::Duration;
 
 /// Installs both CRDs (CocoonHibernation with its CEL rule, and the schedules' of K1) by
@@ -53,56 +54,51 @@ pub async fn install_webhook(
         group.split('.').next().unwrap_or("g")
     );
     let ca = base64::engine::general_purpose::STANDARD.encode(&cluster.ca_cert_pem);
-    let vwc: ValidatingWebhookConfiguration = serde_json::from_value(serde_json::json!({
+    let hook = |name: &str, path: &str, version: &str, resource: &str, conditions: Value| {
+        json!({
+            "name": name,
+            "admissionReviewVersions": ["v1"],
+            "sideEffects": "None",
+            "failurePolicy": "Fail",
+            "matchPolicy": "Equivalent",
+            "timeoutSeconds": 5,
+            "clientConfig": { "url": format!("https://127.0.0.1:{port}{path}"), "caBundle": ca },
+            "namespaceSelector": { "matchLabels": { "kubernetes.io/metadata.name": namespace } },
+            "matchConditions": conditions,
+            "rules": [{
+                "apiGroups": [group],
+                "apiVersions": [version],
+                "operations": ["CREATE", "UPDATE"],
+                "resources": [resource],
+                "scope": "Namespaced",
+            }],
+        })
+    };
+    let vwc: ValidatingWebhookConfiguration = serde_json::from_value(json!({
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "ValidatingWebhookConfiguration",
         "metadata": { "name": name },
-        "webhooks": [{
-            "name": "validate.cocoonhibernation.cocoonstack.io",
-            "admissionReviewVersions": ["v1"],
-            "sideEffects": "None",
-            "failurePolicy": "Fail",
-            "matchPolicy": "Equivalent",
-            "timeoutSeconds": 5,
-            "clientConfig": {
-                "url": format!("https://127.0.0.1:{port}/validate-cocoonhibernation"),
-                "caBundle": ca,
-            },
-            "namespaceSelector": { "matchLabels": { "kubernetes.io/metadata.name": namespace } },
+        "webhooks": [
             // V7: the chart's own conditions, so the two cannot drift.
-            "matchConditions": chart_match_conditions(cluster),
-            "rules": [{
-                "apiGroups": [group],
-                "apiVersions": ["v1"],
-                "operations": ["CREATE", "UPDATE"],
-                "resources": ["cocoonhibernations"],
-                "scope": "Namespaced",
-            }],
-        }, {
+            hook(
+                "validate.cocoonhibernation.cocoonstack.io",
+                "/validate-cocoonhibernation",
+                "v1",
+                "cocoonhibernations",
+                chart_match_conditions(cluster),
+            ),
             // K1: schedules, as the chart's second webhook.
-            "name": "validate.cocoonhibernationschedule.cocoonstack.io",
-            "admissionReviewVersions": ["v1"],
-            "sideEffects": "None",
-            "failurePolicy": "Fail",
-            "matchPolicy": "Equivalent",
-            "timeoutSeconds": 5,
-            "clientConfig": {
-                "url": format!("https://127.0.0.1:{port}/validate-cocoonhibernationschedule"),
-                "caBundle": ca,
-            },
-            "namespaceSelector": { "matchLabels": { "kubernetes.io/metadata.name": namespace } },
-            "matchConditions": [{
-                "name": "create-or-spec-change",
-                "expression": "request.operation == 'CREATE' || object.spec != oldObject.spec",
-            }],
-            "rules": [{
-                "apiGroups": [group],
-                "apiVersions": ["v1alpha1"],
-                "operations": ["CREATE", "UPDATE"],
-                "resources": ["cocoonhibernationschedules"],
-                "scope": "Namespaced",
-            }],
-        }],
+            hook(
+                "validate.cocoonhibernationschedule.cocoonstack.io",
+                "/validate-cocoonhibernationschedule",
+                "v1alpha1",
+                "cocoonhibernationschedules",
+                json!([{
+                    "name": "create-or-spec-change",
+                    "expression": "request.operation == 'CREATE' || object.spec != oldObject.spec",
+                }]),
+            ),
+        ],
     }))
     .expect("valid webhook configuration");
     let api: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());

@@ -1,0 +1,57 @@
+# Shared by hack/demo.sh and hack/demo-node.sh (and the image step of hack/install-test.sh).
+# Source it after lib.sh; do not run it.
+# shellcheck shell=bash
+
+say() { echo "$(date -u +%H:%M:%S)  $*"; }
+
+# push_image: `make image` into $COCOON_REGISTRY; sets IMAGE_REPO, IMAGE_DIGEST, IMAGE_REF
+# (repo@digest) and IMAGE_MB from its last line. Its log goes to $1 (default: stderr).
+push_image() {
+  local log="${1:-/dev/stderr}" line
+  line="$(IMAGE_REGISTRY="$COCOON_REGISTRY" bash "$HACK_DIR/image.sh" build 2>"$log" | tail -n 1)" ||
+    { [[ "$log" == /dev/stderr ]] || cat "$log" >&2; die "make image failed"; }
+  local pushed='^image: ([^ @]+):[^ @]+@(sha256:[0-9a-f]{64}) size_mb=([0-9.]+)$'
+  [[ "$line" =~ $pushed ]] || die "make image printed no pushed reference: $line"
+  # shellcheck disable=SC2034 # read by the scripts that source this file
+  IMAGE_REPO="${BASH_REMATCH[1]}" IMAGE_DIGEST="${BASH_REMATCH[2]}" IMAGE_MB="${BASH_REMATCH[3]}"
+  # shellcheck disable=SC2034
+  IMAGE_REF="${BASH_REMATCH[1]}@${BASH_REMATCH[2]}" IMAGE_LINE="$line"
+}
+
+# demo_round_trip ALIVE HINT: the demo's last step. Creates CocoonHibernation $NS/$POD with
+# desire Hibernate, then flips it to Wake, printing each phase as it changes. ALIVE is a
+# command that dies when a process the demo needs has exited; HINT says where to look when
+# a phase does not come within 90 s.
+demo_round_trip() {
+  local alive_check="$1" hint="$2" start=$SECONDS
+  "$KUBECTL" -n "$NS" apply -f - >/dev/null <<YAML
+apiVersion: cocoonset.cocoonstack.io/v1
+kind: CocoonHibernation
+metadata:
+  name: $POD
+spec:
+  podRef: { name: $POD }
+  desire: Hibernate
+YAML
+  demo_watch_until Hibernated "$alive_check" "$hint"
+  "$KUBECTL" -n "$NS" patch ch "$POD" --type merge -p '{"spec":{"desire":"Wake"}}' >/dev/null
+  demo_watch_until Active "$alive_check" "$hint"
+  say "     round trip took $((SECONDS - start))s"
+  echo
+  "$KUBECTL" -n "$NS" get ch
+}
+
+demo_watch_until() {
+  local want="$1" alive_check="$2" hint="$3" last="" now deadline=$((SECONDS + 90))
+  while ((SECONDS < deadline)); do
+    $alive_check
+    now="$("$KUBECTL" -n "$NS" get ch "$POD" -o jsonpath='{.status.phase}' 2>/dev/null || true)"
+    if [[ -n "$now" && "$now" != "$last" ]]; then
+      echo "$(date -u +%H:%M:%S.%3N)     $NS/$POD  ${now}"
+      last="$now"
+    fi
+    [[ "$now" == "$want" ]] && return 0
+    sleep 0.2
+  done
+  die "$NS/$POD did not reach $want in 90s; see $hint"
+}
