@@ -9,8 +9,7 @@ fuzz_target!(|data: &[u8]| {
     let split = data.iter().position(|b| *b == b'\n').unwrap_or(data.len());
     let host = String::from_utf8_lossy(&data[..split]);
     let json = data.get(split + 1..).unwrap_or_default();
-    if let Ok(RegistryAuth::Basic(username, _)) = auth_from_docker_config(json, &host)
-    {
+    if let Ok(RegistryAuth::Basic(username, _)) = auth_from_docker_config(json, &host) {
         assert!(!username.is_empty());
     }
 });
