@@ -55,3 +55,17 @@ demo_watch_until() {
   done
   die "$NS/$POD did not reach $want in 90s; see $hint"
 }
+
+# demo_cluster_up WHAT ARGS...: hack/cluster-up.sh ARGS (its log in $DEMO_DIR/cluster-up.log),
+# then its environment exported into this shell and KUBECTL set. WHAT names it in the error.
+demo_cluster_up() {
+  local what="$1" env_file
+  shift
+  env_file="$(bash "$HACK_DIR/cluster-up.sh" "$@" 2>"$DEMO_DIR/cluster-up.log" | tail -n 1)" ||
+    { cat "$DEMO_DIR/cluster-up.log" >&2; die "$what did not start"; }
+  set -a
+  # shellcheck disable=SC1090
+  source "$env_file"
+  set +a
+  KUBECTL="$COCOON_BIN_DIR/kubectl"
+}

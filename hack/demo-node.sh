@@ -31,13 +31,7 @@ TOOLS_BIN="$(bash "$HACK_DIR/install-tools.sh" 2>"$DEMO_DIR/install-tools.log" |
 HELM="$TOOLS_BIN/helm"
 
 say "2/6  starting a real node: etcd, kube-apiserver, controller-manager, scheduler, kubelet, containerd, a registry"
-ENV_FILE="$(bash "$HACK_DIR/cluster-up.sh" --node "$NODE_DIR" 2>"$DEMO_DIR/cluster-up.log" | tail -n 1)" ||
-  { cat "$DEMO_DIR/cluster-up.log" >&2; die "the node cluster did not start"; }
-set -a
-# shellcheck disable=SC1090
-source "$ENV_FILE"
-set +a
-KUBECTL="$COCOON_BIN_DIR/kubectl"
+demo_cluster_up "the node cluster" --node "$NODE_DIR"
 say "     kube-apiserver $COCOON_K8S_VERSION at $COCOON_APISERVER_URL, node $COCOON_NODE_NAME, registry $COCOON_REGISTRY"
 
 say "3/6  make image: the product image, pushed to that registry (first run: a release build)"

@@ -65,13 +65,7 @@ BIN="$CARGO_TARGET_DIR/debug/$SERVER"
 SIM="$CARGO_TARGET_DIR/debug/examples/$SIMULATOR"
 
 say "2/6  starting a local control plane: etcd, kube-apiserver, an OCI registry (first run: builds them, ~7 min)"
-ENV_FILE="$(bash "$HACK_DIR/cluster-up.sh" "$CLUSTER_DIR" 2>"$DEMO_DIR/cluster-up.log" | tail -n 1)" ||
-  { cat "$DEMO_DIR/cluster-up.log" >&2; die "the control plane did not start"; }
-set -a
-# shellcheck disable=SC1090
-source "$ENV_FILE"
-set +a
-KUBECTL="$COCOON_BIN_DIR/kubectl"
+demo_cluster_up "the control plane" "$CLUSTER_DIR"
 say "     kube-apiserver $COCOON_K8S_VERSION at $COCOON_APISERVER_URL, registry at $COCOON_REGISTRY"
 "$BIN" crd | "$KUBECTL" apply --server-side -f - >/dev/null
 "$KUBECTL" wait --for condition=Established crd/cocoonhibernations.cocoonset.cocoonstack.io --timeout=30s >/dev/null
