@@ -69,3 +69,29 @@ demo_cluster_up() {
   set +a
   KUBECTL="$COCOON_BIN_DIR/kubectl"
 }
+
+# demo_fresh_pod [NODE]: pod $NS/$POD recreated as vk-cocoon would run it (a fresh VMID, state
+# ready), bound to NODE when given, with any CocoonHibernation left by an earlier run gone.
+demo_fresh_pod() {
+  local node_line=""
+  [[ -n "${1:-}" ]] && node_line="  nodeName: $1"
+  "$KUBECTL" create namespace "$NS" --dry-run=client -o yaml | "$KUBECTL" apply -f - >/dev/null
+  "$KUBECTL" -n "$NS" delete ch "$POD" --ignore-not-found --wait=true >/dev/null
+  "$KUBECTL" -n "$NS" delete pod "$POD" --ignore-not-found --grace-period=0 --force >/dev/null 2>&1
+  "$KUBECTL" -n "$NS" apply -f - >/dev/null <<YAML
+apiVersion: v1
+kind: Pod
+metadata:
+  name: $POD
+  annotations:
+    vm.cocoonstack.io/name: demo-$POD
+    cocoonset.cocoonstack.io/generation: "1"
+    vm.cocoonstack.io/id: vm-$(date +%s)
+    vm.cocoonstack.io/lifecycle-state: ready
+spec:
+$node_line
+  containers:
+    - name: vm
+      image: cocoon/vm:demo
+YAML
+}

@@ -51,25 +51,7 @@ say "5/6  starting the vk-cocoon simulator (virtual node $COCOON_VIRTUAL_NODE) a
 stop_daemon "$SIMULATOR"
 start_daemon "$SIMULATOR" "$CARGO_TARGET_DIR/debug/examples/$SIMULATOR" --registry "$COCOON_REGISTRY" \
   --virtual-node "$COCOON_VIRTUAL_NODE" --hibernate-delay-ms 2000 --wake-delay-ms 2000
-"$KUBECTL" create namespace "$NS" --dry-run=client -o yaml | "$KUBECTL" apply -f - >/dev/null
-"$KUBECTL" -n "$NS" delete ch "$POD" --ignore-not-found --wait=true >/dev/null
-"$KUBECTL" -n "$NS" delete pod "$POD" --ignore-not-found --grace-period=0 --force >/dev/null 2>&1
-"$KUBECTL" -n "$NS" apply -f - >/dev/null <<YAML
-apiVersion: v1
-kind: Pod
-metadata:
-  name: $POD
-  annotations:
-    vm.cocoonstack.io/name: demo-$POD
-    cocoonset.cocoonstack.io/generation: "1"
-    vm.cocoonstack.io/id: vm-$(date +%s)
-    vm.cocoonstack.io/lifecycle-state: ready
-spec:
-  nodeName: $COCOON_VIRTUAL_NODE
-  containers:
-    - name: vm
-      image: cocoon/vm:demo
-YAML
+demo_fresh_pod "$COCOON_VIRTUAL_NODE"
 
 simulator_alive() {
   daemon_pid "$SIMULATOR" >/dev/null || die "the simulator exited; see $DEMO_DIR/$SIMULATOR.log"

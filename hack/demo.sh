@@ -134,24 +134,7 @@ webhooks:
 YAML
 
 say "5/6  creating pod $NS/$POD (a VM-backed pod, as vk-cocoon would run it)"
-"$KUBECTL" create namespace "$NS" --dry-run=client -o yaml | "$KUBECTL" apply -f - >/dev/null
-"$KUBECTL" -n "$NS" delete ch "$POD" --ignore-not-found --wait=true >/dev/null
-"$KUBECTL" -n "$NS" delete pod "$POD" --ignore-not-found --grace-period=0 >/dev/null
-"$KUBECTL" -n "$NS" apply -f - >/dev/null <<YAML
-apiVersion: v1
-kind: Pod
-metadata:
-  name: $POD
-  annotations:
-    vm.cocoonstack.io/name: demo-$POD
-    cocoonset.cocoonstack.io/generation: "1"
-    vm.cocoonstack.io/id: vm-$(date +%s)
-    vm.cocoonstack.io/lifecycle-state: ready
-spec:
-  containers:
-    - name: vm
-      image: cocoon/vm:demo
-YAML
+demo_fresh_pod
 
 say "6/6  hibernating it (CocoonHibernation desire: Hibernate), then waking it (desire: Wake)"
 demo_round_trip "alive $SERVER" "$DEMO_DIR/$SERVER.log"
