@@ -106,6 +106,10 @@ pub struct World {
     /// The event watch has listed once: without it no event can be judged.
     pub events_synced: bool,
     pub relists: usize,
+    /// Lists completed by the CR and the pod watch (the first and every relist): after an
+    /// apiserver restart the soak holds the product back until both have grown.
+    pub cr_lists: usize,
+    pub pod_lists: usize,
     /// (ms since start, live CRs per phase in [`PHASES`] order, then "no phase").
     pub timeline: Vec<(f64, [usize; 7])>,
 }
@@ -369,6 +373,7 @@ impl Observer {
                             }
                             sync.relist_done();
                             synced = true;
+                            w.cr_lists += 1;
                         }
                         watcher::Event::Apply(cr) => {
                             sync.seen(&cr.metadata);
@@ -404,6 +409,7 @@ impl Observer {
                         watcher::Event::InitDone => {
                             sync.relist_done();
                             synced = true;
+                            w.pod_lists += 1;
                         }
                         watcher::Event::Apply(p) | watcher::Event::Delete(p) => {
                             sync.seen(&p.metadata);

@@ -130,6 +130,9 @@ pub struct ApiFaults {
     pub p500: AtomicU32,
     pub p409: AtomicU32,
     pub pdrop: AtomicU32,
+    /// Every call, watches too, answered 503: the product is held back after an apiserver
+    /// restart until the observer has relisted, so no transition falls into its blind gap.
+    pub held: AtomicBool,
 }
 
 #[derive(Default, Debug, Clone, Copy)]
@@ -207,6 +210,13 @@ impl ApiProxy {
             Arc::new(move |req, up| {
                 let (faults, counters, rng) = (faults.clone(), counters.clone(), rng.clone());
                 Box::pin(async move {
+                    if faults.held.load(Ordering::Relaxed) {
+                        return Ok(status_json(
+                            503,
+                            "ServiceUnavailable",
+                            "soak: held while the observer relists after an apiserver restart",
+                        ));
+                    }
                     if is_watch(&req) {
                         return Ok(forward(req, &up).await?);
                     }
@@ -269,6 +279,10 @@ impl ApiProxy {
         self.faults.p500.store(p500, Ordering::Relaxed);
         self.faults.p409.store(p409, Ordering::Relaxed);
         self.faults.pdrop.store(pdrop, Ordering::Relaxed);
+    }
+
+    pub fn hold(&self, on: bool) {
+        self.faults.held.store(on, Ordering::Relaxed);
     }
 
     pub fn counts(&self) -> ApiCounts {
