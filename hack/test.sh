@@ -33,6 +33,16 @@ t0=$SECONDS
 # the tests see (cluster-up.sh otherwise reuses a running one, for quick local reruns).
 [[ "${CI:-}" == true ]] && bash hack/cluster-down.sh
 ENV_FILE="$(bash hack/cluster-up.sh | tail -n 1)"
+# make test stops what it started, also when a step fails. COCOON_KEEP_CLUSTER=1 keeps the
+# control plane for a quick rerun of single tests (see hack/README.md).
+stop_cluster() {
+  if [[ "${COCOON_KEEP_CLUSTER:-}" == 1 ]]; then
+    echo "control plane kept running (COCOON_KEEP_CLUSTER=1); stop it with: bash hack/cluster-down.sh"
+  else
+    bash hack/cluster-down.sh >/dev/null 2>&1 || echo "hack/cluster-down.sh failed" >&2
+  fi
+}
+trap stop_cluster EXIT
 echo "control plane ready in $((SECONDS - t0))s"
 set -a
 # shellcheck disable=SC1090
@@ -59,6 +69,10 @@ passed=$((passed + 1))
 
 step "chart checks"
 COCOON_BIN="$CARGO_TARGET_DIR/debug/cocoon-hibernation" bash hack/check-chart.sh
+
+# The shared control plane is done; the install suite brings up a node cluster of its own.
+trap - EXIT
+stop_cluster
 
 step "install suite: the image and the chart on a real node (make install-test)"
 t0=$SECONDS
