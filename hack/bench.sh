@@ -6,8 +6,10 @@
 # Usage: hack/bench.sh [--n 1000] [--scale-n 10000] [--quiet-s 60] [--parts roundtrip,quiet,admission,scale,schedule]
 #                      [--filler-pods 0] [--keep-scale]
 #                      [--update-baseline] [--fail-on-regression]
+#        hack/bench.sh --parts capacity [--capacity-crs 1000,10000,50000] [--capacity-bursts 100,1000,5000]
 #   Every flag also reads BENCH_<NAME> from the environment (e.g. BENCH_N=100).
-# Output: $CARGO_TARGET_DIR/bench/system-latest.json, roundtrip-phases.svg, reaction-latency.svg.
+# Output: $CARGO_TARGET_DIR/bench/system-latest.json, roundtrip-phases.svg, reaction-latency.svg
+# (capacity: capacity.json, capacity.svg and one "capacity: ..." line per step).
 # The last line printed is the one-line summary ("bench: writes_per_round=...").
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

@@ -13,6 +13,26 @@ pub(super) fn declare(figs: &mut Figures) {
             Time,
         ),
         ("rt.wall_wake_s", "s, flip N to Wake → all Active", Time),
+        (
+            "rt.sim_hibernate_s",
+            "s, the simulator's own time (request seen → last write) for the last CR Hibernated",
+            Info,
+        ),
+        (
+            "rt.overhead_hibernate_s",
+            "s, controller overhead: wall_hibernate − sim_hibernate",
+            Time,
+        ),
+        (
+            "rt.sim_wake_s",
+            "s, the simulator's own time for the last CR Active",
+            Info,
+        ),
+        (
+            "rt.overhead_wake_s",
+            "s, controller overhead: wall_wake − sim_wake",
+            Time,
+        ),
         ("rt.reaction_hibernate_p50_ms", "ms", Time),
         ("rt.reaction_hibernate_p99_ms", "ms", Tail),
         ("rt.reaction_wake_p50_ms", "ms", Time),

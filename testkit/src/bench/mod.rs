@@ -13,7 +13,9 @@
 //!   over TLS, and the same load against a no-op axum + rustls server (the ceiling);
 //! - scale: RSS and time to /readyz with S realistic pods (3 containers, ~8 KB) and S CRs;
 //! - schedule: N pods of one CocoonHibernationSchedule, a boundary reached through the
-//!   product's shifted clock: boundary → all Hibernated, and CR writes per pod (K2).
+//!   product's shifted clock: boundary → all Hibernated, and CR writes per pod (K2);
+//! - capacity (only when asked for: `--parts capacity`): one leader under a rising
+//!   population and burst size until something saturates (`capacity/`).
 //!
 //! Writes `<target>/bench/system-latest.json` (and a timestamped copy) with two SVG charts
 //! beside it; prints a table with ratios to `bench/baseline.json`; the last line printed
@@ -21,9 +23,11 @@
 
 mod admission;
 pub mod audit;
+mod capacity;
 mod figures;
 pub mod load;
 pub mod metrics;
+mod overhead;
 pub mod pods;
 pub mod report;
 mod roundtrip;
@@ -68,8 +72,11 @@ pub struct Opts {
     /// Share of the simulator's wakes that delete the tag they restored from (vk-cocoon
     /// may; 0 by default, as in the baseline's runs).
     sim_wake_drops_tag: f64,
-    /// Parts to run: roundtrip,quiet,admission,scale,schedule.
+    /// Parts to run: roundtrip,quiet,admission,scale,schedule (the default), capacity.
     parts: Vec<String>,
+    /// The capacity part's ladder: populations (pods and settled CRs) and burst sizes.
+    capacity_crs: Vec<usize>,
+    capacity_bursts: Vec<usize>,
     out: PathBuf,
     baseline: PathBuf,
     /// Write this run's figures to the baseline file.
@@ -111,6 +118,19 @@ impl Opts {
                 panic!("--{name} / BENCH_{} is not a number", name.to_uppercase())
             })
         };
+        let list = |name: &str, default: &str| -> Vec<usize> {
+            get(name, default)
+                .split(',')
+                .map(|v| {
+                    v.trim().parse().unwrap_or_else(|_| {
+                        panic!(
+                            "--{name} / BENCH_{}: {v} is not a count",
+                            name.to_uppercase()
+                        )
+                    })
+                })
+                .collect()
+        };
         let root = crate::repo_root();
         // <target>/release/deps/system-<hash> → <target>/bench
         let default_out = std::env::current_exe()
@@ -134,6 +154,8 @@ impl Opts {
                 .split(',')
                 .map(|s| s.trim().to_owned())
                 .collect(),
+            capacity_crs: list("capacity_crs", "1000,10000,50000"),
+            capacity_bursts: list("capacity_bursts", "100,1000,5000"),
             out: PathBuf::from(get("out", &default_out.to_string_lossy())),
             baseline: PathBuf::from(get(
                 "baseline",
@@ -251,6 +273,9 @@ pub async fn measure(o: &Opts) -> (Figures, serde_json::Map<String, Value>) {
     if o.part("schedule") && o.n > 0 {
         schedule::schedule(o, &mut figs, &mut detail).await;
     }
+    if o.part("capacity") {
+        capacity::capacity(o, cluster, &mut detail).await;
+    }
     let ours = figs.get("adm.rps_c64_10k").or(figs.get("adm.rps_c64_1k"));
     if let (Some(ours), Some(ceiling)) = (ours, figs.get("adm.ceiling_rps_c64")) {
         figs.set("adm.ceiling_share", Some(ours / ceiling), "", Kind::Rate);
@@ -273,6 +298,7 @@ async fn run(o: Opts) -> i32 {
             "admission_s": o.admission_s, "admission_reps": o.admission_reps,
             "sim_delay_ms": o.sim_delay_ms, "sim_hibernating_first": o.sim_hibernating_first,
             "sim_wake_drops_tag": o.sim_wake_drops_tag, "parts": o.parts,
+            "capacity_crs": o.capacity_crs, "capacity_bursts": o.capacity_bursts,
         },
         "duration_s": report::round(started.elapsed().as_secs_f64()),
         "figures": figs.to_json(),
@@ -333,7 +359,7 @@ async fn run(o: Opts) -> i32 {
         "bench: writes_per_round={} floor=9 reason_writes={} conflicts={} reaction_p99_ms={} \
          registry_calls_per_wake={} fresh_wake_writes={} rss_mib_10k={} startup_s_10k={} \
          admission_rps_c64_10k={} ceiling_share={} schedule_flip_s_1000={} \
-         schedule_writes_per_pod={}",
+         schedule_writes_per_pod={} overhead_wake_s={} overhead_hibernate_s={}",
         f("rt.writes_per_round"),
         f("rt.reason_writes"),
         f("rt.conflicts"),
@@ -347,6 +373,8 @@ async fn run(o: Opts) -> i32 {
             .map_or("na".into(), |v| format!("{v:.2}")),
         f("sched.flip_s"),
         f("sched.writes_per_pod"),
+        f("rt.overhead_wake_s"),
+        f("rt.overhead_hibernate_s"),
     );
     if o.fail_on_regression && !regressions.is_empty() {
         1

@@ -3,11 +3,13 @@
 
 use super::admission::admission;
 use super::metrics;
+use super::overhead::Round;
 use super::pods;
 use super::report::{self, Figures, Kind};
 use super::steps::{create_crs, create_sim_pods, latest, reactions, settle};
 use super::world::{self, PodDone, Watches};
 use super::{Opts, audit, log, ms, product_args, sum};
+use crate::vk_sim::Action;
 use crate::{cluster, env, product};
 use cocoon_hibernation::api::{Desire, Phase};
 use serde_json::{Value, json};
@@ -125,6 +127,10 @@ pub(super) async fn roundtrip(
 
         let pod_hib = watches.pod_done(PodDone::Hibernated, t0);
         let pod_woken = watches.pod_done(PodDone::Woken, t1);
+        let timings = env.sim.knobs.timings();
+        let vm = |cr: &str| env.vm(cr);
+        let sim_hib = Round::measure(&hib_at, t0, &timings.since(Action::Hibernate, t0), vm);
+        let sim_wake = Round::measure(&act_at, t1, &timings.since(Action::Wake, t1), vm);
         let react_hib = reactions(&names, &hib_at, &pod_hib);
         let react_wake = reactions(&names, &act_at, &pod_woken);
         // Per CR, ms after the round began: vk's completion write, then the terminal
@@ -331,6 +337,10 @@ pub(super) async fn roundtrip(
                 "status_changes": { "phase": changes[0], "reason": changes[1], "other": changes[2] },
                 "same_phase_status_writes": same_phase,
                 "reactions_measured": { "hibernate": react_hib.len(), "wake": react_wake.len() },
+                "overhead": {
+                    "hibernate": sim_hib.record(Action::Hibernate, figs),
+                    "wake": sim_wake.record(Action::Wake, figs),
+                },
                 "timeline_ms": timeline.iter().map(|(t, c)| json!([report::round(*t), c])).collect::<Vec<_>>(),
             }),
         );

@@ -9,7 +9,7 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube::runtime::watcher;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::task::JoinHandle;
@@ -243,6 +243,8 @@ impl Watches {
         want: Phase,
         since: Instant,
     ) -> HashMap<String, Instant> {
+        // A set: the capacity part asks for thousands of names among 50k transitions.
+        let names: HashSet<&String> = names.iter().collect();
         let s = self.seen.lock().expect("seen lock");
         let mut out = HashMap::new();
         for (t, n, p) in &s.transitions {

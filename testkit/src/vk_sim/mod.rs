@@ -16,20 +16,25 @@
 //! - a `ready` pod with a VMID whose container is not reported Running (e.g. created with
 //!   kubectl) is reported Running, as a kubelet would.
 //!
-//! Also used by `examples/vk_cocoon_simulator.rs` (`make demo`).
+//! Each request carried out is timed per VM ([`SimKnobs::timings`]): the bench takes the
+//! simulator's own time out of a round's wall. Also used by
+//! `examples/vk_cocoon_simulator.rs` (`make demo`).
 
+mod knobs;
 mod pods;
 mod registry;
+mod timing;
 
+pub use knobs::SimKnobs;
 pub use pods::{create_vm_pod, create_vm_pod_on, stage_stale_lifecycle};
 use pods::{new_vm_id, running_status, stopped_status};
 pub use registry::{delete_manifest, push_snapshot, snapshot_digest};
+pub use timing::{Span, Timings};
 
-use std::collections::{HashMap, HashSet};
-use std::hash::{DefaultHasher, Hash, Hasher};
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::collections::HashSet;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use cocoon_hibernation::api::annotations::{
     LIFECYCLE_OBSERVED_GENERATION, LIFECYCLE_STATE, PodView, STATE_HIBERNATED, STATE_HIBERNATING,
@@ -53,125 +58,6 @@ const STATE_READY: &str = "ready";
 /// Per-pod override of [`SimKnobs::set_wake_drops_tag`]: `"true"` makes every wake of the
 /// pod delete the tag it restored from, `"false"` none.
 pub const WAKE_DROPS_TAG_ANNOTATION: &str = "vk-sim.cocoonstack.io/wake-drops-tag";
-
-/// Runtime-adjustable behaviour, shared with tests through an `Arc`.
-#[derive(Debug, Default)]
-pub struct SimKnobs {
-    hibernate_delay_ms: AtomicU64,
-    wake_delay_ms: AtomicU64,
-    fail_push: AtomicBool,
-    never_complete: AtomicBool,
-    hibernating_first: AtomicBool,
-    /// Share of wakes that delete the tag, per million.
-    wake_drops_tag_ppm: AtomicU32,
-    drop_seed: AtomicU64,
-    pushes: AtomicUsize,
-    hibernations: AtomicUsize,
-    wakes: AtomicUsize,
-    tag_drops: AtomicUsize,
-    /// Wakes so far per VM: with the seed, what decides whether a wake drops the tag.
-    wake_rounds: Mutex<HashMap<String, u64>>,
-}
-
-impl SimKnobs {
-    pub fn new(hibernate_delay: Duration, wake_delay: Duration) -> Self {
-        let knobs = Self::default();
-        knobs.set_hibernate_delay(hibernate_delay);
-        knobs.set_wake_delay(wake_delay);
-        knobs
-    }
-    pub fn hibernate_delay(&self) -> Duration {
-        Duration::from_millis(self.hibernate_delay_ms.load(Ordering::Relaxed))
-    }
-    pub fn set_hibernate_delay(&self, d: Duration) {
-        self.hibernate_delay_ms
-            .store(d.as_millis() as u64, Ordering::Relaxed);
-    }
-    pub fn wake_delay(&self) -> Duration {
-        Duration::from_millis(self.wake_delay_ms.load(Ordering::Relaxed))
-    }
-    pub fn set_wake_delay(&self, d: Duration) {
-        self.wake_delay_ms
-            .store(d.as_millis() as u64, Ordering::Relaxed);
-    }
-    /// While set, every snapshot push fails: nothing is written and the push is retried.
-    pub fn fail_push(&self) -> bool {
-        self.fail_push.load(Ordering::Relaxed)
-    }
-    pub fn set_fail_push(&self, on: bool) {
-        self.fail_push.store(on, Ordering::Relaxed);
-    }
-    /// While set, hibernate and wake requests are ignored (a stuck vk).
-    pub fn never_complete(&self) -> bool {
-        self.never_complete.load(Ordering::Relaxed)
-    }
-    pub fn set_never_complete(&self, on: bool) {
-        self.never_complete.store(on, Ordering::Relaxed);
-    }
-    /// While set, a hibernate first writes `lifecycle-state=hibernating` in a patch of its
-    /// own (a write more per hibernate, so off by default: the bench measures speed).
-    pub fn hibernating_first(&self) -> bool {
-        self.hibernating_first.load(Ordering::Relaxed)
-    }
-    pub fn set_hibernating_first(&self, on: bool) {
-        self.hibernating_first.store(on, Ordering::Relaxed);
-    }
-    /// The share (0..=1) of wakes that delete the manifest they restored from once the new
-    /// VMID is written. 0 (the default) never, 1 always; a pod's
-    /// [`WAKE_DROPS_TAG_ANNOTATION`] overrides it.
-    pub fn wake_drops_tag(&self) -> f64 {
-        f64::from(self.wake_drops_tag_ppm.load(Ordering::Relaxed)) / 1e6
-    }
-    pub fn set_wake_drops_tag(&self, share: f64) {
-        let ppm = (share.clamp(0.0, 1.0) * 1e6).round() as u32;
-        self.wake_drops_tag_ppm.store(ppm, Ordering::Relaxed);
-    }
-    /// Seeds the choice of the wakes that drop their tag (per VM and wake round), so a
-    /// seeded run makes the same choices.
-    pub fn set_seed(&self, seed: u64) {
-        self.drop_seed.store(seed, Ordering::Relaxed);
-    }
-    /// Whether this wake of `vm` drops its tag: the pod's annotation, else the share.
-    fn drops_tag(&self, vm: &str, annotation: Option<&str>) -> bool {
-        match annotation {
-            Some("true") => return true,
-            Some("false") => return false,
-            _ => {}
-        }
-        let ppm = self.wake_drops_tag_ppm.load(Ordering::Relaxed);
-        if ppm == 0 {
-            return false;
-        }
-        let round = {
-            let Ok(mut rounds) = self.wake_rounds.lock() else {
-                return false;
-            };
-            let r = rounds.entry(vm.to_owned()).or_default();
-            *r += 1;
-            *r
-        };
-        // DefaultHasher::new() has fixed keys: the same seed gives the same choices.
-        let mut h = DefaultHasher::new();
-        (self.drop_seed.load(Ordering::Relaxed), vm, round).hash(&mut h);
-        h.finish() % 1_000_000 < u64::from(ppm)
-    }
-    /// Successful snapshot pushes so far (staged stale tags included).
-    pub fn pushes(&self) -> usize {
-        self.pushes.load(Ordering::Relaxed)
-    }
-    /// Completed hibernations (the lifecycle patch landed).
-    pub fn hibernations(&self) -> usize {
-        self.hibernations.load(Ordering::Relaxed)
-    }
-    /// Wakes that wrote a new VMID (the Running report follows it).
-    pub fn wakes(&self) -> usize {
-        self.wakes.load(Ordering::Relaxed)
-    }
-    /// Wakes that deleted the tag they restored from (the DELETE was answered 202).
-    pub fn tag_drops(&self) -> usize {
-        self.tag_drops.load(Ordering::Relaxed)
-    }
-}
 
 /// The running simulator; dropping it stops it (and any in-flight work).
 pub struct SimHandle {
@@ -233,8 +119,9 @@ pub fn spawn(
     }
 }
 
+/// What the simulator does for a pod.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Action {
+pub enum Action {
     Hibernate,
     Wake,
 }
@@ -284,9 +171,11 @@ impl Sim {
             .default_backoff()
             .touched_objects();
         let mut events = std::pin::pin!(events);
-        let mut resync = tokio::time::interval(RESYNC);
         // Workers live in this set, so aborting this task aborts them too.
         let mut workers = JoinSet::new();
+        // A deadline rather than an interval: the period is a knob read at each re-check.
+        let resync = tokio::time::sleep(self.knobs.resync());
+        let mut resync = std::pin::pin!(resync);
         loop {
             tokio::select! {
                 ev = events.next() => match ev {
@@ -294,10 +183,12 @@ impl Sim {
                     Some(Err(e)) => tracing::warn!(error = %e, "vk-sim: pod watch error"),
                     None => return,
                 },
-                _ = resync.tick() => {
+                () = &mut resync => {
                     for pod in store.state() {
                         self.consider(&pod, &mut workers);
                     }
+                    let next = tokio::time::Instant::now() + self.knobs.resync();
+                    resync.as_mut().reset(next);
                 }
                 Some(_) = workers.join_next(), if !workers.is_empty() => {}
             }
@@ -315,21 +206,31 @@ impl Sim {
         if !self.in_flight.lock().unwrap().insert(key.clone()) {
             return;
         }
-        let sim = self.clone();
+        let (sim, seen) = (self.clone(), Instant::now());
         workers.spawn(async move {
-            sim.work(&key.0, &key.1).await;
+            sim.work(&key.0, &key.1, seen).await;
             sim.in_flight.lock().unwrap().remove(&key);
         });
     }
 
     /// Drives one pod until there is nothing left to do. Never panics: a deleted pod ends
-    /// the work, a failure or a conflict is retried.
-    async fn work(&self, ns: &str, name: &str) {
+    /// the work, a failure or a conflict is retried. `seen`: when the event that started
+    /// it arrived; each request carried out is recorded in [`SimKnobs::timings`].
+    async fn work(&self, ns: &str, name: &str, seen: Instant) {
         let api: Api<Pod> = Api::namespaced(self.client.clone(), ns);
+        let mut first_seen = Some(seen);
+        // The request in hand and when it was seen: a retry keeps the first sighting.
+        let mut pending: Option<(Action, Instant)> = None;
         loop {
+            let checked = Instant::now();
             let Some(action) = self.current_plan(&api, name).await else {
                 return;
             };
+            let since = match pending {
+                Some((a, t)) if a == action => t,
+                _ => first_seen.take().unwrap_or(checked),
+            };
+            pending = Some((action, since));
             let delay = match action {
                 Action::Hibernate => self.knobs.hibernate_delay(),
                 Action::Wake => self.knobs.wake_delay(),
@@ -352,9 +253,22 @@ impl Sim {
                 Action::Hibernate => self.hibernate(&api, &pod).await,
                 Action::Wake => self.wake(&api, &pod).await,
             };
-            if let Err(e) = result {
-                tracing::warn!(%ns, %name, ?action, error = %e, "vk-sim: retrying");
-                tokio::time::sleep(RETRY).await;
+            match result {
+                Ok(()) => {
+                    let vm = PodView::of(&pod).vm_name.unwrap_or_default();
+                    let done = Instant::now();
+                    let span = Span {
+                        action,
+                        seen: since,
+                        done,
+                    };
+                    self.knobs.timings().record(&vm, span);
+                    pending = None;
+                }
+                Err(e) => {
+                    tracing::warn!(%ns, %name, ?action, error = %e, "vk-sim: retrying");
+                    tokio::time::sleep(RETRY).await;
+                }
             }
         }
     }

@@ -1,0 +1,147 @@
+//! The simulator's runtime knobs and counters, shared with tests through an `Arc`.
+
+use super::timing::Timings;
+use std::collections::HashMap;
+use std::hash::{DefaultHasher, Hash, Hasher};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
+
+/// Runtime-adjustable behaviour, shared with tests through an `Arc`.
+#[derive(Debug, Default)]
+pub struct SimKnobs {
+    hibernate_delay_ms: AtomicU64,
+    wake_delay_ms: AtomicU64,
+    fail_push: AtomicBool,
+    never_complete: AtomicBool,
+    hibernating_first: AtomicBool,
+    /// Share of wakes that delete the tag, per million.
+    wake_drops_tag_ppm: AtomicU32,
+    drop_seed: AtomicU64,
+    pub(super) pushes: AtomicUsize,
+    pub(super) hibernations: AtomicUsize,
+    pub(super) wakes: AtomicUsize,
+    pub(super) tag_drops: AtomicUsize,
+    /// Wakes so far per VM: with the seed, what decides whether a wake drops the tag.
+    wake_rounds: Mutex<HashMap<String, u64>>,
+    /// 0: the default, [`super::RESYNC`].
+    resync_ms: AtomicU64,
+    timings: Timings,
+}
+
+impl SimKnobs {
+    pub fn new(hibernate_delay: Duration, wake_delay: Duration) -> Self {
+        let knobs = Self::default();
+        knobs.set_hibernate_delay(hibernate_delay);
+        knobs.set_wake_delay(wake_delay);
+        knobs
+    }
+    pub fn hibernate_delay(&self) -> Duration {
+        Duration::from_millis(self.hibernate_delay_ms.load(Ordering::Relaxed))
+    }
+    pub fn set_hibernate_delay(&self, d: Duration) {
+        self.hibernate_delay_ms
+            .store(d.as_millis() as u64, Ordering::Relaxed);
+    }
+    pub fn wake_delay(&self) -> Duration {
+        Duration::from_millis(self.wake_delay_ms.load(Ordering::Relaxed))
+    }
+    pub fn set_wake_delay(&self, d: Duration) {
+        self.wake_delay_ms
+            .store(d.as_millis() as u64, Ordering::Relaxed);
+    }
+    /// While set, every snapshot push fails: nothing is written and the push is retried.
+    pub fn fail_push(&self) -> bool {
+        self.fail_push.load(Ordering::Relaxed)
+    }
+    pub fn set_fail_push(&self, on: bool) {
+        self.fail_push.store(on, Ordering::Relaxed);
+    }
+    /// While set, hibernate and wake requests are ignored (a stuck vk).
+    pub fn never_complete(&self) -> bool {
+        self.never_complete.load(Ordering::Relaxed)
+    }
+    pub fn set_never_complete(&self, on: bool) {
+        self.never_complete.store(on, Ordering::Relaxed);
+    }
+    /// While set, a hibernate first writes `lifecycle-state=hibernating` in a patch of its
+    /// own (a write more per hibernate, so off by default: the bench measures speed).
+    pub fn hibernating_first(&self) -> bool {
+        self.hibernating_first.load(Ordering::Relaxed)
+    }
+    pub fn set_hibernating_first(&self, on: bool) {
+        self.hibernating_first.store(on, Ordering::Relaxed);
+    }
+    /// The share (0..=1) of wakes that delete the manifest they restored from once the new
+    /// VMID is written. 0 (the default) never, 1 always; a pod's
+    /// [`super::WAKE_DROPS_TAG_ANNOTATION`] overrides it.
+    pub fn wake_drops_tag(&self) -> f64 {
+        f64::from(self.wake_drops_tag_ppm.load(Ordering::Relaxed)) / 1e6
+    }
+    pub fn set_wake_drops_tag(&self, share: f64) {
+        let ppm = (share.clamp(0.0, 1.0) * 1e6).round() as u32;
+        self.wake_drops_tag_ppm.store(ppm, Ordering::Relaxed);
+    }
+    /// Seeds the choice of the wakes that drop their tag (per VM and wake round), so a
+    /// seeded run makes the same choices.
+    pub fn set_seed(&self, seed: u64) {
+        self.drop_seed.store(seed, Ordering::Relaxed);
+    }
+    /// Whether this wake of `vm` drops its tag: the pod's annotation, else the share.
+    pub(super) fn drops_tag(&self, vm: &str, annotation: Option<&str>) -> bool {
+        match annotation {
+            Some("true") => return true,
+            Some("false") => return false,
+            _ => {}
+        }
+        let ppm = self.wake_drops_tag_ppm.load(Ordering::Relaxed);
+        if ppm == 0 {
+            return false;
+        }
+        let round = {
+            let Ok(mut rounds) = self.wake_rounds.lock() else {
+                return false;
+            };
+            let r = rounds.entry(vm.to_owned()).or_default();
+            *r += 1;
+            *r
+        };
+        // DefaultHasher::new() has fixed keys: the same seed gives the same choices.
+        let mut h = DefaultHasher::new();
+        (self.drop_seed.load(Ordering::Relaxed), vm, round).hash(&mut h);
+        h.finish() % 1_000_000 < u64::from(ppm)
+    }
+    /// Successful snapshot pushes so far (staged stale tags included).
+    pub fn pushes(&self) -> usize {
+        self.pushes.load(Ordering::Relaxed)
+    }
+    /// Completed hibernations (the lifecycle patch landed).
+    pub fn hibernations(&self) -> usize {
+        self.hibernations.load(Ordering::Relaxed)
+    }
+    /// Wakes that wrote a new VMID (the Running report follows it).
+    pub fn wakes(&self) -> usize {
+        self.wakes.load(Ordering::Relaxed)
+    }
+    /// Wakes that deleted the tag they restored from (the DELETE was answered 202).
+    pub fn tag_drops(&self) -> usize {
+        self.tag_drops.load(Ordering::Relaxed)
+    }
+    /// How often every known pod is re-checked (300 ms by default). The capacity bench
+    /// sets it longer: a re-check of 50k pods every 300 ms would take cores from what it
+    /// measures.
+    pub fn resync(&self) -> Duration {
+        match self.resync_ms.load(Ordering::Relaxed) {
+            0 => super::RESYNC,
+            ms => Duration::from_millis(ms),
+        }
+    }
+    pub fn set_resync(&self, d: Duration) {
+        self.resync_ms
+            .store(d.as_millis().max(1) as u64, Ordering::Relaxed);
+    }
+    /// When the simulator saw each request and finished its own work, per VM.
+    pub fn timings(&self) -> &Timings {
+        &self.timings
+    }
+}
