@@ -43,6 +43,8 @@ pub struct CrVersion {
     pub vm: Option<String>,
     pub deleting: bool,
     pub reason: String,
+    /// `status.snapshot.digest`: the manifest this CR confirmed at H3.
+    pub snapshot_digest: Option<String>,
     /// Seen through a relist: versions before it may have been missed.
     pub gap: bool,
     /// For a version seen through a relist: the watch had delivered every change up to
@@ -160,6 +162,11 @@ impl World {
             vm: cr.vm_name().map(str::to_owned),
             deleting: cr.is_deleting(),
             reason,
+            snapshot_digest: cr
+                .status
+                .as_ref()
+                .and_then(|s| s.snapshot.as_ref())
+                .and_then(|s| s.digest.clone()),
             gap: relist.is_some(),
             complete_to: relist.unwrap_or(0),
         });
@@ -215,6 +222,15 @@ impl World {
     pub fn current(&self, name: &str) -> Option<&CrTrack> {
         let t = self.crs.get(self.by_name.get(name)?)?;
         t.gone.is_none().then_some(t)
+    }
+
+    /// The digest the newest CR named `name` (deleted or not) last confirmed.
+    pub fn confirmed_digest(&self, name: &str) -> Option<&str> {
+        let t = self.crs.get(self.by_name.get(name)?)?;
+        t.versions
+            .iter()
+            .rev()
+            .find_map(|v| v.snapshot_digest.as_deref())
     }
 
     pub fn live_tracks(&self) -> impl Iterator<Item = &CrTrack> {
@@ -974,6 +990,7 @@ pub fn self_check() -> Vec<String> {
             vm: Some(VM.into()),
             deleting,
             reason: String::new(),
+            snapshot_digest: None,
             gap,
             complete_to: 0,
         }
