@@ -1,6 +1,10 @@
 #!/usr/bin/env bash
-# The README's test command (`make test`): quality gates, a local control plane, every
-# test (unit, in-process, real-registry, end-to-end) and the chart checks.
+# The README's test command (`make test`): quality gates, then three lanes at once, each on
+# a control plane of its own: every cargo test and the chart checks on the shared local
+# control plane, the short soak, and the install suite on a real node. The lanes mostly
+# wait on clocks (the e2e lane leaves a 2-core machine ~85% idle), so running them side by
+# side costs little CPU and saves their sum. Each lane's output goes to a log under
+# $CARGO_TARGET_DIR/make-test/; a failing lane's log is printed in full.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -20,21 +24,23 @@ python3 hack/rule-index.py
 step "every link in README and docs resolves inside the repository"
 python3 hack/check-links.py
 step "cargo clippy --all-targets -- -D warnings"
-cargo clippy --locked --all-targets -- -D warnings
+cargo clippy --locked --all-targets --test soak --test e2e_install -- -D warnings
 step "cargo build"
-cargo build --locked --all-targets
+cargo build --locked --all-targets --test soak --test e2e_install
+# The install suite's image binary, built here rather than beside the tests: a 2-core
+# machine cannot compile and keep the tests' second-scale timeouts at the same time.
+cargo build --locked --release --bin cocoon-hibernation
 
 step "certs/ tooling"
 bash certs/test.sh
 
-step "local control plane"
-t0=$SECONDS
-# CI starts from an empty control plane: objects left by an earlier run would change what
-# the tests see (cluster-up.sh otherwise reuses a running one, for quick local reruns).
-[[ "${CI:-}" == true ]] && bash hack/cluster-down.sh
-ENV_FILE="$(bash hack/cluster-up.sh | tail -n 1)"
-# make test stops what it started, also when a step fails. COCOON_KEEP_CLUSTER=1 keeps the
-# control plane for a quick rerun of single tests (see hack/README.md).
+# Every lane writes its log here; this run's logs replace the last run's.
+LANES="$CARGO_TARGET_DIR/make-test"
+rm -rf "$LANES"
+mkdir -p "$LANES"
+SOAK_STATE_DIR="${SOAK_STATE_DIR:-$HOME/.cache/cocoon-hibernation/cluster-soak}"
+export SOAK_STATE_DIR
+
 stop_cluster() {
   if [[ "${COCOON_KEEP_CLUSTER:-}" == 1 ]]; then
     echo "control plane kept running (COCOON_KEEP_CLUSTER=1); stop it with: bash hack/cluster-down.sh"
@@ -42,42 +48,110 @@ stop_cluster() {
     bash hack/cluster-down.sh >/dev/null 2>&1 || echo "hack/cluster-down.sh failed" >&2
   fi
 }
-trap stop_cluster EXIT
-echo "control plane ready in $((SECONDS - t0))s"
-set -a
-# shellcheck disable=SC1090
-source "$ENV_FILE"
-set +a
-export COCOON_CLUSTER_ENV="$ENV_FILE"
-echo "kube-apiserver version: $COCOON_K8S_VERSION"
 
-step "cargo test"
-t0=$SECONDS
-log="$(mktemp)"
-cargo test --locked --lib --bins --tests -- --test-threads="${COCOON_TEST_THREADS:-4}" 2>&1 | tee "$log"
-echo "cargo test took $((SECONDS - t0))s"
-read -r passed failed < <(awk '/^test result:/ {p += $4; f += $6} END {print p + 0, f + 0}' "$log")
-rm -f "$log"
+# Lane "tests": the shared control plane, every cargo test, then the chart checks.
+lane_tests() {
+  local t0=$SECONDS
+  # CI starts from an empty control plane: objects left by an earlier run would change
+  # what the tests see (cluster-up.sh otherwise reuses a running one, for quick reruns).
+  [[ "${CI:-}" == true ]] && bash hack/cluster-down.sh
+  local env_file
+  env_file="$(bash hack/cluster-up.sh | tail -n 1)"
+  # COCOON_KEEP_CLUSTER=1 keeps the control plane for a quick rerun of single tests.
+  trap stop_cluster EXIT
+  echo "control plane ready in $((SECONDS - t0))s"
+  set -a
+  # shellcheck disable=SC1090
+  source "$env_file"
+  set +a
+  export COCOON_CLUSTER_ENV="$env_file"
+  echo "kube-apiserver version: $COCOON_K8S_VERSION"
+  step "cargo test"
+  t0=$SECONDS
+  cargo test --locked --lib --bins --tests -- --test-threads="${COCOON_TEST_THREADS:-4}"
+  echo "cargo test took $((SECONDS - t0))s"
+  step "chart checks"
+  COCOON_BIN="$CARGO_TARGET_DIR/debug/cocoon-hibernation" bash hack/check-chart.sh
+}
 
-step "short soak (60 CRs, every fault kind, its own control plane)"
-t0=$SECONDS
-# Not the shared cluster: the soak restarts kube-apiserver (tests/soak/main.rs).
-( unset COCOON_CLUSTER_ENV COCOON_STATE_DIR
-  SOAK_CRS="${SOAK_CRS:-60}" cargo test --locked --test soak )
-echo "short soak took $((SECONDS - t0))s"
-passed=$((passed + 1))
+# Lane "soak": 60 CRs, every fault kind, on a control plane of its own, because it
+# restarts kube-apiserver (tests/soak/main.rs).
+lane_soak() {
+  unset COCOON_CLUSTER_ENV COCOON_STATE_DIR
+  local t0=$SECONDS
+  SOAK_CRS="${SOAK_CRS:-60}" cargo test --locked --test soak
+  echo "short soak took $((SECONDS - t0))s"
+}
 
-step "chart checks"
-COCOON_BIN="$CARGO_TARGET_DIR/debug/cocoon-hibernation" bash hack/check-chart.sh
+# Lane "install": the image and the chart on a real node (`make install-test`).
+lane_install() {
+  bash hack/install-test.sh
+}
 
-# The shared control plane is done; the install suite brings up a node cluster of its own.
+LANE_NAMES=(tests soak install)
+declare -A LANE_PID=() LANE_RC=()
+# An interrupted or failed run stops every lane and every control plane the lanes start.
+stop_lanes() {
+  local name pid
+  for name in "${!LANE_PID[@]}"; do
+    pid="${LANE_PID[$name]}"
+    pkill -TERM -P "$pid" 2>/dev/null || true
+    kill -TERM "$pid" 2>/dev/null || true
+  done
+  wait 2>/dev/null || true
+  stop_cluster
+  bash hack/cluster-down.sh "$SOAK_STATE_DIR" >/dev/null 2>&1 || true
+  bash hack/cluster-down.sh --node >/dev/null 2>&1 || true
+}
+trap stop_lanes EXIT
+
+step "three lanes at once (logs in $LANES)"
+t_lanes=$SECONDS
+for name in "${LANE_NAMES[@]}"; do
+  # Each lane in its own subshell; `set -e` inside stops the lane at its first failure.
+  ( set -euo pipefail; "lane_$name" ) >"$LANES/$name.log" 2>&1 &
+  LANE_PID[$name]=$!
+  echo "lane $name started (pid ${LANE_PID[$name]}, log $LANES/$name.log)"
+done
+for _ in "${LANE_NAMES[@]}"; do
+  set +e
+  wait -n -p done_pid "${LANE_PID[@]}"
+  rc=$?
+  set -e
+  for name in "${!LANE_PID[@]}"; do
+    if [[ "${LANE_PID[$name]}" == "$done_pid" ]]; then
+      LANE_RC[$name]=$rc
+      unset "LANE_PID[$name]"
+      if ((rc == 0)); then result=passed; else result="FAILED (exit $rc)"; fi
+      echo "lane $name $result after $((SECONDS - t_lanes))s"
+    fi
+  done
+done
 trap - EXIT
-stop_cluster
 
-step "install suite: the image and the chart on a real node (make install-test)"
-t0=$SECONDS
-bash hack/install-test.sh
-echo "install suite took $((SECONDS - t0))s"
-passed=$((passed + 1))
+failed_lanes=0
+for name in "${LANE_NAMES[@]}"; do
+  if [[ "${LANE_RC[$name]}" != 0 ]]; then
+    failed_lanes=$((failed_lanes + 1))
+    step "lane $name FAILED; its log ($LANES/$name.log)"
+    cat "$LANES/$name.log"
+  fi
+done
+# Summary lines worth reading even when all pass.
+grep -ahE '^(cargo test took|short soak took|soak: |install: |\[install-test\] install suite took)' \
+  "$LANES"/*.log || true
+
+read -r passed failed < <(awk '/^test result:/ {p += $4; f += $6} END {print p + 0, f + 0}' "$LANES/tests.log")
+# The soak and the install suite count one each: they are single harness-less tests.
+for name in soak install; do
+  if [[ "${LANE_RC[$name]}" == 0 ]]; then passed=$((passed + 1)); else failed=$((failed + 1)); fi
+done
+if ((failed_lanes > 0)); then
+  # A tests lane that stopped before any test failed (say, at cluster-up) counts as one.
+  [[ "${LANE_RC[tests]}" == 0 || "$failed" -gt 0 ]] || failed=$((failed + 1))
+  step "checks FAILED in $failed_lanes lane(s)"
+  echo "${passed} passed, ${failed} failed"
+  exit 1
+fi
 step "all checks passed"
 echo "${passed} passed, ${failed} failed"

@@ -84,10 +84,14 @@ async fn e2e_v3_cache_is_unsynced_until_both_lists_arrive() {
     // The CR list can arrive; the pod list cannot. Give the watchers time to try.
     let crs_api: Api<cocoon_hibernation::api::CocoonHibernation> =
         Api::namespaced(client_as(cluster, &user).await, &ns);
-    crs_api
-        .list(&Default::default())
-        .await
-        .expect("the CR list is allowed");
+    // The apiserver's RBAC authorizer reads bindings from its own informer, so a fresh
+    // binding can be refused for a moment.
+    eventually(
+        "the CR list is allowed",
+        Duration::from_secs(30),
+        || async { crs_api.list(&Default::default()).await.ok().map(drop) },
+    )
+    .await;
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert!(!shared.is_synced(), "V3: pods have not been listed");
     let denial = create(&shared).expect_err("V3: fails closed while unsynced");

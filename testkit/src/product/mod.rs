@@ -224,6 +224,16 @@ impl Product {
         self.wait_ready().await;
     }
 
+    /// Starts the process again with `flag` (`--name=value`) in place of the flag of the
+    /// same name, e.g. a schedule clock moved past a boundary while it was down.
+    pub async fn restart_with(&mut self, flag: &str) {
+        let name = flag.split_once('=').map_or(flag, |(name, _)| name);
+        self.args
+            .retain(|a| a.split_once('=').map_or(a.as_str(), |(n, _)| n) != name);
+        self.args.push(flag.to_owned());
+        self.restart().await;
+    }
+
     /// SIGTERM, then waits for the exit status.
     pub fn sigterm(&mut self) -> ExitStatus {
         let mut child = self.child.take().expect("running");
