@@ -1,5 +1,6 @@
 //! Command line and environment configuration (P3). Parsing and validation only; no I/O.
 
+use crate::cache::list_mode::ListChoice;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -123,6 +124,10 @@ pub struct ControllerArgs {
     /// Label selector narrowing the pods cached; empty caches all pods.
     #[arg(long, env = "COCOON_POD_SELECTOR", default_value = "")]
     pub pod_selector: String,
+    /// How the caches list: `auto` streams (WatchList) where the apiserver answers a
+    /// probe with a streamed list, else lists in pages; `stream` and `pages` force one.
+    #[arg(long, env = "COCOON_INITIAL_LIST", value_enum, default_value_t = ListChoice::Auto)]
+    pub initial_list: ListChoice,
 }
 
 #[derive(Args, Debug, Clone)]

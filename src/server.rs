@@ -35,6 +35,7 @@ pub async fn run(args: ServerArgs) -> Result<()> {
     let scope = CacheScope {
         namespace: args.controller.watch_namespace.clone(),
         pod_selector: args.controller.pod_selector.clone(),
+        list: args.controller.initial_list,
     };
     let (cache, cache_driver) = cache::start_tracked(
         watch_client,

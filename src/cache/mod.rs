@@ -5,6 +5,7 @@
 //! Delete still reach the CRs that target it (C3).
 
 pub mod index;
+pub mod list_mode;
 pub mod progress;
 
 use crate::api::CocoonHibernation;
@@ -15,6 +16,7 @@ use index::{Key, PodChangeTracker, PodRefIndex};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
+use list_mode::{ListChoice, ListMode, POD_LIST_PAGE};
 use parking_lot::{RwLock, RwLockWriteGuard};
 use progress::{Informer, InformerState, Progress, Verdict};
 use std::collections::{HashMap, HashSet};
@@ -46,6 +48,7 @@ pub struct CacheScope {
     /// Empty watches every namespace.
     pub namespace: String,
     pub pod_selector: String,
+    pub list: ListChoice,
 }
 
 impl SharedCache {
@@ -146,9 +149,6 @@ impl SharedCache {
     }
 }
 
-/// Pods per list request when the pod cache (re)lists.
-const POD_LIST_PAGE: u32 = 50;
-
 /// Builds the cache and the future that drives it. The future runs until both watch
 /// streams end, which they do not in normal operation.
 pub fn start(
@@ -185,17 +185,7 @@ pub fn start_tracked(
             Api::namespaced(client, &scope.namespace),
         )
     };
-    // Each list page is read whole before it is decoded: 500 pods of ~8 KB are 4 MB of
-    // JSON at once, and the allocator keeps that peak as RSS. Small pages keep it small.
-    let mut cr_cfg = watcher::Config::default();
-    let mut pod_cfg = watcher::Config::default().page_size(POD_LIST_PAGE);
-    if let Some(secs) = watch_timeout {
-        cr_cfg = cr_cfg.timeout(secs);
-        pod_cfg = pod_cfg.timeout(secs);
-    }
-    if !scope.pod_selector.is_empty() {
-        pod_cfg = pod_cfg.labels(&scope.pod_selector);
-    }
+    let (list, pod_selector) = (scope.list, scope.pod_selector.clone());
     let cache = SharedCache {
         crs: cr_store,
         pods: pod_store,
@@ -208,16 +198,33 @@ pub fn start_tracked(
         progress,
     };
 
-    let cr_events = watcher(cr_api, cr_cfg)
-        .default_backoff()
-        .modify(|cr: &mut CocoonHibernation| cr.managed_fields_mut().clear())
-        .reflect(cr_writer);
-    let pod_events = watcher(pod_api, pod_cfg)
-        .default_backoff()
-        .modify(strip_pod)
-        .reflect(pod_writer);
-
-    let driver = drive(cache.clone(), cr_events, pod_events, triggers);
+    let shared = cache.clone();
+    let driver = async move {
+        let mut cr_cfg = watcher::Config::default();
+        let mut pod_cfg = match list.resolve(&pod_api).await {
+            ListMode::Stream => {
+                cr_cfg = cr_cfg.streaming_lists();
+                watcher::Config::default().streaming_lists()
+            }
+            ListMode::Pages => watcher::Config::default().page_size(POD_LIST_PAGE),
+        };
+        if let Some(secs) = watch_timeout {
+            cr_cfg = cr_cfg.timeout(secs);
+            pod_cfg = pod_cfg.timeout(secs);
+        }
+        if !pod_selector.is_empty() {
+            pod_cfg = pod_cfg.labels(&pod_selector);
+        }
+        let cr_events = watcher(cr_api, cr_cfg)
+            .default_backoff()
+            .modify(|cr: &mut CocoonHibernation| cr.managed_fields_mut().clear())
+            .reflect(cr_writer);
+        let pod_events = watcher(pod_api, pod_cfg)
+            .default_backoff()
+            .modify(strip_pod)
+            .reflect(pod_writer);
+        drive(shared, cr_events, pod_events, triggers).await;
+    };
     (cache, driver)
 }
 

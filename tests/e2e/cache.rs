@@ -73,6 +73,7 @@ async fn e2e_v3_cache_is_unsynced_until_both_lists_arrive() {
     let scope = CacheScope {
         namespace: ns.clone(),
         pod_selector: String::new(),
+        list: Default::default(),
     };
     let (shared, driver) = cache::start(client_as(cluster, &user).await, &scope, trigger_tx);
     let driver = tokio::spawn(driver);

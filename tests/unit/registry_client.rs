@@ -1110,16 +1110,19 @@ async fn s1_s7_a_process_paused_past_its_deadline_sends_nothing_when_it_resumes(
         .with_max_level(tracing::Level::TRACE)
         .with_writer(writer)
         .finish();
+    // With one dispatcher registered, tracing-core caches a callsite's interest from the
+    // thread that reaches it first (tokio-rs/tracing#2874): a sibling test's thread with
+    // no subscriber could cache the `list_tags` line as never and the pause would not
+    // come. A second live dispatcher makes every callsite ask the current thread's.
+    let _second = tracing::Dispatch::new(tracing::subscriber::NoSubscriber::default());
     let _pausing = tracing::subscriber::set_default(subscriber);
 
-    let err = client
-        .delete_snapshot_before(VM, &a, not_after)
-        .await
-        .unwrap_err();
+    let result = client.delete_snapshot_before(VM, &a, not_after).await;
     assert!(
         paused.load(std::sync::atomic::Ordering::SeqCst),
-        "the pause came"
+        "the pause came ({result:?})"
     );
+    let err = result.unwrap_err();
     assert!(matches!(err, RegistryError::Timeout { .. }), "{err:?}");
     // The registry's task reads a request only after this one has gone on: time for a
     // request on the wire to arrive.
