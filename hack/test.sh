@@ -138,8 +138,9 @@ for name in "${LANE_NAMES[@]}"; do
   fi
 done
 # Summary lines worth reading even when all pass.
+# (install-test.sh repeats the suite's own summary line; print each line once.)
 grep -ahE '^(cargo test took|short soak took|soak: |install: |\[install-test\] install suite took)' \
-  "$LANES"/*.log || true
+  "$LANES"/*.log | awk '!seen[$0]++' || true
 
 read -r passed failed < <(awk '/^test result:/ {p += $4; f += $6} END {print p + 0, f + 0}' "$LANES/tests.log")
 # The soak and the install suite count one each: they are single harness-less tests.

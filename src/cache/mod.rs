@@ -200,18 +200,16 @@ pub fn start_tracked(
 
     let shared = cache.clone();
     let driver = async move {
-        let mut cr_cfg = watcher::Config::default();
-        let mut pod_cfg = match list.resolve(&pod_api).await {
-            ListMode::Stream => {
-                cr_cfg = cr_cfg.streaming_lists();
-                watcher::Config::default().streaming_lists()
-            }
-            ListMode::Pages => watcher::Config::default().page_size(POD_LIST_PAGE),
+        let mut cfg = match list.resolve(&pod_api).await {
+            ListMode::Stream => watcher::Config::default().streaming_lists(),
+            ListMode::Pages => watcher::Config::default(),
         };
         if let Some(secs) = watch_timeout {
-            cr_cfg = cr_cfg.timeout(secs);
-            pod_cfg = pod_cfg.timeout(secs);
+            cfg = cfg.timeout(secs);
         }
+        let cr_cfg = cfg.clone();
+        // Pages apply only to paged lists (kube ignores them when streaming).
+        let mut pod_cfg = cfg.page_size(POD_LIST_PAGE);
         if !pod_selector.is_empty() {
             pod_cfg = pod_cfg.labels(&pod_selector);
         }
