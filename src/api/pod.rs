@@ -1,9 +1,11 @@
 //! The slice of a Pod the product reads (A4): its metadata and whether a container runs.
 
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
 use kube::Resource;
 use kube::api::ObjectMeta;
 use serde::{Deserialize, Deserializer};
+use std::collections::BTreeMap;
 
 /// A Pod as the cache keeps it and as pod patches answer (issue 8, memory). It is decoded
 /// straight from the apiserver's JSON, skipping the spec and reducing the container
@@ -12,6 +14,8 @@ use serde::{Deserialize, Deserializer};
 #[derive(Resource, Clone, Debug, Default, Deserialize, PartialEq)]
 #[resource(inherit = Pod)]
 pub struct PodSlice {
+    /// Without `managedFields`: never read, and about half of a typical pod's JSON.
+    #[serde(deserialize_with = "decode_meta_without_managed_fields")]
     pub metadata: ObjectMeta,
     /// Some container is in state `running`.
     #[serde(
@@ -20,6 +24,50 @@ pub struct PodSlice {
         deserialize_with = "decode_any_container_running"
     )]
     pub container_running: bool,
+}
+
+/// ObjectMeta's fields but `managedFields`, which serde then skips without building its
+/// `fieldsV1` trees: most of the allocations of a pod list (issue 23, start-up).
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct MetaWithoutManagedFields {
+    annotations: Option<BTreeMap<String, String>>,
+    creation_timestamp: Option<Time>,
+    deletion_grace_period_seconds: Option<i64>,
+    deletion_timestamp: Option<Time>,
+    finalizers: Option<Vec<String>>,
+    generate_name: Option<String>,
+    generation: Option<i64>,
+    labels: Option<BTreeMap<String, String>>,
+    name: Option<String>,
+    namespace: Option<String>,
+    owner_references: Option<Vec<OwnerReference>>,
+    resource_version: Option<String>,
+    self_link: Option<String>,
+    uid: Option<String>,
+}
+
+fn decode_meta_without_managed_fields<'de, D: Deserializer<'de>>(
+    meta: D,
+) -> Result<ObjectMeta, D::Error> {
+    let m = MetaWithoutManagedFields::deserialize(meta)?;
+    Ok(ObjectMeta {
+        annotations: m.annotations,
+        creation_timestamp: m.creation_timestamp,
+        deletion_grace_period_seconds: m.deletion_grace_period_seconds,
+        deletion_timestamp: m.deletion_timestamp,
+        finalizers: m.finalizers,
+        generate_name: m.generate_name,
+        generation: m.generation,
+        labels: m.labels,
+        managed_fields: None,
+        name: m.name,
+        namespace: m.namespace,
+        owner_references: m.owner_references,
+        resource_version: m.resource_version,
+        self_link: m.self_link,
+        uid: m.uid,
+    })
 }
 
 fn decode_any_container_running<'de, D: Deserializer<'de>>(status: D) -> Result<bool, D::Error> {
@@ -99,5 +147,27 @@ mod tests {
             running.push(slice.container_running);
         }
         assert_eq!(running, [false, false, false, false, true]);
+    }
+
+    /// Issue 23: every metadata field survives the decode but `managedFields`.
+    #[test]
+    fn a4_the_slice_keeps_all_metadata_but_managed_fields() {
+        let meta = serde_json::json!({
+            "name": "p", "namespace": "ns", "uid": "u", "resourceVersion": "7",
+            "generateName": "p-", "generation": 2, "selfLink": "/x",
+            "creationTimestamp": "2026-01-01T00:00:00Z",
+            "deletionTimestamp": "2026-01-02T00:00:00Z", "deletionGracePeriodSeconds": 30,
+            "labels": { "a": "1" }, "annotations": { "vm.cocoonstack.io/name": "vm" },
+            "finalizers": ["f"],
+            "ownerReferences": [{ "apiVersion": "v1", "kind": "Node", "name": "n", "uid": "o" }],
+            "managedFields": [{ "manager": "m", "operation": "Update", "apiVersion": "v1",
+                "fieldsType": "FieldsV1", "fieldsV1": { "f:metadata": { "f:labels": {} } } }],
+        });
+        let json = serde_json::json!({ "apiVersion": "v1", "kind": "Pod", "metadata": meta });
+        let mut whole: Pod = serde_json::from_value(json.clone()).unwrap();
+        assert!(whole.metadata.managed_fields.is_some());
+        whole.metadata.managed_fields = None;
+        let slice: PodSlice = serde_json::from_value(json).unwrap();
+        assert_eq!(slice.metadata, whole.metadata);
     }
 }

@@ -18,7 +18,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
 use list_mode::{ListChoice, ListMode, POD_LIST_PAGE};
 use parking_lot::{RwLock, RwLockWriteGuard};
-use progress::{Informer, InformerState, Progress, Verdict};
+use progress::{Informer, InformerState, ListTimer, Progress, Verdict};
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -252,6 +252,7 @@ async fn drive(
         cache: cache.clone(),
         cr_versions: HashMap::new(),
         relist: Relist::default(),
+        lists: ListTimer::default(),
         triggers,
     };
     let cr_events = cr_events.map(Either::Cr);
@@ -286,6 +287,7 @@ struct EventHandler {
     /// resourceVersion of each CR, to tell which ones a relist changed (S4).
     cr_versions: HashMap<Key, String>,
     relist: Relist,
+    lists: ListTimer,
     triggers: UnboundedSender<Trigger>,
 }
 
@@ -315,11 +317,13 @@ impl EventHandler {
     fn on_cr(&mut self, ev: watcher::Event<CocoonHibernation>) {
         match ev {
             watcher::Event::Init => {
+                self.lists.begin(Informer::CocoonHibernations);
                 self.cache.crs_relisting.store(true, Ordering::Release);
                 self.index().begin_resync();
                 self.relist.crs = Some(HashSet::new());
             }
             watcher::Event::InitApply(cr) | watcher::Event::Apply(cr) => {
+                self.lists.object(Informer::CocoonHibernations);
                 let key = (cr.namespace().unwrap_or_default(), cr.name_any());
                 let released =
                     self.index()
@@ -348,6 +352,7 @@ impl EventHandler {
                 }
             }
             watcher::Event::InitDone => {
+                self.lists.end(Informer::CocoonHibernations);
                 let gone = self.index().finish_resync();
                 self.cache.crs_synced.store(true, Ordering::Release);
                 self.cache.crs_relisting.store(false, Ordering::Release);
@@ -381,11 +386,13 @@ impl EventHandler {
     fn on_pod(&mut self, ev: watcher::Event<PodSlice>) {
         match ev {
             watcher::Event::Init => {
+                self.lists.begin(Informer::Pods);
                 self.cache.pods_relisting.store(true, Ordering::Release);
                 self.pods().begin_resync();
                 self.relist.pods = Some(HashSet::new());
             }
             watcher::Event::InitApply(pod) | watcher::Event::Apply(pod) => {
+                self.lists.object(Informer::Pods);
                 let key = pod_key(&pod);
                 let changed = self.pods().observe(key.clone(), PodView::from_pod(&pod));
                 if changed {
@@ -405,6 +412,7 @@ impl EventHandler {
                 }
             }
             watcher::Event::InitDone => {
+                self.lists.end(Informer::Pods);
                 let mut changed = self.relist.pods.take().unwrap_or_default();
                 changed.extend(self.pods().finish_resync());
                 self.cache.pods_synced.store(true, Ordering::Release);

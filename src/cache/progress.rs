@@ -56,6 +56,36 @@ impl Informer {
     }
 }
 
+/// How long each informer's (re)list took and how many objects it held, logged at its end
+/// so an operator can see where a start-up went.
+#[derive(Default)]
+pub struct ListTimer {
+    started: [Option<(Instant, usize)>; 2],
+}
+
+impl ListTimer {
+    pub fn begin(&mut self, informer: Informer) {
+        self.started[informer.slot()] = Some((Instant::now(), 0));
+    }
+
+    pub fn object(&mut self, informer: Informer) {
+        if let Some((_, n)) = self.started[informer.slot()].as_mut() {
+            *n += 1;
+        }
+    }
+
+    pub fn end(&mut self, informer: Informer) {
+        if let Some((since, objects)) = self.started[informer.slot()].take() {
+            tracing::info!(
+                informer = informer.name(),
+                objects,
+                took_ms = since.elapsed().as_millis() as u64,
+                "listed"
+            );
+        }
+    }
+}
+
 /// Last-progress instants, shared by the watch client's layer, the cache driver and
 /// the readers (/healthz, the elector).
 #[derive(Clone, Debug)]

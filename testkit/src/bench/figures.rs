@@ -157,6 +157,11 @@ pub(super) fn declare(figs: &mut Figures) {
             Time,
         ),
         (
+            "scale.startup_cpu_s",
+            "s of product CPU from start to /readyz, restart (median)",
+            Time,
+        ),
+        (
             "scale.restart_passes_s",
             "s from /readyz to the end of the initial pass over every CR (median)",
             Time,

@@ -1,8 +1,10 @@
-//! Observing the product: its /metrics, deltas and quantiles, its memory, the CR count.
+//! Observing the product: its /metrics, deltas and quantiles, its memory and CPU time, the CR
+//! count.
 
 use cocoon_hibernation::api::CocoonHibernation;
 use kube::Api;
 use std::collections::HashMap;
+use std::sync::OnceLock;
 
 /// Every sample of the product's /metrics, keyed by `name{labels}`.
 pub fn scrape(product: &crate::product::Product) -> HashMap<String, f64> {
@@ -75,6 +77,29 @@ pub fn memory_kib(pid: u32) -> (u64, u64) {
             .unwrap_or(0)
     };
     (field("VmRSS:"), field("VmHWM:"))
+}
+
+/// Clock ticks per second of /proc's CPU times.
+fn ticks_per_s() -> f64 {
+    static TICKS: OnceLock<f64> = OnceLock::new();
+    *TICKS.get_or_init(|| {
+        std::process::Command::new("getconf")
+            .arg("CLK_TCK")
+            .output()
+            .ok()
+            .and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse().ok())
+            .unwrap_or(100.0)
+    })
+}
+
+/// User + system CPU seconds a process has used.
+pub fn cpu_s(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // After the command name (which may hold spaces): state is field 3, utime 14, stime 15.
+    let rest = stat.rsplit_once(')')?.1;
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?;
+    Some(ticks / ticks_per_s())
 }
 
 /// Lists every CR of a namespace in pages (for counting without a watch).

@@ -94,12 +94,14 @@ pub(super) async fn scale(
     // time of `startup_reps`, memory from the last.
     let mut warms = Vec::new();
     let mut passes = Vec::new();
+    let mut cpus = Vec::new();
     let (mut rss2, mut hwm2) = (0, 0);
     for _ in 0..o.startup_reps.max(1) {
         let t = Instant::now();
         p.restart().await;
         warms.push(t.elapsed().as_secs_f64());
         let pid = p.pid().expect("pid");
+        cpus.extend(metrics::cpu_s(pid));
         // RSS and admission load once the initial pass over every CR is done.
         let d = passes_quiet(&p, Duration::from_secs(3), Duration::from_secs(600)).await;
         passes.push(d.as_secs_f64());
@@ -107,6 +109,7 @@ pub(super) async fn scale(
     }
     let warm = report::pct(&warms, 0.5).unwrap_or(f64::NAN);
     let passes_s = report::pct(&passes, 0.5).unwrap_or(f64::NAN);
+    let cpu_s = report::pct(&cpus, 0.5);
     log(format!(
         "restart ready in {warm:.1}s; RSS {} MiB, HWM {} MiB",
         rss2 / 1024,
@@ -121,6 +124,7 @@ pub(super) async fn scale(
     figs.set("scale.startup_cold_s", Some(cold), "", Kind::Time);
     figs.set("scale.settle_s", Some(settle_s), "", Kind::Time);
     figs.set("scale.startup_s", Some(warm), "", Kind::Time);
+    figs.set("scale.startup_cpu_s", cpu_s, "", Kind::Time);
     figs.set("scale.restart_passes_s", Some(passes_s), "", Kind::Time);
     figs.set(
         "scale.bytes_per_object",

@@ -4,31 +4,7 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::sync::OnceLock;
 use std::time::Instant;
-
-/// Clock ticks per second of /proc's CPU times.
-fn ticks_per_s() -> f64 {
-    static TICKS: OnceLock<f64> = OnceLock::new();
-    *TICKS.get_or_init(|| {
-        std::process::Command::new("getconf")
-            .arg("CLK_TCK")
-            .output()
-            .ok()
-            .and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse().ok())
-            .unwrap_or(100.0)
-    })
-}
-
-/// User + system CPU seconds a process has used.
-fn cpu_s(pid: u32) -> Option<f64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // After the command name (which may hold spaces): state is field 3, utime 14, stime 15.
-    let rest = stat.rsplit_once(')')?.1;
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    let ticks = f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?;
-    Some(ticks / ticks_per_s())
-}
 
 /// (busy, total) jiffies of every core, from /proc/stat.
 fn host_jiffies() -> Option<(f64, f64)> {
@@ -72,7 +48,7 @@ impl Procs {
             cpu: self
                 .0
                 .iter()
-                .filter_map(|(name, pid)| Some((*name, cpu_s(*pid)?)))
+                .filter_map(|(name, pid)| Some((*name, crate::bench::metrics::cpu_s(*pid)?)))
                 .collect(),
             host: host_jiffies(),
         }
