@@ -1,6 +1,7 @@
 //! Command line and environment configuration (P3). Parsing and validation only; no I/O.
 
 use crate::cache::list_mode::ListChoice;
+use crate::cache::pod_wire::PodWatchEncoding;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -128,6 +129,10 @@ pub struct ControllerArgs {
     /// probe with a streamed list, else lists in pages; `stream` and `pages` force one.
     #[arg(long, env = "COCOON_INITIAL_LIST", value_enum, default_value_t = ListChoice::Auto)]
     pub initial_list: ListChoice,
+    /// How pod watches travel: `protobuf` (a fraction of the apiserver's JSON cost on a
+    /// large list; falls back to JSON for good if a reply cannot be read) or `json`.
+    #[arg(long, env = "COCOON_POD_WATCH_ENCODING", value_enum, default_value_t = PodWatchEncoding::Protobuf)]
+    pub pod_watch_encoding: PodWatchEncoding,
 }
 
 #[derive(Args, Debug, Clone)]

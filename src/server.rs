@@ -1,5 +1,6 @@
 //! Wiring of the one process (P1): cache, webhook, admin endpoints, election, controller.
 
+use crate::cache::pod_wire::{PodWatchEncoding, PodWireLayer};
 use crate::cache::progress::{self, Progress, ProgressLayer, Verdict};
 use crate::cache::{self, CacheScope, SharedCache};
 use crate::config::ServerArgs;
@@ -27,8 +28,13 @@ pub async fn run(args: ServerArgs) -> Result<()> {
     let registry = RegistryClient::new(args.registry.config()?, metrics.clone())?;
     let progress = Progress::new();
     let stall_limit = args.informer_stall_limit;
-    let (watch_client, client) =
-        kube_clients(args.apiserver_timeout, stall_limit, progress.clone()).await?;
+    let (watch_client, client) = kube_clients(
+        args.apiserver_timeout,
+        stall_limit,
+        progress.clone(),
+        args.controller.pod_watch_encoding,
+    )
+    .await?;
     let shutdown = CancellationToken::new();
 
     let (trigger_tx, trigger_rx) = mpsc::unbounded_channel();
@@ -252,6 +258,7 @@ async fn kube_clients(
     timeout: Duration,
     stall_limit: Duration,
     progress: Progress,
+    pod_watch_encoding: PodWatchEncoding,
 ) -> Result<(kube::Client, kube::Client)> {
     let config = kube::Config::infer()
         .await
@@ -259,6 +266,7 @@ async fn kube_clients(
     let (watch, timed) = client_configs(config, timeout, stall_limit);
     let watch = kube::client::ClientBuilder::try_from(watch)?
         .with_layer(&ProgressLayer(progress))
+        .with_layer(&PodWireLayer::new(pod_watch_encoding))
         .build();
     Ok((watch, kube::Client::try_from(timed)?))
 }

@@ -6,6 +6,7 @@
 
 pub mod index;
 pub mod list_mode;
+pub mod pod_wire;
 pub mod progress;
 
 use crate::api::CocoonHibernation;
