@@ -239,3 +239,60 @@ fn a4_a_real_apiserver_watch_reads_the_same_on_protobuf_and_json() {
             ))
     );
 }
+
+/// One call through the layer: the Accept header the apiserver got, and the body read
+/// back (or its error), for a reply of `content_type` carrying `body`.
+async fn through(
+    service: &mut PodWireService<
+        tower_test::mock::Mock<Request<()>, Response<http_body_util::Full<Bytes>>>,
+    >,
+    handle: &mut tower_test::mock::Handle<Request<()>, Response<http_body_util::Full<Bytes>>>,
+    content_type: &str,
+    body: Vec<u8>,
+) -> (Option<String>, Result<Bytes, BoxError>) {
+    use http_body_util::BodyExt;
+    use tower::{Service, ServiceExt};
+    let req = Request::get("/api/v1/namespaces/ns/pods?&watch=true")
+        .body(())
+        .unwrap();
+    let call = service.ready().await.unwrap().call(req);
+    let (sent, reply) = handle.next_request().await.unwrap();
+    let accept = sent
+        .headers()
+        .get(header::ACCEPT)
+        .map(|v| v.to_str().unwrap().to_owned());
+    reply.send_response(
+        Response::builder()
+            .header(header::CONTENT_TYPE, content_type)
+            .body(http_body_util::Full::new(Bytes::from(body)))
+            .unwrap(),
+    );
+    let resp = call.await.unwrap();
+    let read = resp.into_body().collect().await.map(|b| b.to_bytes());
+    (accept, read)
+}
+
+/// A reply it cannot read fails that watch once and turns pod watches to JSON for good;
+/// a JSON reply passes as it came.
+#[tokio::test]
+async fn an_unreadable_reply_turns_pod_watches_to_json() {
+    let (mock, mut handle) = tower_test::mock::pair();
+    let mut service = tower::Layer::layer(&PodWireLayer::new(PodWatchEncoding::Protobuf), mock);
+
+    let good = frame(&event("ADDED", &pod(true)));
+    let (accept, read) = through(&mut service, &mut handle, PROTOBUF, good).await;
+    assert_eq!(accept.as_deref(), Some(PROTOBUF));
+    let read = read.unwrap();
+    assert!(read.starts_with(b"{\"object\""), "{read:?}");
+
+    let mut garbage = 3u32.to_be_bytes().to_vec();
+    garbage.extend([0xff, 0xff, 0xff]);
+    let (accept, read) = through(&mut service, &mut handle, PROTOBUF, garbage).await;
+    assert_eq!(accept.as_deref(), Some(PROTOBUF));
+    assert!(read.is_err(), "{read:?}");
+
+    let json = b"{\"type\":\"ADDED\"}\n".to_vec();
+    let (accept, read) = through(&mut service, &mut handle, "application/json", json.clone()).await;
+    assert_eq!(accept, None, "JSON from then on");
+    assert_eq!(read.unwrap(), json);
+}
