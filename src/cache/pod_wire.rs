@@ -393,14 +393,11 @@ where
                 None => {
                     let wire = this.wire.take();
                     return Poll::Ready(match wire {
-                        Some(w) if matches!(w.mode, Mode::Status) => {
-                            let body = w.frames.buf.freeze();
-                            Some(
-                                status_to_json(&body)
-                                    .map(|json| Frame::data(Bytes::from(json)))
-                                    .map_err(|e| -> BoxError { Box::new(e) }),
-                            )
-                        }
+                        Some(w) if matches!(w.mode, Mode::Status) => Some(
+                            status_to_json(&w.frames.buf)
+                                .map(|json| Frame::data(Bytes::from(json)))
+                                .map_err(|e| w.fail(e)),
+                        ),
                         Some(w) if !w.frames.is_empty() => Some(Err(w.fail(WireError::Truncated))),
                         _ => None,
                     });

@@ -242,11 +242,24 @@ fn a4_a_real_apiserver_watch_reads_the_same_on_protobuf_and_json() {
 
 /// One call through the layer: the Accept header the apiserver got, and the body read
 /// back (or its error), for a reply of `content_type` carrying `body`.
+type MockService =
+    PodWireService<tower_test::mock::Mock<Request<()>, Response<http_body_util::Full<Bytes>>>>;
+type MockHandle = tower_test::mock::Handle<Request<()>, Response<http_body_util::Full<Bytes>>>;
+
 async fn through(
-    service: &mut PodWireService<
-        tower_test::mock::Mock<Request<()>, Response<http_body_util::Full<Bytes>>>,
-    >,
-    handle: &mut tower_test::mock::Handle<Request<()>, Response<http_body_util::Full<Bytes>>>,
+    service: &mut MockService,
+    handle: &mut MockHandle,
+    content_type: &str,
+    body: Vec<u8>,
+) -> (Option<String>, Result<Bytes, BoxError>) {
+    through_with(service, handle, http::StatusCode::OK, content_type, body).await
+}
+
+/// [`through`] with the reply's status.
+async fn through_with(
+    service: &mut MockService,
+    handle: &mut MockHandle,
+    status: http::StatusCode,
     content_type: &str,
     body: Vec<u8>,
 ) -> (Option<String>, Result<Bytes, BoxError>) {
@@ -263,6 +276,7 @@ async fn through(
         .map(|v| v.to_str().unwrap().to_owned());
     reply.send_response(
         Response::builder()
+            .status(status)
             .header(header::CONTENT_TYPE, content_type)
             .body(http_body_util::Full::new(Bytes::from(body)))
             .unwrap(),
@@ -295,4 +309,36 @@ async fn an_unreadable_reply_turns_pod_watches_to_json() {
     let (accept, read) = through(&mut service, &mut handle, "application/json", json.clone()).await;
     assert_eq!(accept, None, "JSON from then on");
     assert_eq!(read.unwrap(), json);
+}
+
+/// An error reply in protobuf reaches kube as its JSON Status; one it cannot read also
+/// turns pod watches to JSON, so a watch cannot fail on it forever.
+#[tokio::test]
+async fn an_error_reply_reads_as_json_and_an_unreadable_one_turns_to_json() {
+    let (mock, mut handle) = tower_test::mock::pair();
+    let mut service = tower::Layer::layer(&PodWireLayer::new(PodWatchEncoding::Protobuf), mock);
+    let forbidden = pb::Status {
+        status: Some("Failure".into()),
+        message: Some("pods is forbidden".into()),
+        reason: Some("Forbidden".into()),
+        code: Some(403),
+    };
+    let (mock_status, body) = (http::StatusCode::FORBIDDEN, wrapped(&forbidden));
+    let (accept, read) = through_with(&mut service, &mut handle, mock_status, PROTOBUF, body).await;
+    assert_eq!(accept.as_deref(), Some(PROTOBUF));
+    let status: kube::core::Status = serde_json::from_slice(&read.unwrap()).unwrap();
+    assert_eq!((status.code, status.reason.as_str()), (403, "Forbidden"));
+
+    let (accept, read) = through_with(
+        &mut service,
+        &mut handle,
+        mock_status,
+        PROTOBUF,
+        b"nonsense".to_vec(),
+    )
+    .await;
+    assert_eq!(accept.as_deref(), Some(PROTOBUF));
+    assert!(read.is_err(), "{read:?}");
+    let (accept, _) = through(&mut service, &mut handle, "application/json", Vec::new()).await;
+    assert_eq!(accept, None, "JSON from then on");
 }
