@@ -18,7 +18,6 @@ use http_body::{Body, Frame, SizeHint};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
 use prost::Message;
 use serde_json::json;
-use std::collections::BTreeMap;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -70,31 +69,26 @@ fn time(t: Option<pb::Time>) -> Result<Option<Time>, WireError> {
         .transpose()
 }
 
-fn non_empty<T>(v: Vec<T>) -> Option<Vec<T>> {
-    (!v.is_empty()).then_some(v)
-}
-
-/// Go writes these fields' zero values to protobuf but leaves them out of JSON
-/// (`omitempty`); the JSON is what kube's types expect.
-fn set(s: Option<String>) -> Option<String> {
-    s.filter(|s| !s.is_empty())
+/// A value Go wrote to protobuf even when empty (zero, "", no items), which JSON leaves
+/// out (`omitempty`): kube's types expect `None` there.
+fn present<T: Default + PartialEq>(v: T) -> Option<T> {
+    (v != T::default()).then_some(v)
 }
 
 fn meta(m: pb::ObjectMeta) -> Result<ObjectMeta, WireError> {
-    let map = |m: BTreeMap<String, String>| (!m.is_empty()).then_some(m);
     Ok(ObjectMeta {
-        annotations: map(m.annotations),
+        annotations: present(m.annotations),
         creation_timestamp: time(m.creation_timestamp)?,
         deletion_grace_period_seconds: m.deletion_grace_period_seconds,
         deletion_timestamp: time(m.deletion_timestamp)?,
-        finalizers: non_empty(m.finalizers),
-        generate_name: set(m.generate_name),
-        generation: m.generation.filter(|g| *g != 0),
-        labels: map(m.labels),
+        finalizers: present(m.finalizers),
+        generate_name: m.generate_name.and_then(present),
+        generation: m.generation.and_then(present),
+        labels: present(m.labels),
         managed_fields: None,
-        name: set(m.name),
-        namespace: set(m.namespace),
-        owner_references: non_empty(
+        name: m.name.and_then(present),
+        namespace: m.namespace.and_then(present),
+        owner_references: present(
             m.owner_references
                 .into_iter()
                 .map(|o| OwnerReference {
@@ -107,9 +101,9 @@ fn meta(m: pb::ObjectMeta) -> Result<ObjectMeta, WireError> {
                 })
                 .collect(),
         ),
-        resource_version: set(m.resource_version),
-        self_link: set(m.self_link),
-        uid: set(m.uid),
+        resource_version: m.resource_version.and_then(present),
+        self_link: m.self_link.and_then(present),
+        uid: m.uid.and_then(present),
     })
 }
 

@@ -1,4 +1,5 @@
 use super::*;
+use std::collections::BTreeMap;
 
 fn frame(event: &pb::WatchEvent) -> Vec<u8> {
     let body = event.encode_to_vec();
