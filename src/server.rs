@@ -121,6 +121,7 @@ pub async fn run(args: ServerArgs) -> Result<()> {
         hibernate_timeout: args.controller.hibernate_timeout,
         wake_timeout: args.controller.wake_timeout,
         refused_delete_backoff: args.controller.refused_delete_backoff,
+        watch_namespace: args.controller.watch_namespace.clone(),
         registry_slots: usize::try_from(args.controller.concurrency - 1)
             .unwrap_or(1)
             .max(1),

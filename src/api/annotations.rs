@@ -81,15 +81,22 @@ impl PodView {
             && self.observed_generation >= self.cocoonset_generation
     }
 
-    /// W2: a Running container and a VMID that vk wrote after the wake's clone, while vk
-    /// no longer reports a hibernate in progress or done: until then it may still remove
-    /// the VM, and the tag would be its only copy.
+    /// vk reports the VM running: a Running container and a VMID, while vk no longer
+    /// reports a hibernate in progress or done (until then it may still remove the VM, and
+    /// the tag would be its only copy). Not proof of a wake on its own: see
+    /// [`Self::woken_since`].
     pub fn woken(&self) -> bool {
         let hibernate_reported = matches!(
             self.lifecycle_state.as_deref(),
             Some(STATE_HIBERNATING | STATE_HIBERNATED)
         );
         self.container_running && self.vm_id.is_some() && !hibernate_reported
+    }
+
+    /// W2: running on a freshly written VMID: not `pre_hibernate`, the one the pod showed
+    /// when the hibernate was requested (a VM vk may still be pushing or removing).
+    pub fn woken_since(&self, pre_hibernate: Option<&str>) -> bool {
+        self.woken() && (pre_hibernate.is_none() || self.vm_id.as_deref() != pre_hibernate)
     }
 }
 
@@ -103,13 +110,20 @@ fn annotation_pointer(key: &str) -> PointerBuf {
 }
 
 /// JSON Patch that sets [`HIBERNATE`] and touches no other key, so a concurrent vk write
-/// survives. `test` on the uid keeps it from landing on a recreated pod.
+/// survives. `test` on the uid keeps it from landing on a recreated pod, and on the VMID
+/// from landing on another VM than the one the CR records as this round's (W2).
 pub fn set_hibernate_patch(pod: &ObjectMeta) -> Patch {
     let mut ops = Vec::new();
     if let Some(uid) = &pod.uid {
         ops.push(PatchOperation::Test(TestOperation {
             path: PointerBuf::from_tokens(["metadata", "uid"]),
             value: Value::String(uid.clone()),
+        }));
+    }
+    if let Some(vm_id) = pod.annotations.as_ref().and_then(|a| a.get(VM_ID)) {
+        ops.push(PatchOperation::Test(TestOperation {
+            path: annotation_pointer(VM_ID),
+            value: Value::String(vm_id.clone()),
         }));
     }
     if pod.annotations.is_some() {
@@ -222,6 +236,20 @@ mod tests {
         assert!(!view.woken());
     }
 
+    /// SPEC W2: the VMID recorded when the hibernate was requested proves no wake; a
+    /// different one does.
+    #[test]
+    fn w2_the_pre_hibernate_vmid_is_not_a_fresh_one() {
+        let view = PodView::of(&pod(&[(VM_NAME, "vm-a"), (VM_ID, "id-1")], true));
+        assert!(view.woken());
+        assert!(!view.woken_since(Some("id-1")), "the old VMID");
+        assert!(view.woken_since(Some("id-0")), "another VMID");
+        assert!(
+            view.woken_since(None),
+            "nothing recorded, or vk seen clearing it"
+        );
+    }
+
     /// SPEC A4.
     #[test]
     fn a4_hibernate_value_other_than_true_is_not_a_request() {
@@ -241,6 +269,14 @@ mod tests {
         let mut recreated = target.clone();
         recreated["metadata"]["uid"] = "uid-2".into();
         assert!(json_patch::patch(&mut recreated, &p.0).is_err());
+    }
+
+    /// SPEC W2: the hibernate request lands only on the VMID the CR records for the round.
+    #[test]
+    fn w2_set_patch_guards_the_vmid_it_records() {
+        let p = set_hibernate_patch(&pod(&[(VM_ID, "id-1")], true).metadata);
+        let mut moved = serde_json::to_value(pod(&[(VM_ID, "id-2")], true)).unwrap();
+        assert!(json_patch::patch(&mut moved, &p.0).is_err());
     }
 
     /// SPEC H1.

@@ -39,6 +39,8 @@ pub const REASON_WAITING_FOR_LIFECYCLE: &str = "WaitingForLifecycle";
 pub const REASON_WAITING_FOR_SNAPSHOT: &str = "WaitingForSnapshot";
 /// The wake waits for a running container with a fresh VMID.
 pub const REASON_WAITING_FOR_CONTAINER: &str = "WaitingForContainer";
+/// W2: the pod runs on the VMID it had when the hibernate was requested (no wake yet).
+pub const REASON_WAITING_FOR_FRESH_VMID: &str = "WaitingForFreshVMID";
 /// The registry could not be asked; the message carries its error.
 pub const REASON_REGISTRY_UNAVAILABLE: &str = "RegistryUnavailable";
 /// The snapshot tag is still to be deleted after a wake; the message carries the last error.

@@ -137,6 +137,11 @@ pub struct CocoonHibernationStatus {
     /// The last failure, kept after a retry so one that flashed past stays visible.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_failure: Option<Failure>,
+    /// W2: the VMID the pod showed when this round's hibernate was requested. It proves no
+    /// wake: vk may still be pushing or removing that VM. Dropped once vk is seen clearing
+    /// the VMID, after which any VMID it writes is a fresh one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pre_hibernate_vm_id: Option<String>,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
@@ -163,6 +168,13 @@ impl CocoonHibernation {
 
     pub fn vm_name(&self) -> Option<&str> {
         self.status.as_ref().and_then(|s| s.vm_name.as_deref())
+    }
+
+    /// W2: the VMID that does not prove a wake, if one is recorded.
+    pub fn pre_hibernate_vm_id(&self) -> Option<&str> {
+        self.status
+            .as_ref()
+            .and_then(|s| s.pre_hibernate_vm_id.as_deref())
     }
 
     pub fn is_deleting(&self) -> bool {

@@ -110,6 +110,11 @@ impl SharedCache {
         self.index.read().crs_for_pod(namespace, pod)
     }
 
+    /// Pods (namespace, name) that name `vm`, as the cache has them (G1).
+    pub fn pods_naming(&self, vm: &str) -> Vec<(String, String)> {
+        self.pod_views.read().pods_naming(vm)
+    }
+
     /// Live CRs, in any namespace, whose pod names `vm`: the CRs that want that VM,
     /// whether or not they act on it yet (S2, G1).
     pub fn crs_on_pods_naming(&self, vm: &str) -> Vec<Arc<CocoonHibernation>> {

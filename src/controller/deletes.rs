@@ -6,11 +6,13 @@ use super::effects::{event, key, write_status};
 use super::error_policy::Deferral;
 use super::plan::{self, Debt, DeleteResult};
 use crate::api::CocoonHibernation;
-use crate::api::annotations::PodView;
+use crate::api::annotations::{PodView, VM_NAME};
 use crate::api::pod::PodSlice;
 use crate::error::{Error, Result};
 use crate::registry::{DeleteOutcome, RegistryError};
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::ListParams;
 use kube::runtime::controller::Action;
 use kube::{Api, Resource, ResourceExt};
 use std::time::Duration;
@@ -72,13 +74,28 @@ pub(super) async fn fenced_delete(
             return Ok(Attempt::NotOwed);
         }
     };
+    // G1: a pod other than the CR's own that names the VM (a replacement vk restores from
+    // this tag) holds it; read fresh, since the replacement may be seconds old.
+    if debt == Debt::OnDeletion
+        && let Some((pod_ns, pod)) = fresh_pod_holding(&fresh, vm, ctx).await?
+    {
+        tracing::info!(
+            cr = %key(cr),
+            vm,
+            pod = %format!("{pod_ns}/{pod}"),
+            "fresh read: another pod names the VM; tag kept"
+        );
+        return Ok(Attempt::NotOwed);
+    }
     // S7: the pod too, from the apiserver: a lagging pod cache may still show the VM
     // running from before its hibernate while vk restores it from this very tag.
     let pods: Api<PodSlice> =
         Api::namespaced(ctx.client.clone(), &fresh.namespace().unwrap_or_default());
     let pod = pods.get_opt(&fresh.spec.pod_ref.name).await?;
     let view = pod.as_ref().map(PodView::from_pod);
-    if debt != Debt::OnDeletion && !plan::vm_running_again(view.as_ref(), vm) {
+    if debt != Debt::OnDeletion
+        && !plan::vm_running_again(view.as_ref(), vm, fresh.pre_hibernate_vm_id())
+    {
         tracing::info!(
             cr = %key(cr),
             vm,
@@ -128,6 +145,48 @@ pub(super) async fn fenced_delete(
         result,
         then,
     })
+}
+
+/// Pods per page of G1's fresh read; only their metadata is read.
+const POD_PAGE: u32 = 500;
+
+/// G1: a live pod other than `cr`'s own that names `vm`, listed from the apiserver in the
+/// namespace the product watches (metadata only, in pages), as the orphan audit counts it.
+async fn fresh_pod_holding(
+    cr: &CocoonHibernation,
+    vm: &str,
+    ctx: &Context,
+) -> Result<Option<(String, String)>> {
+    let namespace = &ctx.settings.watch_namespace;
+    let api: Api<Pod> = if namespace.is_empty() {
+        Api::all(ctx.client.clone())
+    } else {
+        Api::namespaced(ctx.client.clone(), namespace)
+    };
+    let mut params = ListParams::default().limit(POD_PAGE);
+    loop {
+        let page = api.list_metadata(&params).await?;
+        let named = page
+            .items
+            .iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
+            .map(|p| {
+                let m = &p.metadata;
+                let vm_name = m.annotations.as_ref().and_then(|a| a.get(VM_NAME));
+                (
+                    m.namespace.as_deref().unwrap_or_default(),
+                    m.name.as_deref().unwrap_or_default(),
+                    vm_name.map(String::as_str),
+                )
+            });
+        if let Some(holder) = plan::pod_holding(cr, vm, named) {
+            return Ok(Some(holder));
+        }
+        match page.metadata.continue_.filter(|c| !c.is_empty()) {
+            Some(token) => params = params.continue_token(&token),
+            None => return Ok(None),
+        }
+    }
 }
 
 /// S1: the lease is not fresh, so the tag stays.

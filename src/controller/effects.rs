@@ -57,6 +57,10 @@ pub(super) async fn write_status(
     if status.snapshot.is_none() {
         body["status"]["snapshot"] = Value::Null;
     }
+    // W2: likewise a VMID record dropped once vk was seen clearing it.
+    if status.pre_hibernate_vm_id.is_none() {
+        body["status"]["preHibernateVmId"] = Value::Null;
+    }
     if let Some(rv) = &cr.metadata.resource_version {
         body["metadata"] = json!({ "resourceVersion": rv });
     }

@@ -50,13 +50,25 @@ pub(super) async fn cleanup(
         claimants = ctx.cache.crs_on_pods_naming(vm);
     }
     let Cleanup {
-        delete_tag,
+        mut delete_tag,
         remove_finalizer,
     } = plan::plan_cleanup(
         &cr,
         others.iter().map(Arc::as_ref),
         claimants.iter().map(Arc::as_ref),
     );
+    // G1: a replacement pod naming the VM holds its tag (a fresh read follows before any
+    // delete, in `fenced_delete`).
+    if let Some(vm) = delete_tag.clone() {
+        let pods = ctx.cache.pods_naming(&vm);
+        let named = pods
+            .iter()
+            .map(|(ns, n)| (ns.as_str(), n.as_str(), Some(vm.as_str())));
+        if let Some((pod_ns, pod)) = plan::pod_holding(&cr, &vm, named) {
+            tracing::info!(cr = %key(&cr), vm, pod = %format!("{pod_ns}/{pod}"), "snapshot tag kept: another pod names the VM");
+            delete_tag = None;
+        }
+    }
     if let Some(vm) = delete_tag {
         match fenced_delete(&cr, &vm, Debt::OnDeletion, None, api, ctx).await? {
             Attempt::Deferred(action) => return Ok(action),

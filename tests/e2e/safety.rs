@@ -8,7 +8,7 @@ use testkit::product;
 use testkit::vk_sim;
 
 use cocoon_hibernation::api::annotations::{
-    COCOONSET_GENERATION, HIBERNATE, LIFECYCLE_OBSERVED_GENERATION, LIFECYCLE_STATE, VM_ID,
+    COCOONSET_GENERATION, HIBERNATE, LIFECYCLE_OBSERVED_GENERATION, LIFECYCLE_STATE, PodView, VM_ID,
 };
 use cocoon_hibernation::api::conditions::{self, READY, SNAPSHOT_DELETED};
 use cocoon_hibernation::api::{CocoonHibernation, Desire, Phase};
@@ -85,6 +85,88 @@ async fn e2e_w2_running_with_vmid_while_vk_reports_hibernated_stays_waking_and_k
         (!env.tag_exists(&vm).await).then_some(())
     })
     .await;
+}
+
+/// W2 (issue: a slow vk): a large VM's push outlasts the hibernate timeout, the CR goes
+/// `Failed`, the desire flips to `Wake` and W1 removes the annotation, but vk ignores that,
+/// removes the VM a while later and only then restores it from the tag. The pod shows
+/// Running with its pre-hibernate VMID all along the push: that is no wake. The wake ends
+/// only on the VMID vk writes after the restore, and the tag survives until then (a
+/// restore that finds no tag is a VM lost for good).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e2e_w2_a_timed_out_hibernate_then_wake_waits_for_a_fresh_vmid() {
+    let env = setup(
+        "w2-slow",
+        Setup {
+            hibernate_timeout: "2s",
+            ..Setup::default()
+        },
+    )
+    .await;
+    // A slow vk: pushes at once, removes the VM 10 s later, never says `hibernating`.
+    env.sim.knobs.set_hibernating_first(false);
+    env.sim.knobs.set_removal_delay(Duration::from_secs(10));
+    let pod = env.pod("slow-0").await;
+    let old_id = PodView::of(&pod)
+        .vm_id
+        .expect("a VMID before the hibernate");
+    let vm = env.vm("slow-0");
+    product::create_cr(&env.crs, "slow-0", "slow-0", Desire::Hibernate).await;
+    let failed = wait_phase(&env.crs, "slow-0", Phase::Failed, LONG, &mut vec![]).await;
+    assert_eq!(
+        failed.pre_hibernate_vm_id(),
+        Some(old_id.as_str()),
+        "W2: the VMID at the hibernate request is recorded: {:?}",
+        failed.status
+    );
+    eventually("vk pushed the snapshot", LONG, || async {
+        env.tag_exists(&vm).await.then_some(())
+    })
+    .await;
+    product::set_desire(&env.crs, "slow-0", Desire::Wake).await;
+    eventually("hibernate annotation removed (W1)", LONG, || async {
+        let pod = env.pods.get("slow-0").await.ok()?;
+        let ann = pod.metadata.annotations.unwrap_or_default();
+        (!ann.contains_key(HIBERNATE)).then_some(())
+    })
+    .await;
+    // vk still pushes/removes: the pod runs on the old VMID, which proves nothing.
+    let during = PodView::of(&env.pods.get("slow-0").await.expect("get pod"));
+    assert!(
+        during.woken() && during.vm_id.as_deref() == Some(old_id.as_str()),
+        "the world this test means to play: Running on the old VMID, {during:?}"
+    );
+    let waiting = eventually("the CR says it waits for a fresh VMID", LONG, || async {
+        let cr = env.crs.get("slow-0").await.ok()?;
+        let progressing = condition(&cr, conditions::PROGRESSING)?;
+        (progressing.reason == conditions::REASON_WAITING_FOR_FRESH_VMID).then_some(cr)
+    })
+    .await;
+    assert_eq!(product::phase(&waiting), Some(Phase::Waking));
+    assert!(
+        env.tag_exists(&vm).await,
+        "W2: no tag delete on the old VMID"
+    );
+
+    // vk removes the VM, then restores it from the tag: now the wake ends.
+    let active = wait_phase(&env.crs, "slow-0", Phase::Active, LONG, &mut vec![]).await;
+    let pod = env.pods.get("slow-0").await.expect("get pod");
+    let now_id = PodView::of(&pod).vm_id.expect("a VMID after the wake");
+    assert_ne!(now_id, old_id, "W2: Active only on a freshly written VMID");
+    assert_eq!(
+        env.sim.knobs.restores_without_snapshot(),
+        0,
+        "W2: vk found the snapshot when it restored the VM"
+    );
+    assert!(env.sim.knobs.wakes() >= 1, "vk restored the VM");
+    assert_eq!(
+        condition(&active, SNAPSHOT_DELETED).map(|c| c.status),
+        Some("True".to_owned())
+    );
+    assert!(
+        !env.tag_exists(&vm).await,
+        "the tag is deleted after the real wake"
+    );
 }
 
 /// S2: two live CRs on one pod with opposite desires, created while the webhook was

@@ -476,6 +476,111 @@ fn w2_running_alone_or_vmid_alone_or_vk_hibernating_is_not_woken(#[case] pod: Po
     assert_eq!(p.delete_tag, None);
 }
 
+/// `c` with the VMID recorded at its hibernate request (W2).
+fn recorded(mut c: CocoonHibernation, vm_id: &str) -> CocoonHibernation {
+    if let Some(s) = c.status.as_mut() {
+        s.pre_hibernate_vm_id = Some(vm_id.into());
+    }
+    c
+}
+
+fn progressing_reason(p: &Plan) -> Option<String> {
+    let s = p.status.as_ref()?;
+    conditions::find(&s.conditions, conditions::PROGRESSING).map(|c| c.reason.clone())
+}
+
+/// SPEC W2: a hibernate request records the VMID the pod shows then, the one vk may take
+/// away; a later wake cannot end on it.
+#[test]
+fn w2_a_hibernate_request_records_the_vmid_it_may_take_away() {
+    let p = run(
+        &cr(Desire::Hibernate, Some(Phase::Active)),
+        Some(&running_pod()),
+        Probe::NotProbed,
+        20,
+    );
+    assert_eq!(phase_of(&p), Some(Phase::Hibernating));
+    let s = p.status.as_ref().expect("a status write");
+    assert_eq!(s.pre_hibernate_vm_id.as_deref(), Some("id-1"));
+}
+
+/// SPEC W2 (issue: a slow vk): a pod Running on the VMID recorded at the hibernate request
+/// proves no wake, whether the CR is Waking (after a hibernate that timed out) or a settled
+/// Active that owes a delete: no Active, no tag delete, and the CR says what it waits for.
+#[rstest]
+#[case::waking(recorded(cr(Desire::Wake, Some(Phase::Waking)), "id-1"))]
+#[case::failed_hibernate_now_wake(recorded(cr(Desire::Wake, Some(Phase::Failed)), "id-1"))]
+fn w2_the_recorded_vmid_never_ends_a_wake(#[case] c: CocoonHibernation) {
+    let mut c = c;
+    let mut pass = run(&c, Some(&running_pod()), Probe::NotProbed, 20);
+    if let Some(status) = pass.status.clone() {
+        // Failed enters Waking first; the next pass sees the same pod.
+        c.status = Some(status);
+        pass = run(&c, Some(&running_pod()), Probe::NotProbed, 25);
+    }
+    assert_ne!(phase_of(&pass), Some(Phase::Active));
+    assert_eq!(pass.delete_tag, None, "W2: no delete on the old VMID");
+    let reason = progressing_reason(&pass).or_else(|| {
+        let s = c.status.as_ref()?;
+        conditions::find(&s.conditions, conditions::PROGRESSING).map(|c| c.reason.clone())
+    });
+    assert_eq!(
+        reason.as_deref(),
+        Some(conditions::REASON_WAITING_FOR_FRESH_VMID)
+    );
+}
+
+/// SPEC W2: a settled Active whose hibernate request reached vk (F2's open window) owes
+/// the delete, but pays it only on a VMID other than the one the pod had then.
+#[test]
+fn w2_an_owed_delete_waits_for_a_vmid_written_after_the_request() {
+    let asked = PodView {
+        hibernate_requested: true,
+        ..running_pod()
+    };
+    let c = cr(Desire::Wake, Some(Phase::Active));
+    let p = run(&c, Some(&asked), Probe::NotProbed, 20);
+    let s = p.status.clone().expect("the debt is recorded");
+    assert_eq!(s.pre_hibernate_vm_id.as_deref(), Some("id-1"));
+    let mut owing = c.clone();
+    owing.status = Some(s);
+    let same = run(&owing, Some(&running_pod()), Probe::NotProbed, 25);
+    assert_eq!(same.delete_tag, None, "W2: the old VMID pays nothing");
+    let fresh = PodView {
+        vm_id: Some("id-2".into()),
+        ..running_pod()
+    };
+    let later = run(&owing, Some(&fresh), Probe::NotProbed, 30);
+    assert_eq!(later.delete_tag.as_deref(), Some("vm-a"));
+}
+
+/// SPEC W2: a VMID other than the recorded one ends the wake; so does the recorded one once
+/// vk was seen clearing it (a runtime may write the same VMID again after a new clone).
+#[test]
+fn w2_a_fresh_or_rewritten_vmid_ends_the_wake() {
+    let waking = recorded(cr(Desire::Wake, Some(Phase::Waking)), "id-1");
+    let fresh = PodView {
+        vm_id: Some("id-2".into()),
+        ..running_pod()
+    };
+    let p = run(&waking, Some(&fresh), Probe::NotProbed, 20);
+    assert_eq!(phase_of(&p), Some(Phase::Active));
+    assert_eq!(p.delete_tag.as_deref(), Some("vm-a"));
+
+    let cleared = PodView {
+        vm_id: None,
+        container_running: false,
+        ..hibernated_pod()
+    };
+    let seen = run(&waking, Some(&cleared), Probe::NotProbed, 20);
+    let s = seen.status.clone().expect("the record is dropped");
+    assert_eq!(s.pre_hibernate_vm_id, None);
+    let mut after = waking.clone();
+    after.status = Some(s);
+    let p = run(&after, Some(&running_pod()), Probe::NotProbed, 25);
+    assert_eq!(phase_of(&p), Some(Phase::Active));
+}
+
 /// The CR of fuzz crash `plan` 5823088705a5: Waking with nothing recorded yet, no
 /// generation and no conditions.
 fn bare_waking() -> CocoonHibernation {
@@ -863,6 +968,26 @@ fn g1_s2_no_vm_name_nothing_to_delete_and_holders_count_in_every_namespace() {
             .as_deref(),
         Some("vm-a")
     );
+}
+
+/// SPEC G1: a pod other than the CR's own that names the VM (a replacement vk restores
+/// from the tag) holds it; the CR's own pod, a same-named pod elsewhere naming another
+/// VM, or a pod naming another VM do not.
+#[rstest]
+#[case::replacement_in_same_ns("ns", "pod-a-2", Some("vm-a"), true)]
+#[case::replacement_elsewhere("other", "pod-a", Some("vm-a"), true)]
+#[case::own_pod("ns", "pod-a", Some("vm-a"), false)]
+#[case::another_vm("ns", "pod-b", Some("vm-b"), false)]
+#[case::no_vm("ns", "pod-c", None, false)]
+fn g1_a_replacement_pod_holds_the_tag(
+    #[case] ns: &str,
+    #[case] name: &str,
+    #[case] vm: Option<&str>,
+    #[case] holds: bool,
+) {
+    let c = cr(Desire::Hibernate, Some(Phase::Hibernated));
+    let holder = plan::pod_holding(&c, "vm-a", [(ns, name, vm)]);
+    assert_eq!(holder.is_some(), holds, "{ns}/{name} {vm:?}");
 }
 
 /// SPEC G2.

@@ -49,6 +49,23 @@ pub fn plan_cleanup<'a>(
     }
 }
 
+/// G1: a pod other than the CR's own that names the VM holds its tag, as the orphan audit
+/// counts it: vk restores a newly created pod (a replacement the CocoonSet operator made
+/// for a hibernated VM) from that tag. `pods` are (namespace, name, vm name) of live pods;
+/// returns the first such holder.
+pub fn pod_holding<'a>(
+    cr: &CocoonHibernation,
+    vm: &str,
+    pods: impl IntoIterator<Item = (&'a str, &'a str, Option<&'a str>)>,
+) -> Option<(String, String)> {
+    let own_ns = cr.metadata.namespace.as_deref().unwrap_or_default();
+    pods.into_iter()
+        .find(|(ns, name, named)| {
+            *named == Some(vm) && !(*ns == own_ns && *name == cr.spec.pod_ref.name)
+        })
+        .map(|(ns, name, _)| (ns.to_owned(), name.to_owned()))
+}
+
 /// S6: the Warning a G1 delete sends first when the tag exists and may be the VM's only
 /// copy. That is decided from the pod as the apiserver shows it right before the delete,
 /// not from the phase: only a pod running the VM again after a wake holds another copy.
@@ -58,7 +75,7 @@ pub fn discard_event(
     pod: Option<&PodView>,
     tag_present: bool,
 ) -> Option<PlannedEvent> {
-    if !tag_present || vm_running_again(pod, vm) {
+    if !tag_present || vm_running_again(pod, vm, cr.pre_hibernate_vm_id()) {
         return None;
     }
     let phase = cr.phase().map_or("new", Phase::as_str);

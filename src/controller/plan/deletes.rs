@@ -54,11 +54,14 @@ pub fn owes_tag_delete(cr: &CocoonHibernation) -> bool {
         .is_some_and(|c| c.status != "True" && c.reason != REASON_SNAPSHOT_MOVED)
 }
 
-/// S7: the fresh pod shows the VM running again after a wake: it names `vm`, asks for no
-/// hibernate, and vk reports a running container with a fresh VMID. Only then is the
+/// S7, W2: the fresh pod shows the VM running again after a wake: it names `vm`, asks for
+/// no hibernate, and vk reports a running container with a VMID other than
+/// `pre_hibernate` (the one recorded when the hibernate was requested). Only then is the
 /// snapshot not the VM's only copy.
-pub fn vm_running_again(pod: Option<&PodView>, vm: &str) -> bool {
-    pod.is_some_and(|p| p.vm_name.as_deref() == Some(vm) && !p.hibernate_requested && p.woken())
+pub fn vm_running_again(pod: Option<&PodView>, vm: &str, pre_hibernate: Option<&str>) -> bool {
+    pod.is_some_and(|p| {
+        p.vm_name.as_deref() == Some(vm) && !p.hibernate_requested && p.woken_since(pre_hibernate)
+    })
 }
 
 /// How a tag delete ended, in the terms status needs (S5).

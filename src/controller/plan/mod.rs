@@ -13,7 +13,7 @@ mod pass;
 mod settings;
 mod transitions;
 
-pub use cleanup::{Cleanup, discard_event, plan_cleanup};
+pub use cleanup::{Cleanup, discard_event, plan_cleanup, pod_holding};
 pub use deletes::{
     Debt, DeleteResult, after_delete, owes_tag_delete, still_owes, vm_running_again,
 };
@@ -237,6 +237,11 @@ pub fn plan(
         return pass.finish(Some(settings.conflict_recheck));
     }
 
+    // W2: vk was seen clearing the VMID recorded at the hibernate request, so any VMID it
+    // writes from now on comes from a new clone.
+    if view.vm_id.is_none() {
+        pass.next.pre_hibernate_vm_id = None;
+    }
     let phase = pass.phase();
     // D1: an in-flight transition runs to its terminal phase before a reversal starts.
     let effective = match phase {

@@ -21,6 +21,9 @@ pub struct Settings {
     pub registry_slots: usize,
     /// S5: first wait after a tag delete is refused for good; doubles up to 10x.
     pub refused_delete_backoff: Duration,
+    /// The namespace the product watches (empty: every namespace); G1's fresh read of the
+    /// pods that name a VM covers it.
+    pub watch_namespace: String,
 }
 
 impl Settings {
@@ -57,6 +60,7 @@ impl Default for Settings {
             conflict_recheck: Duration::from_secs(60),
             registry_slots: 3,
             refused_delete_backoff: Duration::from_secs(60),
+            watch_namespace: String::new(),
         }
     }
 }

@@ -7,8 +7,8 @@ use crate::api::annotations::PodView;
 use crate::api::conditions::{
     REASON_DONE, REASON_HIBERNATE_NOT_RECORDED, REASON_HIBERNATE_TIMED_OUT,
     REASON_KEPT_FOR_HIBERNATE, REASON_REGISTRY_UNAVAILABLE, REASON_WAITING_FOR_CONTAINER,
-    REASON_WAITING_FOR_LIFECYCLE, REASON_WAITING_FOR_SNAPSHOT, REASON_WAKE_TIMED_OUT,
-    SNAPSHOT_DELETED,
+    REASON_WAITING_FOR_FRESH_VMID, REASON_WAITING_FOR_LIFECYCLE, REASON_WAITING_FOR_SNAPSHOT,
+    REASON_WAKE_TIMED_OUT, SNAPSHOT_DELETED,
 };
 use crate::api::{Desire, Phase};
 
@@ -96,6 +96,8 @@ impl Pass<'_> {
             _ => {
                 self.next.conditions.retain(|c| c.type_ != SNAPSHOT_DELETED); // the tag is wanted again
                 self.next.snapshot = None; // the next probe records the new one
+                // W2: the VMID this request may take away proves no later wake.
+                self.next.pre_hibernate_vm_id = view.vm_id.clone();
                 self.enter(
                     Phase::Hibernating,
                     vm,
@@ -130,10 +132,13 @@ impl Pass<'_> {
                         "the pod asked vk-cocoon to hibernate vm {tag_vm} while this CR stayed Active; snapshot {tag_vm}:hibernate, if stored, is deleted once the VM runs again"
                     );
                     self.owe_tag(REASON_HIBERNATE_NOT_RECORDED, &message);
+                    // W2: this VMID may be the one vk takes away.
+                    self.next.pre_hibernate_vm_id = view.vm_id.clone();
                 }
-                // S1: not while the pod still asks for a hibernate or the VM is not back:
-                // the tag may be its only copy.
-                if owed && !view.hibernate_requested && view.woken() {
+                // S1, W2: not while the pod still asks for a hibernate or the VM is not back
+                // on a fresh VMID: the tag may be its only copy.
+                let fresh = view.woken_since(self.next.pre_hibernate_vm_id.as_deref());
+                if owed && !view.hibernate_requested && fresh {
                     self.plan.delete_tag = Some(tag_vm);
                 }
                 self.finish(None)
@@ -143,7 +148,8 @@ impl Pass<'_> {
                 // W2, S1: not while the pod still asks for a hibernate: vk may act on it, so
                 // W1's patch goes first and a later pass ends the wake. Ended now, the delete's
                 // fresh pod read would only see this pass's own patch.
-                if vm_running_again(Some(view), vm) {
+                let pre_hibernate = self.next.pre_hibernate_vm_id.clone();
+                if vm_running_again(Some(view), vm, pre_hibernate.as_deref()) {
                     self.finished(Transition::Wake, Ending::Done, elapsed);
                     // D1: a desire flipped back to Hibernate wants the tag again.
                     let tag = if self.cr.spec.desire == Desire::Wake {
@@ -169,20 +175,34 @@ impl Pass<'_> {
                     return self.finish(None);
                 }
                 // The pod is back (R2 may have said PodMissing): say what the wake waits for.
-                self.progress(
-                    true,
-                    REASON_WAITING_FOR_CONTAINER,
-                    &format!(
-                        "waiting for vk-cocoon to wake vm {vm}: a running container with a new VMID"
+                match pre_hibernate.filter(|_| view.woken()) {
+                    // W2: running on the VMID of before the hibernate request: vk may still
+                    // be pushing or removing that VM, so it proves no wake.
+                    Some(old) => self.progress(
+                        true,
+                        REASON_WAITING_FOR_FRESH_VMID,
+                        &format!(
+                            "waiting for vk-cocoon to wake vm {vm}: the pod still shows VMID {old}, the one it had when the hibernate was requested, and vk-cocoon may still be hibernating that VM; a wake ends on a VMID written after it"
+                        ),
                     ),
-                );
+                    None => self.progress(
+                        true,
+                        REASON_WAITING_FOR_CONTAINER,
+                        &format!(
+                            "waiting for vk-cocoon to wake vm {vm}: a running container with a new VMID"
+                        ),
+                    ),
+                }
                 let remaining = timeouts.wake - elapsed;
                 self.finish(Some(settings.transition_poll.min(remaining)))
             }
             // A new Wake CR whose pod already runs its VM: the wake's end already holds,
             // so it goes straight to Active in one write. A tag is deleted only when the
             // registry shows one.
-            None | Some(Phase::Pending) if !view.hibernate_requested && view.woken() => {
+            None | Some(Phase::Pending)
+                if !view.hibernate_requested
+                    && view.woken_since(self.next.pre_hibernate_vm_id.as_deref()) =>
+            {
                 match probe {
                     Probe::NotProbed => Plan {
                         needs_probe: true,

@@ -15,6 +15,9 @@ pub struct SimKnobs {
     fail_push: AtomicBool,
     never_complete: AtomicBool,
     hibernating_first: AtomicBool,
+    /// Hostile vk: how long after the push the VM is removed (0: at once).
+    removal_delay_ms: AtomicU64,
+    restore_replacements: AtomicBool,
     /// Share of wakes that delete the tag, per million.
     wake_drops_tag_ppm: AtomicU32,
     drop_seed: AtomicU64,
@@ -22,6 +25,8 @@ pub struct SimKnobs {
     pub(super) hibernations: AtomicUsize,
     pub(super) wakes: AtomicUsize,
     pub(super) tag_drops: AtomicUsize,
+    pub(super) restores_without_snapshot: AtomicUsize,
+    pub(super) replacement_restores: AtomicUsize,
     /// Wakes so far per VM: with the seed, what decides whether a wake drops the tag.
     wake_rounds: Mutex<HashMap<String, u64>>,
     /// 0: the default, [`super::RESYNC`].
@@ -71,6 +76,35 @@ impl SimKnobs {
     }
     pub fn set_hibernating_first(&self, on: bool) {
         self.hibernating_first.store(on, Ordering::Relaxed);
+    }
+    /// A slow vk: after the push, the VM is removed (VMID cleared, `hibernated` written)
+    /// only this long later, and a hibernate annotation removed meanwhile is ignored: vk
+    /// finishes the hibernate, then restores the VM from its tag. A large VM whose push
+    /// outlasts the product's hibernate timeout looks like this.
+    pub fn removal_delay(&self) -> Duration {
+        Duration::from_millis(self.removal_delay_ms.load(Ordering::Relaxed))
+    }
+    pub fn set_removal_delay(&self, d: Duration) {
+        self.removal_delay_ms
+            .store(d.as_millis() as u64, Ordering::Relaxed);
+    }
+    /// While set, a new pod that names a VM and has no VMID and no lifecycle state (a
+    /// replacement the CocoonSet operator created for a hibernated VM) is started, restored
+    /// from `<vm>:hibernate` when that tag exists.
+    pub fn restore_replacements(&self) -> bool {
+        self.restore_replacements.load(Ordering::Relaxed)
+    }
+    pub fn set_restore_replacements(&self, on: bool) {
+        self.restore_replacements.store(on, Ordering::Relaxed);
+    }
+    /// Restores of a removed VM that found no `<vm>:hibernate` in the registry: each one is
+    /// a VM lost for good. Every safety test expects 0.
+    pub fn restores_without_snapshot(&self) -> usize {
+        self.restores_without_snapshot.load(Ordering::Relaxed)
+    }
+    /// Replacement pods restored from an existing tag.
+    pub fn replacement_restores(&self) -> usize {
+        self.replacement_restores.load(Ordering::Relaxed)
     }
     /// The share (0..=1) of wakes that delete the manifest they restored from once the new
     /// VMID is written. 0 (the default) never, 1 always; a pod's

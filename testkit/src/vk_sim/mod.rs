@@ -16,6 +16,12 @@
 //! - a `ready` pod with a VMID whose container is not reported Running (e.g. created with
 //!   kubectl) is reported Running, as a kubelet would.
 //!
+//! A hostile vk, as the real one may be: [`SimKnobs::set_removal_delay`] removes the VM
+//! only some time after the push and ignores an annotation removed meanwhile (it finishes
+//! the hibernate, then restores); [`SimKnobs::set_restore_replacements`] restores a newly
+//! created pod from an existing tag. [`SimKnobs::restores_without_snapshot`] counts the
+//! VMs lost because their tag was gone when vk restored them.
+//!
 //! Each request carried out is timed per VM ([`SimKnobs::timings`]): the bench takes the
 //! simulator's own time out of a round's wall. Also used by
 //! `examples/vk_cocoon_simulator.rs` (`make demo`).
@@ -148,7 +154,8 @@ fn plan(pod: &Pod, knobs: &SimKnobs) -> Option<Action> {
         let removed = state == Some(STATE_HIBERNATED) && vm_gone;
         let unreported = state == Some(STATE_READY) && !vm_gone && !view.container_running;
         let withdrawn = state == Some(STATE_HIBERNATING) && !vm_gone;
-        (removed || unreported || withdrawn).then_some(Action::Wake)
+        let replacement = knobs.restore_replacements() && state.is_none() && vm_gone;
+        (removed || unreported || withdrawn || replacement).then_some(Action::Wake)
     }
 }
 
@@ -311,6 +318,12 @@ impl Sim {
             }
             push_snapshot(&self.registry, vm, name).await?;
             self.knobs.pushes.fetch_add(1, Ordering::Relaxed);
+            let delay = self.knobs.removal_delay();
+            if !delay.is_zero() {
+                // A slow vk removes the VM later, whatever the pod asks by then.
+                tokio::time::sleep(delay).await;
+                return self.remove_vm_late(api, name, vm).await;
+            }
             // One patch, as vk does. resourceVersion makes it a compare-and-swap, so the
             // generation written is the one read; a conflict is retried by `work`.
             let patch = json!({
@@ -334,6 +347,47 @@ impl Sim {
         Ok(())
     }
 
+    /// The end of a slow hibernate ([`SimKnobs::set_removal_delay`]): the VM is removed
+    /// on the pod as it is now, even if the hibernate annotation is gone by then.
+    async fn remove_vm_late(&self, api: &Api<Pod>, name: &str, vm: &str) -> Result<(), SimError> {
+        let pod = api.get(name).await?;
+        let view = PodView::of(&pod);
+        let patch = json!({
+            "metadata": {
+                "resourceVersion": pod.metadata.resource_version,
+                "annotations": {
+                    VM_ID: Value::Null,
+                    LIFECYCLE_STATE: STATE_HIBERNATED,
+                    LIFECYCLE_OBSERVED_GENERATION: view.cocoonset_generation.to_string(),
+                }
+            }
+        });
+        let removed = api
+            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await?;
+        self.knobs.hibernations.fetch_add(1, Ordering::Relaxed);
+        api.patch_status(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(&stopped_status(&removed)),
+        )
+        .await?;
+        tracing::info!(%name, %vm, requested = view.hibernate_requested, "vk-sim: removed the VM late");
+        Ok(())
+    }
+
+    /// Whether `<vm>:hibernate` exists, for the counters of restores; an unreachable
+    /// registry counts as unknown.
+    async fn tag_present(&self, vm: &str) -> Option<bool> {
+        match snapshot_digest(&self.registry, vm).await {
+            Ok(digest) => Some(digest.is_some()),
+            Err(e) => {
+                tracing::warn!(%vm, error = %e, "vk-sim: probe the tag before a restore");
+                None
+            }
+        }
+    }
+
     async fn wake(&self, api: &Api<Pod>, pod: &Pod) -> Result<(), SimError> {
         let name = pod.metadata.name.as_deref().unwrap_or_default();
         let view = PodView::of(pod);
@@ -355,6 +409,22 @@ impl Sim {
             // A VM not reported yet (a new pod, or a wake whose status write failed).
             Some(id) => id,
             None => {
+                let replacement = view.lifecycle_state.is_none();
+                match self.tag_present(vm).await {
+                    Some(true) if replacement => {
+                        self.knobs
+                            .replacement_restores
+                            .fetch_add(1, Ordering::Relaxed);
+                        tracing::info!(%name, %vm, "vk-sim: replacement pod restored from the tag");
+                    }
+                    Some(false) if !replacement => {
+                        self.knobs
+                            .restores_without_snapshot
+                            .fetch_add(1, Ordering::Relaxed);
+                        tracing::error!(%name, %vm, "vk-sim: no snapshot to restore from: the VM is lost");
+                    }
+                    _ => {}
+                }
                 // The manifest the VM is restored from, if this wake is to drop it after.
                 let annotation = pod
                     .metadata
