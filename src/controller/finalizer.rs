@@ -38,11 +38,14 @@ pub(super) async fn cleanup(
         .map(str::to_owned)
         .unwrap_or_else(|| format!("pod:{ns}/{}", cr.spec.pod_ref.name));
     let _guard = ctx.locks.lock(&lock_key).await;
-    let cr = ctx
-        .cache
-        .cr(&ns, &name)
-        .map(|c| (*c).clone())
-        .unwrap_or_else(|| cr.clone());
+    // The pass is for this object (uid) being deleted: a cache that by now holds a CR
+    // recreated under the name is another object, whose finalizer is not ours to take.
+    let deleted_uid = cr.metadata.uid.clone();
+    let cr = match ctx.cache.cr(&ns, &name) {
+        Some(c) if c.metadata.uid == deleted_uid && c.is_deleting() => (*c).clone(),
+        Some(_) => return Ok(Action::await_change()),
+        None => cr.clone(),
+    };
     let mut others = ctx.cache.crs_for_pod(&ns, &cr.spec.pod_ref.name);
     let mut claimants = Vec::new();
     if let Some(vm) = cr.vm_name() {
@@ -96,7 +99,7 @@ pub(super) async fn cleanup(
         let Some(fresh) = api.get_opt(&name).await? else {
             return Ok(Action::await_change());
         };
-        if fresh.metadata.uid != cr.metadata.uid || !fresh.has_finalizer() {
+        if fresh.metadata.uid != deleted_uid || !fresh.is_deleting() || !fresh.has_finalizer() {
             return Ok(Action::await_change());
         }
         api.patch(

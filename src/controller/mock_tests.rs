@@ -247,7 +247,12 @@ async fn h1_h2_entering_patches_pod_then_status_subresource() {
         json!({"op": "test", "path": "/metadata/uid", "value": "pod-uid"})
     );
     assert_eq!(
-        body[1]["path"],
+        body[1],
+        json!({"op": "test", "path": "/metadata/annotations/vm.cocoonstack.io~1id", "value": "id-1"}),
+        "W2: the request lands on the VMID the CR records"
+    );
+    assert_eq!(
+        body[2]["path"],
         "/metadata/annotations/vm.cocoonstack.io~1hibernate"
     );
 
@@ -322,7 +327,8 @@ async fn fail_request(handle: &mut ApiHandle, code: u16) -> (http::Method, Strin
     (req.method().clone(), req.uri().to_string())
 }
 
-/// Answers the fresh reads of a delete: the CR as `obj`, the pod as `pod` (None: 404).
+/// Answers the fresh reads of a delete: the CR as `obj`, for a deletion G1's pod list
+/// (none naming the VM), the pod as `pod` (None: 404).
 async fn fresh_reads(handle: &mut ApiHandle, obj: &CocoonHibernation, pod: Option<Pod>) {
     let (method, uri, _, body) = expect_request(handle, serde_json::to_value(obj).unwrap()).await;
     assert_eq!(
@@ -330,6 +336,9 @@ async fn fresh_reads(handle: &mut ApiHandle, obj: &CocoonHibernation, pod: Optio
         (http::Method::GET, true),
         "S1: the CR is read fresh: {uri} {body}"
     );
+    if obj.is_deleting() {
+        fresh_pod_list(handle, &[]).await;
+    }
     match pod {
         Some(pod) => {
             let (method, uri, _, _) =
@@ -349,6 +358,70 @@ async fn fresh_reads(handle: &mut ApiHandle, obj: &CocoonHibernation, pod: Optio
             );
         }
     }
+}
+
+/// Answers G1's fresh list of pods (metadata only) with `pods`, (name, vm name) in "ns".
+async fn fresh_pod_list(handle: &mut ApiHandle, pods: &[(&str, &str)]) {
+    let items: Vec<Value> = pods
+        .iter()
+        .map(|(name, vm)| {
+            json!({"apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata",
+                "metadata": {"name": name, "namespace": "ns", "annotations": {VM_NAME: vm}}})
+        })
+        .collect();
+    let list = json!({"apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadataList",
+        "metadata": {}, "items": items});
+    let (method, uri, _, _) = expect_request(handle, list).await;
+    assert_eq!(
+        (method, uri.starts_with("/api/v1/pods?")),
+        (http::Method::GET, true),
+        "G1: the pods are listed fresh: {uri}"
+    );
+}
+
+/// SPEC G1 (issue: a replacement pod): a pod the cache has not seen yet names the VM (the
+/// replacement vk restores from the tag): the fresh list finds it, so nothing is asked of
+/// the registry beyond the probe-free path, no warning is written, and the finalizer goes.
+#[tokio::test]
+async fn g1_a_replacement_pod_listed_fresh_keeps_the_tag() {
+    let (obj, calls, mut handle, pass) = delete_with_tag(Fence::unfenced());
+    let (method, uri, _, _) =
+        expect_request(&mut handle, serde_json::to_value(&obj).unwrap()).await;
+    assert_eq!(method, http::Method::GET, "{uri}");
+    fresh_pod_list(&mut handle, &[("web-0-new", "vm-a")]).await;
+    // Then only the finalizer: a fresh read and its removal; no event, no delete.
+    let (method, uri, _, _) =
+        expect_request(&mut handle, serde_json::to_value(&obj).unwrap()).await;
+    assert_eq!(method, http::Method::GET, "{uri}");
+    let (method, uri, _, _) =
+        expect_request(&mut handle, serde_json::to_value(&obj).unwrap()).await;
+    assert_eq!(method, http::Method::PATCH, "{uri}");
+    ended(pass).await.unwrap();
+    assert!(
+        calls.lock().unwrap().is_empty(),
+        "G1: the registry is not asked"
+    );
+}
+
+/// SPEC G1 (issue: the finalizer's same-object guard): a pass for a deleted CR that finds
+/// a CR recreated under the same name in the cache (another uid, not deleting) leaves it
+/// alone: it neither deletes its tag nor takes its finalizer.
+#[tokio::test]
+async fn g1_a_pass_for_a_deleted_cr_never_strips_a_recreated_ones_finalizer() {
+    let old = deleting_hibernated();
+    let mut recreated = cr(true, Some(Phase::Hibernated));
+    recreated.metadata.uid = Some("cr-uid-2".into());
+    let cache = SharedCache::from_objects(vec![recreated], vec![]);
+    let store = FakeStore {
+        digest: Some("sha256:aaa".into()),
+        ..FakeStore::default()
+    };
+    let calls = store.calls.clone();
+    let (ctx, mut handle) = context_with(cache, store);
+    let pass = tokio::spawn(reconcile(Arc::new(old), ctx));
+    no_more_requests(&mut handle).await;
+    ended(pass).await.unwrap();
+    assert!(calls.lock().unwrap().is_empty());
 }
 
 /// SPEC G1 G2 S6 S7: with the registry unreachable nothing is known about the tag: no

@@ -169,6 +169,47 @@ async fn e2e_w2_a_timed_out_hibernate_then_wake_waits_for_a_fresh_vmid() {
     );
 }
 
+/// G1 (issue: a replacement pod): the CocoonSet operator deletes a hibernated pod to free
+/// its node and creates a replacement naming the same VM, which vk restores from the tag.
+/// Deleting the CR in that window must keep the tag: the replacement pod holds it, even
+/// before the product's cache has seen that pod (G1 reads the pods fresh).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e2e_g1_a_replacement_pod_keeps_the_tag_when_the_cr_is_deleted() {
+    let env = setup(
+        "g1-repl",
+        Setup {
+            // vk takes a while to restore the replacement: the CR is deleted before.
+            wake_delay: Duration::from_secs(4),
+            ..Setup::default()
+        },
+    )
+    .await;
+    env.sim.knobs.set_restore_replacements(true);
+    env.pod("web-0").await;
+    let vm = env.vm("web-0");
+    product::create_cr(&env.crs, "web-0", "web-0", Desire::Hibernate).await;
+    wait_phase(&env.crs, "web-0", Phase::Hibernated, LONG, &mut vec![]).await;
+    assert!(env.tag_exists(&vm).await);
+
+    env.pods
+        .delete("web-0", &Default::default())
+        .await
+        .expect("the operator frees the node");
+    vk_sim::create_replacement_pod(&env.client, &env.ns, "web-0-replacement", &vm)
+        .await
+        .expect("the operator creates a replacement");
+    product::delete_and_wait_gone(&env.crs, "web-0", LONG).await;
+    assert!(
+        env.tag_exists(&vm).await,
+        "G1: the tag a replacement pod names is kept"
+    );
+    eventually("vk restores the replacement from the tag", LONG, || async {
+        (env.sim.knobs.replacement_restores() == 1).then_some(())
+    })
+    .await;
+    assert_eq!(env.sim.knobs.restores_without_snapshot(), 0);
+}
+
 /// S2: two live CRs on one pod with opposite desires, created while the webhook was
 /// absent. Only the older acts; the younger is Failed naming it and never patches the
 /// pod, so over 30 s the pod is patched at most once.

@@ -32,7 +32,7 @@ mod registry;
 mod timing;
 
 pub use knobs::SimKnobs;
-pub use pods::{create_vm_pod, create_vm_pod_on, stage_stale_lifecycle};
+pub use pods::{create_replacement_pod, create_vm_pod, create_vm_pod_on, stage_stale_lifecycle};
 use pods::{new_vm_id, running_status, stopped_status};
 pub use registry::{delete_manifest, push_snapshot, snapshot_digest};
 pub use timing::{Span, Timings};

@@ -162,3 +162,38 @@ pub async fn create_vm_pod_on(
         .await?;
     Ok(running)
 }
+
+/// Creates a replacement pod for `vm_name` as the CocoonSet operator does when it brings a
+/// hibernated VM back on a new pod: the VM name and generation stamp only (no VMID, no
+/// lifecycle state, no status). vk restores it from `<vm>:hibernate`
+/// ([`super::SimKnobs::set_restore_replacements`]).
+pub async fn create_replacement_pod(
+    client: &kube::Client,
+    namespace: &str,
+    pod_name: &str,
+    vm_name: &str,
+) -> Result<Pod, SimError> {
+    let api: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    let pod = Pod {
+        metadata: ObjectMeta {
+            name: Some(pod_name.to_owned()),
+            annotations: Some(
+                [(VM_NAME, vm_name), (COCOONSET_GENERATION, "1")]
+                    .into_iter()
+                    .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                    .collect(),
+            ),
+            ..Default::default()
+        },
+        spec: Some(PodSpec {
+            containers: vec![Container {
+                name: "vm".into(),
+                image: Some("cocoon/vm:test".into()),
+                ..Default::default()
+            }],
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    Ok(api.create(&PostParams::default(), &pod).await?)
+}
