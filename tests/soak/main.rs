@@ -208,9 +208,10 @@ enum Episode {
     VkPushFails,
     StaleTag,
     StaleLifecycle,
+    VkSlowRemoval,
 }
 
-const EPISODES: [Episode; 12] = [
+const EPISODES: [Episode; 13] = [
     Episode::Registry503,
     Episode::RegistrySlow,
     Episode::RegistryRefuseDeletes,
@@ -223,6 +224,7 @@ const EPISODES: [Episode; 12] = [
     Episode::VkPushFails,
     Episode::StaleTag,
     Episode::StaleLifecycle,
+    Episode::VkSlowRemoval,
 ];
 
 /// Everything the load and the episodes act on.
@@ -298,6 +300,26 @@ impl World {
             }
         })
         .await
+    }
+
+    /// Sets (or with None clears) a CR's own hibernate timeout; a CR gone meanwhile is
+    /// left alone.
+    async fn set_hibernate_timeout(&self, name: &str, timeout: Option<&str>) {
+        let patch = serde_json::json!({ "spec": { "hibernateTimeout": timeout } });
+        let r = retry(Duration::from_secs(60), || async {
+            match self
+                .crs
+                .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+            {
+                Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+                other => other.map(|_| ()),
+            }
+        })
+        .await;
+        if let Err(e) = r {
+            self.harness_error(format!("set hibernateTimeout of {name}: {e}"));
+        }
     }
 
     /// The observer's latest phase and desire of the CR named `name`.
@@ -634,6 +656,27 @@ impl World {
                 tokio::time::sleep(d).await;
                 self.sim.knobs.set_fail_push(false);
                 self.mark("vk pushes succeed");
+            }
+            Episode::VkSlowRemoval => {
+                // W2: vk removes VMs late and finishes withdrawn hibernates, while a few CRs
+                // time out their hibernates within seconds, so some flip to Wake while vk
+                // still pushes or removes their VM.
+                let d = secs(rng, 8, 20);
+                let delay = Duration::from_millis(rng.random_range(3000..10000));
+                let n = self.drive.lock().unwrap().len();
+                let short: Vec<usize> = (0..5).map(|_| rng.random_range(0..n)).collect();
+                self.mark(&format!("vk removes VMs late ({delay:?}) on"));
+                self.faults.add("vk.slow_removal", 1);
+                self.sim.knobs.set_removal_delay(delay);
+                for &i in &short {
+                    self.set_hibernate_timeout(&pod_name(i), Some("2s")).await;
+                }
+                tokio::time::sleep(d).await;
+                self.sim.knobs.set_removal_delay(Duration::ZERO);
+                for &i in &short {
+                    self.set_hibernate_timeout(&pod_name(i), None).await;
+                }
+                self.mark("vk removes VMs late off");
             }
             Episode::StaleTag | Episode::StaleLifecycle => {
                 let start = rng.random_range(0..self.drive.lock().unwrap().len());
@@ -1336,7 +1379,20 @@ async fn run(cfg: Cfg) -> bool {
         };
         (v, t, w.relists, w.timeline.clone(), events)
     };
+    // ---- W2, G1: a VM whose tag was gone when vk restored it is lost for good.
+    let mut lost = Verdict::new(
+        "W2",
+        "vk finds the snapshot whenever it restores a removed VM (no wake ended on a pre-hibernate VMID, no tag a pod still needs deleted)",
+    );
+    lost.checked = world.sim.knobs.wakes();
+    let n = world.sim.knobs.restores_without_snapshot();
+    if n > 0 {
+        lost.violations.push(format!(
+            "{n} restore(s) found no <vm>:hibernate: those VMs are lost (see the vk-sim lines of the log)"
+        ));
+    }
     verdicts.extend(history);
+    verdicts.push(lost);
     verdicts.push(converge);
     verdicts.push(leftover);
     verdicts.push(kept);
@@ -1420,7 +1476,7 @@ async fn run(cfg: Cfg) -> bool {
     );
     let _ = writeln!(
         text,
-        "tag PUT/DELETEs   {} ({} DELETEs removed a tag, {} of them vk's own after a wake; vk: {} hibernations, {} wakes, {} tags dropped)",
+        "tag PUT/DELETEs   {} ({} DELETEs removed a tag, {} of them vk's own after a wake; vk: {} hibernations, {} wakes, {} tags dropped, {} late removals, {} of them after the request was withdrawn)",
         ops.len(),
         ops.iter().filter(|o| o.removed_tag()).count(),
         ops.iter()
@@ -1428,7 +1484,9 @@ async fn run(cfg: Cfg) -> bool {
             .count(),
         world.sim.knobs.hibernations(),
         world.sim.knobs.wakes(),
-        world.sim.knobs.tag_drops()
+        world.sim.knobs.tag_drops(),
+        world.sim.knobs.late_removals(),
+        world.sim.knobs.withdrawn_removals()
     );
     let _ = writeln!(text, "events seen       {events_seen}");
     let _ = writeln!(text, "faults injected   {total_faults}");

@@ -27,6 +27,8 @@ pub struct SimKnobs {
     pub(super) tag_drops: AtomicUsize,
     pub(super) restores_without_snapshot: AtomicUsize,
     pub(super) replacement_restores: AtomicUsize,
+    pub(super) late_removals: AtomicUsize,
+    pub(super) withdrawn_removals: AtomicUsize,
     /// Wakes so far per VM: with the seed, what decides whether a wake drops the tag.
     wake_rounds: Mutex<HashMap<String, u64>>,
     /// 0: the default, [`super::RESYNC`].
@@ -101,6 +103,15 @@ impl SimKnobs {
     /// a VM lost for good. Every safety test expects 0.
     pub fn restores_without_snapshot(&self) -> usize {
         self.restores_without_snapshot.load(Ordering::Relaxed)
+    }
+    /// VMs removed late ([`Self::set_removal_delay`]).
+    pub fn late_removals(&self) -> usize {
+        self.late_removals.load(Ordering::Relaxed)
+    }
+    /// Of those, removals of a VM whose hibernate request was withdrawn meanwhile (the
+    /// world where a wake could end on the pre-hibernate VMID).
+    pub fn withdrawn_removals(&self) -> usize {
+        self.withdrawn_removals.load(Ordering::Relaxed)
     }
     /// Replacement pods restored from an existing tag.
     pub fn replacement_restores(&self) -> usize {

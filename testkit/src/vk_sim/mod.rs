@@ -366,6 +366,12 @@ impl Sim {
             .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
             .await?;
         self.knobs.hibernations.fetch_add(1, Ordering::Relaxed);
+        self.knobs.late_removals.fetch_add(1, Ordering::Relaxed);
+        if !view.hibernate_requested {
+            self.knobs
+                .withdrawn_removals
+                .fetch_add(1, Ordering::Relaxed);
+        }
         api.patch_status(
             name,
             &PatchParams::default(),
