@@ -506,6 +506,56 @@ async fn s6_an_unwritten_warning_deletes_nothing() {
     );
 }
 
+/// SPEC S1 (issue: a fence closing mid-pass): the fence is open when the deletion's pass
+/// starts and closes while it reads the CR, the pods and the pod fresh. The re-check right
+/// before the DELETE keeps the tag, though the Warning was already written.
+#[tokio::test]
+async fn s1_a_fence_closing_during_the_fresh_reads_sends_no_delete() {
+    let fence = Fence::unfenced();
+    let (obj, calls, mut handle, pass) = delete_with_tag(fence.clone());
+    let (method, _, _, _) = expect_request(&mut handle, serde_json::to_value(&obj).unwrap()).await;
+    assert_eq!(method, http::Method::GET);
+    fence.close();
+    fresh_pod_list(&mut handle, &[]).await;
+    let (method, uri) = fail_request(&mut handle, 404).await;
+    assert_eq!(
+        (method, uri.ends_with("/pods/web-0")),
+        (http::Method::GET, true)
+    );
+    let (method, uri, _, _) = expect_request(&mut handle, json!({})).await;
+    assert_eq!(method, http::Method::POST, "the S6 warning: {uri}");
+    let err = ended(pass).await.unwrap_err();
+    assert_eq!(err.metric_label(), "fenced");
+    assert_eq!(*calls.lock().unwrap(), ["probe vm-a"], "S1: no DELETE");
+}
+
+/// SPEC S1 S7 (issue: FENCE_SLACK): a fence that still holds, but for less than the slack
+/// the last registry request must leave before it closes, sends no DELETE: the registry
+/// may carry out a DELETE it received until after the fence closed.
+#[tokio::test]
+async fn s1_a_fence_about_to_close_sends_no_delete() {
+    let fence = Fence::unfenced();
+    let (obj, calls, mut handle, pass) = delete_with_tag(fence.clone());
+    fresh_reads(&mut handle, &obj, None).await;
+    // Open for another 300 ms, less than the slack (500 ms).
+    fence.extend_to(tokio::time::Instant::now() + Duration::from_millis(300));
+    let (method, _, _, _) = expect_request(&mut handle, json!({})).await;
+    assert_eq!(method, http::Method::POST, "the S6 warning");
+    // G2: the finalizer still goes (the tag is kept, a leak the audit can find).
+    expect_request(&mut handle, serde_json::to_value(&obj).unwrap()).await;
+    expect_request(&mut handle, serde_json::to_value(&obj).unwrap()).await;
+    let _ = ended(pass).await;
+    assert!(
+        !calls
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|c| c.starts_with("delete")),
+        "S1: no DELETE inside the slack: {:?}",
+        calls.lock().unwrap()
+    );
+}
+
 /// SPEC S1: with the fence closed, a deletion sends nothing to the registry and keeps the
 /// finalizer, although the apiserver answers.
 #[tokio::test]
