@@ -1051,11 +1051,17 @@ fn o2_progressing_reason_follows_a_hibernate() {
     assert_eq!(progressing(&enter).1, "WaitingForLifecycle");
     let c = applied(c, &enter);
 
-    // vk has not finished: nothing new to say, nothing written.
+    // vk has not finished, but cleared the VMID: W2's record of it is dropped (the only
+    // change written), then nothing new to say, nothing written.
     let pod = PodView {
         lifecycle_state: Some("hibernating".into()),
         ..hibernated_pod()
     };
+    let cleared = run(&c, Some(&pod), Probe::NotProbed, 5);
+    let mut expected = c.status.clone().expect("status");
+    expected.pre_hibernate_vm_id = None;
+    assert_eq!(cleared.status, Some(expected));
+    let c = applied(c, &cleared);
     assert_eq!(run(&c, Some(&pod), Probe::NotProbed, 5).status, None);
 
     // vk done, tag not there yet: one reason write.

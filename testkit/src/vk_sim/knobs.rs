@@ -26,6 +26,8 @@ pub struct SimKnobs {
     pub(super) wakes: AtomicUsize,
     pub(super) tag_drops: AtomicUsize,
     pub(super) restores_without_snapshot: AtomicUsize,
+    /// The VMs of those restores, with the pod, in order.
+    pub(super) lost: Mutex<Vec<String>>,
     pub(super) replacement_restores: AtomicUsize,
     pub(super) late_removals: AtomicUsize,
     pub(super) withdrawn_removals: AtomicUsize,
@@ -112,6 +114,10 @@ impl SimKnobs {
     /// world where a wake could end on the pre-hibernate VMID).
     pub fn withdrawn_removals(&self) -> usize {
         self.withdrawn_removals.load(Ordering::Relaxed)
+    }
+    /// "namespace/pod vm" of each restore that found no tag.
+    pub fn lost_vms(&self) -> Vec<String> {
+        self.lost.lock().map(|l| l.clone()).unwrap_or_default()
     }
     /// Replacement pods restored from an existing tag.
     pub fn replacement_restores(&self) -> usize {

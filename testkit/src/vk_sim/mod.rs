@@ -427,6 +427,10 @@ impl Sim {
                         self.knobs
                             .restores_without_snapshot
                             .fetch_add(1, Ordering::Relaxed);
+                        if let Ok(mut lost) = self.knobs.lost.lock() {
+                            let ns = pod.metadata.namespace.as_deref().unwrap_or_default();
+                            lost.push(format!("{ns}/{name} {vm}"));
+                        }
                         tracing::error!(%name, %vm, "vk-sim: no snapshot to restore from: the VM is lost");
                     }
                     _ => {}
