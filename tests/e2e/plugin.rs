@@ -554,3 +554,29 @@ async fn registry_catalog_lists_snapshot_repositories_with_basic_and_token_auth(
         );
     }
 }
+
+/// S10 (reproduction, before the owner marker): a snapshot of another install on the
+/// same base, which no CR or pod of this cluster names, must survive `orphans --delete`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s10_repro_orphans_delete_leaves_another_installs_snapshot() {
+    let (env, prefix) = setup_with_prefix("plugin-s10-repro", Setup::default()).await;
+    let cluster = cluster::cluster();
+    let theirs = format!("vm-{}-theirs", env.ns);
+    vk_sim::push_snapshot(&env.registry, &theirs, "another cluster")
+        .await
+        .expect("push their snapshot");
+    let base = env.registry.clone();
+    let args = [
+        "orphans",
+        "--delete",
+        "--yes",
+        "--registry-base",
+        base.as_str(),
+        "--registry-plain-http",
+    ];
+    let out = plugin(&env, &args).await;
+    let kept = tag_exists(&cluster.registry, &format!("{prefix}/{theirs}"))
+        .await
+        .expect("registry reachable");
+    assert!(kept, "another install's snapshot was deleted: {out}");
+}
