@@ -421,7 +421,7 @@ async fn e2e_plugin_wait_ends_nonzero_on_timeout_and_on_failed() {
 /// S10: on a base that holds this install's owner marker alone, the audit reads the base
 /// from the install and works as before; a `--registry-base` that matches is accepted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn e2e_plugin_orphans_lists_and_deletes_only_the_orphan() {
+async fn e2e_g1_s2_s10_plugin_orphans_lists_and_deletes_only_the_orphan() {
     let (mut env, prefix) = setup_with_prefix("plugin-orphans", Setup::default()).await;
     let (install, _, _) = use_install(&mut env, "cocoon").await;
     let cluster = cluster::cluster();
