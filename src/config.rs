@@ -75,6 +75,11 @@ pub struct ServerArgs {
     /// `90m` or `-2h`, so an e2e reaches a boundary without waiting for it.
     #[arg(long, env = "COCOON_SCHEDULE_CLOCK_OFFSET", value_parser = crate::schedule::parse_offset, default_value = "0s", hide = true)]
     pub schedule_clock_offset: jiff::SignedDuration,
+    /// S10: this install's name in the registry's owner marker, `<namespace>/<release>`
+    /// (the chart sets it). Without it the base is not marked, and the orphan audit
+    /// refuses to delete on it.
+    #[arg(long, env = "COCOON_INSTALL_NAME")]
+    pub install_name: Option<String>,
     /// How long SIGTERM waits for in-flight admission requests.
     #[arg(long, env = "COCOON_SHUTDOWN_GRACE", value_parser = parse_duration, default_value = "20s")]
     pub shutdown_grace: Duration,
@@ -160,6 +165,14 @@ pub struct ElectionArgs {
 pub enum LogFormat {
     Text,
     Json,
+}
+
+impl ServerArgs {
+    /// S10: the release part of this install's identity, if it has one.
+    pub fn install_name(&self) -> Option<String> {
+        let name = self.install_name.as_deref().map(str::trim);
+        name.filter(|n| !n.is_empty()).map(str::to_string)
+    }
 }
 
 impl ElectionArgs {

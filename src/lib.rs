@@ -11,6 +11,7 @@ pub mod controller;
 pub mod error;
 pub mod flags;
 pub mod metrics;
+pub mod ownership;
 pub mod plugin;
 pub mod registry;
 pub mod schedule;

@@ -94,6 +94,8 @@ pub struct Metrics {
     pub schedule_writes: Family<ScheduleWriteLabels, Counter>,
     /// K8: pods whose manual override schedules are keeping now, over all schedules.
     pub schedule_overrides: Gauge,
+    /// S10: 1 while another install's owner marker is under this install's registry base.
+    pub registry_base_shared: Gauge,
     registry: Arc<Registry>,
 }
 
@@ -217,7 +219,14 @@ impl Metrics {
             "Pods whose manual override the schedules keep now",
             schedule_overrides.clone(),
         );
+        let registry_base_shared = Gauge::default();
+        registry.register(
+            "registry_base_shared",
+            "1 while another install's owner marker is under this install's registry base",
+            registry_base_shared.clone(),
+        );
         Self {
+            registry_base_shared,
             schedule_boundaries,
             schedule_writes,
             schedule_overrides,

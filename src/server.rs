@@ -145,6 +145,22 @@ pub async fn run(args: ServerArgs) -> Result<()> {
             .await
         }
     });
+    // S10: the owner marker; it never holds up start-up or a pass.
+    let owner_task = match args.install_name() {
+        Some(name) => Some(tokio::spawn(crate::ownership::keep(
+            client.clone(),
+            registry.clone(),
+            name,
+            metrics.clone(),
+            shutdown.clone(),
+        ))),
+        None => {
+            tracing::info!(
+                "no --install-name: the registry base gets no owner marker, so the orphan audit will not delete on it"
+            );
+            None
+        }
+    };
     let ctx = controller::context(
         client,
         cache,
@@ -155,6 +171,7 @@ pub async fn run(args: ServerArgs) -> Result<()> {
         election.fence.clone(),
     );
     let census_task = tokio::spawn(controller::report_census(ctx.clone(), shutdown.clone()));
+
     let concurrency = u16::try_from(args.controller.concurrency).unwrap_or(u16::MAX);
     let mut controller_task = tokio::spawn(controller::run(
         ctx,
@@ -186,6 +203,9 @@ pub async fn run(args: ServerArgs) -> Result<()> {
         let _ = controller_task.await;
     }
     census_task.abort();
+    if let Some(task) = owner_task {
+        task.abort();
+    }
     let _ = tokio::time::timeout(Duration::from_secs(5), schedule_task).await;
     election.stop.cancel();
     if let Some(task) = election.task {

@@ -26,7 +26,7 @@ Examples:
   kubectl cocoon hibernate web-0 --wait       # hibernate pod web-0, wait for Hibernated
   kubectl cocoon wake web-0 --wait -n shop    # wake it again, in namespace shop
   kubectl cocoon status -A                    # every CocoonHibernation, with reasons
-  kubectl cocoon orphans --registry-base registry.example:5000/snapshots
+  kubectl cocoon orphans                      # snapshot tags no CocoonHibernation holds
 
 Exit status: 0 done; 1 failed (the CocoonHibernation went Failed, or a call failed);
 2 bad usage or settings; 3 --wait timed out.";
@@ -95,8 +95,14 @@ the latest message. Give POD to show only that pod's.")]
 List the `<vm>:hibernate` snapshot tags in the registry that no CocoonHibernation holds:
 no CocoonHibernation in any namespace has that VM in status.vmName or targets a pod that
 names that VM. It reads the registry's catalog, so it needs a registry that offers one
-(GET /v2/_catalog) and credentials allowed to read it. It takes the same registry
-settings as the server (flags or COCOON_REGISTRY_* variables).
+(GET /v2/_catalog) and credentials allowed to read it.
+
+The registry base is read from the install (the ConfigMap its chart writes, found by its
+label; --install names it when there are several), never taken from a flag: a
+--registry-base given must match it. The other registry settings (credentials, CA,
+plain HTTP) are the server's flags or COCOON_REGISTRY_* variables. A base belongs to one
+install: when it holds another install's owner marker (another cluster or release uses
+it), or none of this install's, the audit lists but deletes nothing.
 
 Nothing is deleted unless --delete is given. Then each tag is checked again just before
 its delete (no CocoonHibernation appeared, the tag was not pushed again), and a tag
@@ -174,6 +180,10 @@ pub struct OrphansArgs {
     /// With --delete: do not ask. Needed when stdin is not a terminal.
     #[arg(long, short = 'y', requires = "delete")]
     pub yes: bool,
+    /// The install to audit: its ConfigMap (labelled hibernation.cocoonstack.io/install),
+    /// as NAMESPACE/NAME. Needed only when the cluster has more than one install.
+    #[arg(long, value_name = "NAMESPACE/NAME")]
+    pub install: Option<String>,
     #[command(flatten)]
     pub registry: RegistryArgs,
 }

@@ -6,7 +6,7 @@
 //! (reading CRs leniently), `change` (create or flip a desire), `progress` (when a wait
 //! is over, pure), `wait` (the watch), `terminal` (progress output), `status` and
 //! `table` (the status table), `audit` (orphan decisions, pure), `claims` (who holds
-//! which VM), `confirm`, `orphans` (the audit command), `schedule` (schedules' next boundaries),
+//! which VM), `install` (the install audited, and whether its base is its own), `confirm`, `orphans` (the audit command), `schedule` (schedules' next boundaries),
 //! `error` (messages, exit codes).
 
 mod audit;
@@ -16,6 +16,7 @@ mod cli;
 mod confirm;
 mod connect;
 mod error;
+mod install;
 mod orphans;
 mod progress;
 mod resources;

@@ -1,5 +1,6 @@
 //! `orphans`: list the `:hibernate` tags no CocoonHibernation holds; with `--delete`
-//! (and a confirmation), delete them through the server's own registry client.
+//! (and a confirmation), delete them through the server's own registry client, only
+//! under the install's own registry base (S10).
 
 use super::audit::{self, Orphan, Recheck, Tag};
 use super::claims::gather;
@@ -7,19 +8,34 @@ use super::cli::OrphansArgs;
 use super::confirm::confirm;
 use super::connect::Connection;
 use super::error::PluginError;
+use super::install;
 use super::table::render;
 use super::terminal::{say, warn};
 use crate::metrics::Metrics;
-use crate::registry::RegistryArgs;
+use crate::ownership::cluster_id;
 use crate::registry::{DeleteOutcome, RegistryClient, SnapshotStore};
+use crate::registry::{InstallId, RegistryArgs};
 use futures::{StreamExt as _, TryStreamExt as _};
 
 /// Tag lookups in flight at once.
 const PROBES: usize = 8;
 
 pub async fn run(conn: &Connection, args: &OrphansArgs) -> Result<(), PluginError> {
-    let registry = client(&args.registry)?;
-    let base = args.registry.registry_base.clone().unwrap_or_default();
+    // S10: the base is the install's; the flag only checks it.
+    let install = install::find(&conn.client, args.install.as_deref()).await?;
+    install::check_base(args.registry.registry_base.as_deref(), &install)?;
+    let registry = client(&args.registry, &install.base)?;
+    let base = install.base.clone();
+    let ours = InstallId {
+        cluster: cluster_id(&conn.client)
+            .await
+            .map_err(|e| PluginError::api("reading namespace kube-system (the cluster's id)", e))?,
+        release: install.release.clone(),
+    };
+    let refused = not_ours(&registry, &ours, &base).await?;
+    if let Some(why) = &refused {
+        warn(&format!("warning: {why}"));
+    }
     let tags = snapshot_tags(&registry).await?;
     let claims = gather(&conn.client).await?;
     let found = audit::orphans(tags.clone(), &claims);
@@ -40,12 +56,19 @@ pub async fn run(conn: &Connection, args: &OrphansArgs) -> Result<(), PluginErro
         say("Nothing deleted. To delete them: kubectl cocoon orphans --delete");
         return Ok(());
     }
+    if let Some(why) = refused {
+        return Err(PluginError::Refused(format!("{why}. Nothing deleted.")));
+    }
     let deletable: Vec<&Orphan> = found.iter().filter(|o| o.deletable()).collect();
     if deletable.is_empty() {
         say("Nothing to delete: a pod still names the VM of each of them.");
         return Ok(());
     }
     confirm(deletable.len(), args.yes)?;
+    // A confirmation may take a while: the markers are read again.
+    if let Some(why) = not_ours(&registry, &ours, &base).await? {
+        return Err(PluginError::Refused(format!("{why}. Nothing deleted.")));
+    }
     let mut failed = 0usize;
     for orphan in deletable {
         if let Err(e) = delete_one(conn, &registry, orphan).await {
@@ -61,17 +84,24 @@ pub async fn run(conn: &Connection, args: &OrphansArgs) -> Result<(), PluginErro
     Ok(())
 }
 
-/// The registry client, from the same flags and variables as the server's.
-fn client(args: &RegistryArgs) -> Result<RegistryClient, PluginError> {
-    if args
-        .registry_base
-        .as_deref()
-        .is_none_or(|b| b.trim().is_empty())
-    {
-        return Err(PluginError::Config(
-            "--registry-base (or COCOON_REGISTRY_BASE) is required: the registry and path prefix holding the snapshots, host[:port][/prefix], as given to the server".into(),
-        ));
-    }
+/// S10: why this install may not delete on `base`, if it may not (its markers).
+async fn not_ours(
+    registry: &RegistryClient,
+    ours: &InstallId,
+    base: &str,
+) -> Result<Option<String>, PluginError> {
+    let markers = registry
+        .owner_markers(ours)
+        .await
+        .map_err(|e| PluginError::registry("reading the registry base's owner markers", e))?;
+    Ok(install::refusal(ours, &markers, base))
+}
+
+/// The registry client on the install's `base`, with the server's other registry flags
+/// and variables.
+fn client(args: &RegistryArgs, base: &str) -> Result<RegistryClient, PluginError> {
+    let mut args = args.clone();
+    args.registry_base = Some(base.to_string());
     let sources = [
         args.registry_username.is_some(),
         args.registry_docker_config.is_some(),

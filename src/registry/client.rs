@@ -14,8 +14,8 @@ use tracing::debug;
 
 #[derive(Clone, Debug)]
 pub struct RegistryClient {
-    base: RegistryBase,
-    http: Http,
+    pub(super) base: RegistryBase,
+    pub(super) http: Http,
     timeout: Duration,
 }
 
@@ -88,7 +88,7 @@ impl RegistryClient {
     /// already past sends nothing, every request checks it before it is sent (`Session`),
     /// and the deadline is looked at before each poll of `call`, so a process resumed past
     /// it drops the operation instead of carrying on.
-    async fn within<T, F>(
+    pub(super) async fn within<T, F>(
         &self,
         operation: Op,
         not_after: Instant,

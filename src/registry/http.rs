@@ -13,7 +13,7 @@ use oci_client::manifest::{OCI_IMAGE_INDEX_MEDIA_TYPE, OCI_IMAGE_MEDIA_TYPE};
 use oci_client::secrets::RegistryAuth;
 use oci_client::token_cache::RegistryToken;
 use oci_spec::image::Digest;
-use reqwest::header::{ACCEPT, HeaderMap, WWW_AUTHENTICATE};
+use reqwest::header::{ACCEPT, CONTENT_TYPE, HeaderMap, WWW_AUTHENTICATE};
 use reqwest::{Method, RequestBuilder, Url};
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -118,13 +118,24 @@ impl Session<'_> {
     /// met a transport error (dead pooled connections; every request here is idempotent).
     /// Nothing is sent, a retry or a token fetch neither, once the deadline has come.
     async fn send(&mut self, method: Method, url: &Url, op: Op) -> Result<Answer> {
+        self.send_with(method, url, op, None).await
+    }
+
+    /// [`Self::send`] with a body (its content type and bytes): a PUT is idempotent too.
+    async fn send_with(
+        &mut self,
+        method: Method,
+        url: &Url,
+        op: Op,
+        body: Option<(&str, &[u8])>,
+    ) -> Result<Answer> {
         loop {
             tracing::trace!(operation = op, %method, "registry request");
             self.deadline.check()?;
-            let answer = match self.try_send(&method, url).await {
+            let answer = match self.try_send(&method, url, body).await {
                 Err(_) => {
                     self.deadline.check()?;
-                    self.try_send(&method, url).await
+                    self.try_send(&method, url, body).await
                 }
                 answer => answer,
             };
@@ -143,9 +154,18 @@ impl Session<'_> {
         }
     }
 
-    async fn try_send(&self, method: &Method, url: &Url) -> reqwest::Result<Answer> {
+    async fn try_send(
+        &self,
+        method: &Method,
+        url: &Url,
+        body: Option<(&str, &[u8])>,
+    ) -> reqwest::Result<Answer> {
+        // A manifest GET must accept its type: Distribution refuses an OCI manifest to
+        // a client that does not.
+        let manifest = url.path().contains("/manifests/");
         let accept = match *method {
             Method::HEAD => MANIFEST_TYPES.join(", "),
+            Method::GET if manifest => MANIFEST_TYPES.join(", "),
             Method::GET => "application/json".into(),
             _ => "*/*".into(),
         };
@@ -154,6 +174,10 @@ impl Session<'_> {
             (Some(token), _) | (None, RegistryAuth::Bearer(token)) => request.bearer_auth(token),
             (None, RegistryAuth::Basic(user, pass)) => request.basic_auth(user, Some(pass)),
             (None, RegistryAuth::Anonymous) => request,
+        };
+        let request = match body {
+            Some((kind, bytes)) => request.header(CONTENT_TYPE, kind).body(bytes.to_vec()),
+            None => request,
         };
         read(request.header(ACCEPT, accept)).await
     }
@@ -349,6 +373,8 @@ pub(super) fn valid_tag(tag: &str) -> bool {
     let other = |b: u8| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-');
     tag.len() <= 128 && tag.starts_with(first) && tag.bytes().all(other)
 }
+
+mod push;
 
 #[cfg(test)]
 mod tests;

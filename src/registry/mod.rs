@@ -1,6 +1,7 @@
 //! The OCI registry behind a [`SnapshotStore`]: probe and delete the snapshot tag
-//! `<base>/<vm>:hibernate` (H3, H4, W2, W3, G1, G2, S1, S5; metrics O1), on oci-client's
-//! types and one reqwest client (`http.rs`), each operation within one deadline (C2, S1).
+//! `<base>/<vm>:hibernate` (H3, H4, W2, W3, G1, G2, S1, S5; metrics O1), and keep the
+//! install's owner marker under the base (S10, `owner.rs`), on oci-client's types and one
+//! reqwest client (`http.rs`), each operation within one deadline (C2, S1).
 //! Secrets never reach logs, errors or `Debug`.
 
 mod args;
@@ -9,6 +10,7 @@ mod config;
 mod error;
 mod http;
 mod names;
+mod owner;
 
 pub use args::RegistryArgs;
 pub use client::RegistryClient;
@@ -16,6 +18,7 @@ pub use config::{RegistryConfig, auth_from_docker_config};
 pub use error::RegistryError;
 pub use names::SNAPSHOT_TAG;
 pub use oci_client::secrets::RegistryAuth;
+pub use owner::{InstallId, Marker, OWNER_REPOSITORY, Ownership, ownership};
 
 use std::time::Duration;
 use tokio::time::Instant;

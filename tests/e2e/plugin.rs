@@ -14,9 +14,12 @@ use testkit::vk_sim;
 
 use cocoon_hibernation::api::{Desire, Phase};
 use cocoon_hibernation::metrics::Metrics;
-use cocoon_hibernation::registry::{RegistryAuth, RegistryClient, RegistryError};
+use cocoon_hibernation::ownership::cluster_id;
+use cocoon_hibernation::registry::{
+    InstallId, RegistryAuth, RegistryClient, RegistryConfig, RegistryError,
+};
 use env::{Env, LONG, Setup, setup, tag_exists};
-use product::wait_phase;
+use product::{eventually, wait_phase};
 use registry_server::{RegistryOptions, RegistryServer, install_crypto_provider};
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -144,6 +147,56 @@ async fn setup_with_prefix(name: &str, mut s: Setup) -> (Env, String) {
     let prefix = format!("{name}-{:08x}", cluster::random_u64() & 0xffff_ffff);
     s.registry = Some(format!("{}/{prefix}", cluster::cluster().registry));
     (setup(name, s).await, prefix)
+}
+
+/// A client of the server's own kind on `base` (plain http, anonymous), for the tests'
+/// look at the owner markers.
+fn registry_client(base: &str) -> RegistryClient {
+    install_crypto_provider();
+    let config = RegistryConfig {
+        base: base.to_string(),
+        plain_http: true,
+        auth: RegistryAuth::Anonymous,
+        extra_ca_pems: vec![],
+        timeout: Duration::from_secs(5),
+    };
+    RegistryClient::new(config, Metrics::new()).expect("registry client")
+}
+
+/// Applies the chart's install ConfigMap (S10) of release `release` in the test
+/// namespace, naming `base`; returns its `namespace/name`, as `--install` takes it.
+async fn install_config_map(env: &Env, release: &str, base: &str) -> String {
+    let set = format!("registry.base={base}");
+    let only = ["--show-only", "templates/install.yaml"];
+    let args = [&["--set", set.as_str()][..], &only[..]].concat();
+    let docs = product::helm_template(cluster::cluster(), release, &env.ns, &args);
+    assert_eq!(docs.len(), 1, "one install ConfigMap: {docs:?}");
+    product::apply_docs(&env.client, &docs).await;
+    let name = docs[0]["metadata"]["name"].as_str().expect("its name");
+    format!("{}/{name}", env.ns)
+}
+
+/// Plays the chart's install for this test's server (S10): its install ConfigMap for
+/// release `release` on the server's base, the server restarted under that release's name
+/// (as the chart runs it), and its owner marker written. Returns `--install`'s value, the
+/// install's identity and a registry client on the base.
+async fn use_install(env: &mut Env, release: &str) -> (String, InstallId, RegistryClient) {
+    let install = install_config_map(env, release, &env.registry).await;
+    let name = format!("{}/{release}", env.ns);
+    env.product
+        .restart_with(&format!("--install-name={name}"))
+        .await;
+    let ours = InstallId {
+        cluster: cluster_id(&env.client).await.expect("kube-system's uid"),
+        release: name,
+    };
+    let registry = registry_client(&env.registry);
+    eventually("the server's owner marker", LONG, || async {
+        let markers = registry.owner_markers(&ours).await.ok()?;
+        markers.iter().any(|m| m.tag == ours.tag()).then_some(())
+    })
+    .await;
+    (install, ours, registry)
 }
 
 /// A3 H3 W2 (through the plugin): `hibernate --wait` creates the CR named after the pod,
@@ -365,9 +418,12 @@ async fn e2e_plugin_wait_ends_nonzero_on_timeout_and_on_failed() {
 /// names is listed but kept; a repository outside the prefix is never looked at.
 /// `--delete` without a terminal or `--yes` deletes nothing; `--delete --yes` deletes
 /// only the orphan.
+/// S10: on a base that holds this install's owner marker alone, the audit reads the base
+/// from the install and works as before; a `--registry-base` that matches is accepted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn e2e_plugin_orphans_lists_and_deletes_only_the_orphan() {
-    let (env, prefix) = setup_with_prefix("plugin-orphans", Setup::default()).await;
+async fn e2e_g1_s2_s10_plugin_orphans_lists_and_deletes_only_the_orphan() {
+    let (mut env, prefix) = setup_with_prefix("plugin-orphans", Setup::default()).await;
+    let (install, _, _) = use_install(&mut env, "cocoon").await;
     let cluster = cluster::cluster();
     let registry_base = env.registry.clone();
     let push = |vm: String| {
@@ -426,12 +482,8 @@ async fn e2e_plugin_orphans_lists_and_deletes_only_the_orphan() {
     .await
     .expect("push outside the prefix");
 
-    let registry_flags = [
-        "--registry-base",
-        registry_base.as_str(),
-        "--registry-plain-http",
-    ];
-    let orphans = |extra: &'static [&'static str]| {
+    let registry_flags = ["--install", install.as_str(), "--registry-plain-http"];
+    let orphans = |extra: &'static [&'static str]| -> Vec<&str> {
         let mut args = vec!["orphans"];
         args.extend(registry_flags);
         args.extend(extra);
@@ -475,10 +527,12 @@ async fn e2e_plugin_orphans_lists_and_deletes_only_the_orphan() {
     );
     assert!(has(orphan.clone()).await, "deleted without a yes");
 
-    // The registry settings come from the environment, as for the server.
+    // The registry settings come from the environment, as for the server; a base given
+    // there only checks the install's.
     let mut command = Command::new(PLUGIN);
     command
-        .args(["orphans", "--delete", "--yes", "--kubeconfig"])
+        .args(["orphans", "--delete", "--yes", "--install", &install])
+        .arg("--kubeconfig")
         .arg(&cluster.kubeconfig);
     let out = run_with(
         command,
@@ -553,4 +607,128 @@ async fn registry_catalog_lists_snapshot_repositories_with_basic_and_token_auth(
             "{options:?}: {err}"
         );
     }
+}
+
+/// S10: on a registry base that another install also uses (another cluster's owner
+/// marker is there), `orphans --delete --yes` deletes nothing, not even a tag no CR or
+/// pod of this cluster names, and says why, naming that install; listing still works,
+/// with the warning. A base without this install's marker (the install's server never
+/// used it) is refused too, and so is a `--registry-base` other than the install's. The
+/// server, checking its base at start-up, reports the shared base (log and metric).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s10_orphans_delete_refuses_a_base_another_install_marked() {
+    let (mut env, prefix) = setup_with_prefix("plugin-s10", Setup::default()).await;
+    let cluster = cluster::cluster();
+    let (install, _, registry) = use_install(&mut env, "cocoon").await;
+    let has = |repository: String| async move {
+        tag_exists(&cluster.registry, &repository)
+            .await
+            .expect("registry reachable")
+    };
+
+    // Another cluster's install on the same base, and its snapshot.
+    let another = InstallId {
+        cluster: "0f1e2d3c-another-cluster".into(),
+        release: "shop/cocoon-hibernation".into(),
+    };
+    registry.mark_owner(&another).await.expect("their marker");
+    let theirs = format!("vm-{}-theirs", env.ns);
+    vk_sim::push_snapshot(&env.registry, &theirs, "another cluster")
+        .await
+        .expect("push their snapshot");
+
+    let out = plugin(
+        &env,
+        &[
+            "orphans",
+            "--delete",
+            "--yes",
+            "--install",
+            &install,
+            "--registry-plain-http",
+        ],
+    )
+    .await;
+    assert_eq!(out.code, 1, "{out}");
+    for words in [
+        "is shared",
+        "0f1e2d3c-another-cluster",
+        "shop/cocoon-hibernation",
+        "Nothing deleted",
+    ] {
+        assert!(out.stderr.contains(words), "{words:?} missing: {out}");
+    }
+    assert!(!out.stdout.contains("deleted "), "{out}");
+    assert!(
+        has(format!("{prefix}/{theirs}")).await,
+        "their snapshot was deleted: {out}"
+    );
+
+    let out = plugin(
+        &env,
+        &["orphans", "--install", &install, "--registry-plain-http"],
+    )
+    .await;
+    assert_eq!(out.code, 0, "{out}");
+    assert!(
+        out.stderr.contains("warning: ") && out.stderr.contains("is shared"),
+        "{out}"
+    );
+    assert!(out.stdout.contains(&theirs), "{out}");
+
+    // A mistyped base: refused before the registry is touched.
+    let wrong = format!("{}x", env.registry);
+    let out = plugin(
+        &env,
+        &[
+            "orphans",
+            "--delete",
+            "--yes",
+            "--install",
+            &install,
+            "--registry-base",
+            &wrong,
+            "--registry-plain-http",
+        ],
+    )
+    .await;
+    assert_eq!(out.code, 2, "{out}");
+    assert!(out.stderr.contains("is not the base of install"), "{out}");
+
+    // An install whose base holds no marker of it: its server never used that base.
+    let unmarked_base = format!("{}-unmarked", env.registry);
+    let unmarked = install_config_map(&env, "unmarked", &unmarked_base).await;
+    let stray = format!("vm-{}-stray", env.ns);
+    vk_sim::push_snapshot(&unmarked_base, &stray, "no marker")
+        .await
+        .expect("push a stray snapshot");
+    let out = plugin(
+        &env,
+        &[
+            "orphans",
+            "--delete",
+            "--yes",
+            "--install",
+            &unmarked,
+            "--registry-plain-http",
+        ],
+    )
+    .await;
+    assert_eq!(out.code, 1, "{out}");
+    assert!(out.stderr.contains("no owner marker"), "{out}");
+    assert!(has(format!("{prefix}-unmarked/{stray}")).await, "{out}");
+    assert!(has(format!("{prefix}/{theirs}")).await, "{out}");
+
+    // The server sees the other marker when it checks its base (at start-up).
+    env.product.restart().await;
+    let product = &env.product;
+    eventually("registry_base_shared = 1", LONG, || async {
+        (product.metric("cocoon_hibernation_registry_base_shared") == 1.0).then_some(())
+    })
+    .await;
+    assert!(
+        product.log_text().contains("shared with another install"),
+        "{}",
+        product.log_text()
+    );
 }

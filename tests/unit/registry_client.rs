@@ -6,8 +6,8 @@ use testkit::slow_proxy;
 
 use cocoon_hibernation::metrics::{Metrics, RegistryLabels};
 use cocoon_hibernation::registry::{
-    DeleteOutcome, RegistryAuth, RegistryClient, RegistryConfig, RegistryError, SnapshotStore,
-    auth_from_docker_config,
+    DeleteOutcome, InstallId, Ownership, RegistryAuth, RegistryClient, RegistryConfig,
+    RegistryError, SnapshotStore, auth_from_docker_config, ownership,
 };
 use registry_server::{RegistryOptions, RegistryServer, install_crypto_provider};
 use slow_proxy::SlowProxy;
@@ -256,6 +256,58 @@ async fn w2_token_auth_probe_and_delete_with_delete_scope() {
     );
     assert!(!err.to_string().contains("wrong"), "password leaked: {err}");
     assert!(server.digest_of(VM, "hibernate").await.is_some());
+}
+
+/// S10: the owner marker on a real registry, anonymous, with basic auth and with token
+/// auth (a `pull,push` token on the marker's repository): written once and again without
+/// a second tag, read back naming its install, another install's marker seen beside it
+/// (the base is then shared), and never taken for a VM by the orphan audit's catalog.
+#[tokio::test]
+async fn s10_owner_markers_are_written_and_read_back_with_each_kind_of_auth() {
+    for options in [
+        RegistryOptions::default(),
+        RegistryOptions::default().with_basic_auth("dave", "s3cret"),
+        RegistryOptions::default().with_token_auth("erin", "s3cret"),
+    ] {
+        let server = RegistryServer::launch(options.clone());
+        let mut config = server.registry_config();
+        config.base = format!("{}/snap", server.host());
+        let (client, _) = client_with(config);
+        let ours = InstallId {
+            cluster: "uid-ours".into(),
+            release: "ops/cocoon".into(),
+        };
+        let theirs = InstallId {
+            cluster: "uid-theirs".into(),
+            release: "ops/cocoon".into(),
+        };
+        let log = || server.log();
+        assert_eq!(client.owner_markers(&ours).await.unwrap(), []);
+        for _ in 0..2 {
+            client
+                .mark_owner(&ours)
+                .await
+                .unwrap_or_else(|e| panic!("{options:?}: {e}\n{}", log()));
+        }
+        let markers = client.owner_markers(&ours).await.unwrap();
+        assert_eq!(markers.len(), 1, "{markers:?}");
+        assert_eq!(ownership(&ours, &markers), Ownership::Ours);
+
+        client.mark_owner(&theirs).await.unwrap();
+        let markers = client.owner_markers(&ours).await.unwrap();
+        let Ownership::Shared { others } = ownership(&ours, &markers) else {
+            panic!("{options:?}: not shared: {markers:?}");
+        };
+        assert_eq!(others.len(), 1);
+        assert_eq!(
+            others[0].install.as_ref(),
+            Some(&theirs),
+            "read from its manifest"
+        );
+
+        server.push_artifact("snap/vm-a", "hibernate").await;
+        assert_eq!(client.catalog_vms().await.unwrap(), ["vm-a"], "{options:?}");
+    }
 }
 
 // W2/W3/S7: the delete removes the confirmed manifest by its digest, leaving unrelated

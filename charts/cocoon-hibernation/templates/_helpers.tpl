@@ -58,6 +58,11 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end }}
 
 {{/* Secret holding the webhook's serving certificate (tls.crt, tls.key, ca.crt). */}}
+{{/* S10: this install's name in the registry's owner marker, and in its install ConfigMap. */}}
+{{- define "cocoon-hibernation.installName" -}}
+{{- printf "%s/%s" .Release.Namespace .Release.Name }}
+{{- end }}
+
 {{- define "cocoon-hibernation.tlsSecretName" -}}
 {{- if eq .Values.tls.mode "secret" }}
 {{- required "tls.secret.name is required with tls.mode=secret" .Values.tls.secret.name }}
@@ -150,6 +155,8 @@ entries of the same name replace these (duplicate names break server-side apply)
 {{- end }}
 - name: COCOON_REGISTRY_TIMEOUT
   value: {{ .Values.registry.timeout | quote }}
+- name: COCOON_INSTALL_NAME
+  value: {{ include "cocoon-hibernation.installName" . | quote }}
 {{- if .Values.registry.credentialsSecret }}
 - name: COCOON_REGISTRY_DOCKER_CONFIG
   value: /etc/cocoon-hibernation/registry-auth/config.json
