@@ -378,6 +378,16 @@ async fn e2e_deletion_gcs_tag_and_keeps_it_while_another_cr_holds_the_vm() {
     // The waiting CR takes the VM over once the holder is gone.
     wait_phase(&env.crs, "new-pod", Phase::Hibernated, LONG, &mut vec![]).await;
 
+    // G1: old-pod still names the VM, so it holds the tag too; once it is gone, the last
+    // CR holding the VM deletes the tag.
+    env.pods
+        .delete("old-pod", &Default::default())
+        .await
+        .expect("delete old-pod");
+    eventually("old-pod gone", LONG, || async {
+        env.pods.get_opt("old-pod").await.ok()?.is_none().then_some(())
+    })
+    .await;
     product::delete_and_wait_gone(&env.crs, "new-pod", LONG).await;
     assert!(
         !env.tag_exists(&shared_vm).await,
