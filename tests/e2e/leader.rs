@@ -255,20 +255,21 @@ async fn e2e_s11_an_older_build_never_takes_a_lease_a_newer_one_stamped() {
         "--pretend-safety-epoch".into(),
         (SAFETY_EPOCH - 1).to_string(),
     ];
-    let older = Product::start(cluster, &o).await;
-    eventually("the older build reports the newer stamp", LONG, || async {
-        older
-            .log_text()
-            .contains("a newer build has led")
-            .then_some(())
-    })
-    .await;
-    // Several retry periods (lease 4 s: every 0.8 s) on a Lease free for the taking.
+    let mut older = Product::start(cluster, &o).await;
+    older.wait_ready().await;
+    // A dozen retry periods (lease 4 s: every 0.8 s) on a Lease free for the taking.
     tokio::time::sleep(Duration::from_secs(10)).await;
+    assert!(
+        lease_log.first_held_by("older").is_none(),
+        "S11: the older build took the free lease: {:#?}",
+        lease_log.records()
+    );
     assert_eq!(older.metric("cocoon_hibernation_leader"), 0.0);
     let lease = leases.get("cocoon-hibernation").await.unwrap();
     let holder = lease.spec.as_ref().and_then(|s| s.holder_identity.clone());
     assert_eq!(holder.as_deref(), Some(""), "still free: {lease:?}");
+    let log = older.log_text();
+    assert!(log.contains("a newer build has led"), "it says why: {log}");
 
     // A second replica of the newer build takes it at once; the older one still never does.
     let newer_b = Product::start(cluster, &options(&ns, &cluster.registry, "newer-b")).await;
