@@ -8,7 +8,8 @@
 //! slept until the old lease's expiry, so a lease released on SIGTERM was taken only
 //! after the full duration.
 //!
-//! - [`decide`]: the pure rules (acquire / renew / wait / step down / release).
+//! - [`decide`]: the pure rules (acquire / renew / wait / step down / release), and the
+//!   safety epoch a build stamps on the Lease so an older build never leads after it (S11).
 //! - `elector`: the GET / create / patch loop and the watchdog that closes the fence.
 
 pub mod decide;
