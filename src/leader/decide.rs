@@ -1,5 +1,5 @@
-//! The elector's rules as one pure function (S1, P2, P4, S8, S11): what to do with the Lease as
-//! last read, judged on this replica's own monotonic clock. The async loop in
+//! The elector's rules as one pure function (S1, P2, P4, S8, S11): what to do with the
+//! Lease as last read, judged on this replica's own monotonic clock. The async loop in
 //! [`super::elector`] only carries the decision out.
 
 use std::time::Duration;
