@@ -11,7 +11,11 @@
 #   6. dry-run      the CRD applied for real (dry run only if one is installed), the rest
 #                   `kubectl apply --server-side --dry-run=server`; the self-signed
 #                   certificate is trusted, reused on upgrade and renewed near expiry
-#   7. image-rootfs `hack/image.sh --help`; the root filesystem `make image` stages for the
+#   7. upgrade      hack/check-upgrade.sh (S11): the release of a pinned 0.3.0 commit upgraded
+#                   for real, by the documented command and by --reuse-values, keeps S3's
+#                   policy and every safety setting; the documented CRD upgrade works on
+#                   CRDs Helm installed
+#   8. image-rootfs `hack/image.sh --help`; the root filesystem `make image` stages for the
 #                   Dockerfile holds the binary, its libraries and loader (the binary
 #                   prints the CRD with only those), the CA bundle, user 65532 and /tmp
 # Prints one summary line: `check-chart: PASS ...` or `check-chart: FAIL ...`.
@@ -251,6 +255,9 @@ EOF
 # apply_dry FILE: a server-side dry run against the real apiserver.
 apply_dry() { kubectl apply --server-side --dry-run=server --field-manager="$FIELD_MANAGER" -f "$1"; }
 
+# S11, on the real apiserver: its own namespace, release and CRD group, removed after.
+upgrade() { KUBECTL="$KUBECTL" bash "$ROOT/hack/check-upgrade.sh" >&2; }
+
 # The image recipe without buildah or a release build: stage the rootfs around the debug
 # binary (same libraries) and run it with the staged loader and libraries only.
 image_rootfs() {
@@ -351,4 +358,5 @@ step alerts alerts
 step lint lint
 step kubeconform validate
 step dry-run dry_run
+step upgrade upgrade
 step image-rootfs image_rootfs

@@ -159,6 +159,10 @@ pub struct ElectionArgs {
     /// max(duration/5, 1s) before its last renewal could expire.
     #[arg(long, env = "COCOON_LEASE_DURATION", value_parser = parse_duration, default_value = "15s")]
     pub lease_duration: Duration,
+    /// Testing only, hidden (S11): lead with a lower safety epoch than this build's, to
+    /// play an older build. A higher one is refused: it would lock the newer builds out.
+    #[arg(long, env = "COCOON_PRETEND_SAFETY_EPOCH", hide = true)]
+    pub pretend_safety_epoch: Option<u64>,
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -182,6 +186,9 @@ impl ElectionArgs {
             name: self.lease_name.clone(),
             namespace: self.lease_namespace.clone(),
             duration: self.lease_duration,
+            safety_epoch: self
+                .pretend_safety_epoch
+                .unwrap_or(crate::leader::decide::SAFETY_EPOCH),
         }
     }
 }
@@ -257,6 +264,13 @@ impl ServerArgs {
             if self.election.lease_name.is_empty() || self.election.lease_namespace.is_empty() {
                 return err("--lease-name and --lease-namespace must not be empty");
             }
+            if self
+                .election
+                .pretend_safety_epoch
+                .is_some_and(|e| e > crate::leader::decide::SAFETY_EPOCH)
+            {
+                return err("--pretend-safety-epoch may only lower this build's safety epoch");
+            }
         }
         if self.webhook.webhook_addr == self.admin_addr {
             return err("--webhook-addr and --admin-addr must differ");
@@ -308,6 +322,7 @@ mod tests {
     #[case::s8_election_without_an_identity(&["--identity", ""], "--identity or POD_NAME")]
     #[case::s8_election_with_a_blank_identity(&["--identity", "  "], "--identity or POD_NAME")]
     #[case::s8_stall_limit_too_short(&["--informer-stall-limit", "1s"], "--informer-stall-limit")]
+    #[case::s11_pretend_epoch_above_the_builds(&["--pretend-safety-epoch", "4"], "--pretend-safety-epoch")]
     fn p3_bad_settings_are_refused_with_the_flag_named(
         #[case] args: &[&str],
         #[case] needle: &str,
@@ -334,6 +349,21 @@ mod tests {
         assert_eq!(unset(&["--leader-election=false"]), Ok(()));
         let cli = parse(&[]).unwrap();
         assert_eq!(cli.server.informer_stall_limit, Duration::from_secs(300));
+    }
+
+    /// SPEC S11: the epoch a replica leads with is the build's, unless a test lowers it
+    /// (hidden flag); it never goes above the build's.
+    #[test]
+    fn s11_safety_epoch_is_the_builds_unless_lowered() {
+        let epoch = |args: &[&str]| parse(args).unwrap().server.election.lease().safety_epoch;
+        assert_eq!(epoch(&[]), crate::leader::decide::SAFETY_EPOCH);
+        assert_eq!(epoch(&["--pretend-safety-epoch", "2"]), 2);
+        let cli = parse(&["--pretend-safety-epoch", "3"]).unwrap();
+        assert_eq!(cli.server.validate(), Ok(()));
+        let help = <Cli as clap::CommandFactory>::command()
+            .render_help()
+            .to_string();
+        assert!(!help.contains("pretend"), "hidden from --help: {help}");
     }
 
     /// SPEC P3: secrets never logged.

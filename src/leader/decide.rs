@@ -1,9 +1,37 @@
-//! The elector's rules as one pure function (S1, P2, P4): what to do with the Lease as
-//! last read, judged on this replica's own monotonic clock. The async loop in
+//! The elector's rules as one pure function (S1, P2, P4, S8, S11): what to do with the
+//! Lease as last read, judged on this replica's own monotonic clock. The async loop in
 //! [`super::elector`] only carries the decision out.
 
 use std::time::Duration;
 use tokio::time::Instant;
+
+/// S11: the safety rules this build knows, as one number. Bump it in the change that adds
+/// or tightens a rule that keeps a snapshot safe: a build that knows the new rule then
+/// stamps it on the Lease, and every older build that reads the stamp stops leading. 3:
+/// the third safety round (W2's fresh VMID, pods holding a tag, S4's cut relist, S10-S12).
+pub const SAFETY_EPOCH: u64 = 3;
+
+/// S11: the Lease annotation that records the highest [`SAFETY_EPOCH`] that has led.
+pub const SAFETY_EPOCH_ANNOTATION: &str = "cocoonset.cocoonstack.io/safety-epoch";
+
+/// The epoch a Lease records, from its annotation: `None` when absent (only builds from
+/// before S11 led). An unreadable value is taken as newer than any build: a stamp this
+/// build cannot read is no proof that it knows every rule the writer knew.
+pub fn recorded_epoch(annotation: Option<&str>) -> Option<u64> {
+    annotation.map(|a| a.trim().parse().unwrap_or(u64::MAX))
+}
+
+/// S11: the epoch a leader writes: its own, never below what the Lease records.
+pub fn epoch_to_record(recorded: Option<u64>, ours: u64) -> u64 {
+    recorded.map_or(ours, |r| r.max(ours))
+}
+
+/// Who is deciding: this replica's Lease identity and the safety epoch it runs with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Replica<'a> {
+    pub identity: &'a str,
+    pub safety_epoch: u64,
+}
 
 /// The election's timing, all derived from the lease duration (client-go's leaseDuration,
 /// renewDeadline and retryPeriod).
@@ -61,6 +89,8 @@ pub struct Observed {
     pub holder: Option<String>,
     /// The record's `leaseDurationSeconds`, as its holder wrote it.
     pub lease_duration: Duration,
+    /// S11: the safety epoch the Lease records ([`recorded_epoch`]).
+    pub epoch: Option<u64>,
     /// When this replica first received this version (same resourceVersion). Expiry is
     /// counted from here on our own clock, never from the record's `renewTime`, so clock
     /// skew between replicas cannot shorten a lease. Receipt is after the holder sent the
@@ -94,6 +124,9 @@ pub enum StepDownReason {
     OtherHolder,
     /// S8: our informer cache is frozen.
     Stalled,
+    /// S11: the Lease records a newer safety epoch than ours: a build that knows a rule
+    /// we do not has led.
+    NewerSafetyEpoch,
 }
 
 /// What the elector does next.
@@ -115,6 +148,9 @@ pub enum Decision {
     Release,
     /// Shutting down without holding it: nothing to write.
     Exit,
+    /// S11: a build with a newer safety epoch has led; never take the Lease (not even a
+    /// free or expired one).
+    Outranked,
 }
 
 /// The rules. `lease` is `None` when no Lease object exists; `last_renewal` is when the
@@ -122,13 +158,14 @@ pub enum Decision {
 /// cache's (S8).
 pub fn decide(
     lease: Option<&Observed>,
-    identity: &str,
+    me: Replica<'_>,
     now: Instant,
     last_renewal: Option<Instant>,
     stopping: bool,
     readiness: Readiness,
     timing: &Timing,
 ) -> Decision {
+    let identity = me.identity;
     let ours = lease.and_then(Observed::holder) == Some(identity);
     if stopping {
         return if ours {
@@ -152,6 +189,17 @@ pub fn decide(
             .is_some_and(|h| h != identity)
     {
         return Decision::StepDown(StepDownReason::OtherHolder);
+    }
+    // S11: a newer build has led: it may rely on a rule we do not keep. Stop, hand the
+    // Lease back if we hold it, and never take it again.
+    if lease.and_then(|l| l.epoch).unwrap_or(0) > me.safety_epoch {
+        return if leading {
+            Decision::StepDown(StepDownReason::NewerSafetyEpoch)
+        } else if ours {
+            Decision::Release
+        } else {
+            Decision::Outranked
+        };
     }
     match readiness {
         // S8: a frozen view must not lead, and must not keep the Lease from others.
@@ -238,11 +286,15 @@ mod tests {
         let observed = lease.map(|(holder, duration, seen)| Observed {
             holder: holder.map(str::to_owned),
             lease_duration: Duration::from_secs(duration),
+            epoch: Some(SAFETY_EPOCH),
             seen_at: t0 + secs(seen),
         });
         let got = decide(
             observed.as_ref(),
-            ME,
+            Replica {
+                identity: ME,
+                safety_epoch: SAFETY_EPOCH,
+            },
             t0 + secs(now),
             last_renewal.map(|s| t0 + secs(s)),
             stopping,
@@ -297,6 +349,142 @@ mod tests {
         #[case] want: Decision,
     ) {
         table(lease, now, last_renewal, false, readiness, want);
+    }
+
+    const NEWER: Decision = Decision::StepDown(StepDownReason::NewerSafetyEpoch);
+
+    /// S11: the safety epoch on the Lease against ours (3 here). The record was seen at
+    /// 0 s with a duration of 10 s; a last renewal at 0 s means leading until 8 s.
+    #[rstest]
+    // A newer build has led: an older one never takes the Lease, free, expired or absent holder.
+    #[case::s11_older_build_does_not_take_a_free_lease(
+        Some(4),
+        None,
+        2.0,
+        None,
+        false,
+        Decision::Outranked
+    )]
+    #[case::s11_older_build_does_not_take_an_expired_lease(
+        Some(4),
+        Some(OTHER),
+        20.0,
+        None,
+        false,
+        Decision::Outranked
+    )]
+    #[case::s11_older_build_waits_on_a_held_lease_for_good(
+        Some(4),
+        Some(OTHER),
+        2.0,
+        None,
+        false,
+        Decision::Outranked
+    )]
+    #[case::s11_far_newer_epoch_outranks_too(
+        Some(1_000),
+        Some(""),
+        2.0,
+        None,
+        false,
+        Decision::Outranked
+    )]
+    #[case::s11_unreadable_stamp_counts_as_newer(
+        Some(u64::MAX),
+        None,
+        2.0,
+        None,
+        false,
+        Decision::Outranked
+    )]
+    // While leading (a newer build stamped the record meanwhile): stop at once.
+    #[case::s11_leader_steps_down_on_a_newer_stamp(Some(4), Some(ME), 2.0, Some(0.0), false, NEWER)]
+    // Holding it without leading: hand it over now rather than at expiry.
+    #[case::s11_holder_not_leading_releases(Some(4), Some(ME), 9.0, None, false, Decision::Release)]
+    // Shutdown still releases our own, and a follower exits without writing.
+    #[case::s11_shutdown_still_releases(Some(4), Some(ME), 2.0, Some(0.0), true, Decision::Release)]
+    #[case::s11_shutdown_follower_exits(Some(4), None, 2.0, None, true, Decision::Exit)]
+    // The S1 fence rule still comes first.
+    #[case::s11_fence_rule_first(Some(4), Some(ME), 8.5, Some(0.0), false, STALE)]
+    // The same, an older or no epoch on record: lead as before.
+    #[case::s11_same_epoch_acquires(Some(3), None, 2.0, None, false, Decision::Acquire)]
+    #[case::s11_older_stamp_acquires(Some(2), None, 2.0, None, false, Decision::Acquire)]
+    #[case::s11_no_stamp_acquires(None, None, 2.0, None, false, Decision::Acquire)]
+    #[case::s11_older_stamp_renews(Some(1), Some(ME), 2.0, Some(0.0), false, Decision::Renew)]
+    #[case::s11_older_stamp_expired_is_taken(
+        Some(2),
+        Some(OTHER),
+        10.0,
+        None,
+        false,
+        Decision::Acquire
+    )]
+    fn s11_safety_epoch_decision_table(
+        #[case] epoch: Option<u64>,
+        #[case] holder: Option<&str>,
+        #[case] now: f64,
+        #[case] last_renewal: Option<f64>,
+        #[case] stopping: bool,
+        #[case] want: Decision,
+    ) {
+        let t0 = Instant::now();
+        let observed = Observed {
+            holder: holder.map(str::to_owned),
+            lease_duration: Duration::from_secs(10),
+            epoch,
+            seen_at: t0,
+        };
+        let me = Replica {
+            identity: ME,
+            safety_epoch: 3,
+        };
+        let got = decide(
+            Some(&observed),
+            me,
+            t0 + secs(now),
+            last_renewal.map(|s| t0 + secs(s)),
+            stopping,
+            Readiness::Ready,
+            &timing(),
+        );
+        assert_eq!(got, want);
+    }
+
+    /// S11: no Lease yet: an older build may create it (nothing newer has led).
+    #[test]
+    fn s11_no_lease_is_created_whatever_the_epoch() {
+        let me = Replica {
+            identity: ME,
+            safety_epoch: 1,
+        };
+        let t = timing();
+        let got = decide(None, me, Instant::now(), None, false, Readiness::Ready, &t);
+        assert_eq!(got, Decision::Create);
+    }
+
+    /// S11: the stamp as read, and as written: never lowered.
+    #[rstest]
+    #[case::s11_absent_is_none(None, None)]
+    #[case::s11_a_number(Some("3"), Some(3))]
+    #[case::s11_spaces_trimmed(Some(" 7 "), Some(7))]
+    #[case::s11_junk_is_newer_than_any(Some("three"), Some(u64::MAX))]
+    #[case::s11_negative_is_junk(Some("-1"), Some(u64::MAX))]
+    #[case::s11_empty_is_junk(Some(""), Some(u64::MAX))]
+    fn s11_recorded_epoch_table(#[case] annotation: Option<&str>, #[case] want: Option<u64>) {
+        assert_eq!(recorded_epoch(annotation), want);
+    }
+
+    #[rstest]
+    #[case::s11_first_stamp_is_ours(None, 3, 3)]
+    #[case::s11_raises_an_older_stamp(Some(2), 3, 3)]
+    #[case::s11_keeps_the_same(Some(3), 3, 3)]
+    #[case::s11_never_lowers(Some(5), 3, 5)]
+    fn s11_epoch_to_record_never_lowers(
+        #[case] recorded: Option<u64>,
+        #[case] ours: u64,
+        #[case] want: u64,
+    ) {
+        assert_eq!(epoch_to_record(recorded, ours), want);
     }
 
     /// S1 P4: the documented timing: margin max(d/5, 1 s), retry min(d/5, 2 s), and a

@@ -5,12 +5,17 @@
 //! replica's own clock, whatever the loop is blocked on.
 
 use super::Fence;
-use super::decide::{Decision, Observed, Readiness, StepDownReason, Timing, decide};
+use super::decide::{
+    Decision, Observed, Readiness, Replica, SAFETY_EPOCH_ANNOTATION, StepDownReason, Timing,
+    decide, epoch_to_record, recorded_epoch,
+};
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use kube::Api;
 use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
+use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -98,6 +103,11 @@ pub(super) struct Elector {
     pub leadership: Arc<Leadership>,
     /// S8: the cache's fitness to lead on, asked before every decision.
     pub readiness: Arc<dyn Fn() -> Readiness + Send + Sync>,
+    /// S11: the safety epoch this replica runs with (the build's, unless a test lowers it).
+    pub safety_epoch: u64,
+    /// S11: the newer epoch last reported as outranking us, so the error is logged once
+    /// per stamp rather than every retry period.
+    pub outranked_by: AtomicU64,
 }
 
 /// The last version of the Lease this replica read or wrote.
@@ -148,7 +158,7 @@ impl Elector {
         let last = self.leadership.last_renewal();
         match decide(
             seen.observed.as_ref(),
-            &self.identity,
+            self.me(),
             now,
             last,
             false,
@@ -156,6 +166,10 @@ impl Elector {
             &self.timing,
         ) {
             Decision::Wait => retry,
+            Decision::Outranked => {
+                self.report_outranked(seen);
+                retry
+            }
             Decision::StepDown(reason) => {
                 // The fence closes now, open or not (S8: another holder).
                 if self.leadership.step_down() {
@@ -170,12 +184,17 @@ impl Elector {
                         StepDownReason::Stalled => {
                             tracing::error!("informer cache stalled: stopped leading");
                         }
+                        StepDownReason::NewerSafetyEpoch => self.report_outranked(seen),
                     }
                 }
                 Duration::ZERO
             }
             // S8: holding the Lease while unfit to lead: give it to a healthy replica.
+            // S11: or while a newer build has led.
             Decision::Release => {
+                if seen.observed.as_ref().and_then(|o| o.epoch).unwrap_or(0) > self.safety_epoch {
+                    self.report_outranked(seen);
+                }
                 self.release(seen).await;
                 retry
             }
@@ -184,6 +203,29 @@ impl Elector {
             Decision::Renew => self.write(seen, Write::Renew).await,
             // Only returned while stopping.
             Decision::Exit => retry,
+        }
+    }
+
+    fn me(&self) -> Replica<'_> {
+        Replica {
+            identity: &self.identity,
+            safety_epoch: self.safety_epoch,
+        }
+    }
+
+    /// S11: says, once per stamp, that a newer build has led and this one will not.
+    fn report_outranked(&self, seen: &Seen) {
+        let recorded = seen.observed.as_ref().and_then(|o| o.epoch).unwrap_or(0);
+        if self.outranked_by.swap(recorded, Ordering::Relaxed) != recorded {
+            tracing::error!(
+                lease = self.name,
+                recorded,
+                ours = self.safety_epoch,
+                "a newer build has led: the lease records safety epoch {recorded}, this build \
+                 knows only {}; this replica will not lead (it still serves the webhook). \
+                 Upgrade it to the newer build",
+                self.safety_epoch
+            );
         }
     }
 
@@ -222,6 +264,13 @@ impl Elector {
             Observed {
                 holder: spec.holder_identity,
                 lease_duration: Duration::from_secs(secs),
+                epoch: recorded_epoch(
+                    l.metadata
+                        .annotations
+                        .as_ref()
+                        .and_then(|a| a.get(SAFETY_EPOCH_ANNOTATION))
+                        .map(String::as_str),
+                ),
                 seen_at,
             }
         });
@@ -253,6 +302,11 @@ impl Elector {
             }),
             ..LeaseSpec::default()
         };
+        // S11: stamp our epoch, never lowering the record (decide refused a newer one).
+        let epoch = epoch_to_record(
+            seen.observed.as_ref().and_then(|o| o.epoch),
+            self.safety_epoch,
+        );
         // The fence may only count from before the request leaves (S1).
         let sent = Instant::now();
         let result = match kind {
@@ -260,6 +314,10 @@ impl Elector {
                 let lease = Lease {
                     metadata: ObjectMeta {
                         name: Some(self.name.clone()),
+                        annotations: Some(BTreeMap::from([(
+                            SAFETY_EPOCH_ANNOTATION.to_owned(),
+                            epoch.to_string(),
+                        )])),
                         ..ObjectMeta::default()
                     },
                     spec: Some(spec),
@@ -272,7 +330,9 @@ impl Elector {
                     .await
             }
             Write::Acquire | Write::Renew => {
-                let patch = guarded_patch(seen.lease.as_ref(), &spec);
+                let mut patch = guarded_patch(seen.lease.as_ref(), &spec);
+                patch["metadata"]["annotations"] =
+                    serde_json::json!({ SAFETY_EPOCH_ANNOTATION: epoch.to_string() });
                 let pp = PatchParams {
                     field_manager: Some(FIELD_MANAGER.into()),
                     ..PatchParams::default()
@@ -322,7 +382,7 @@ impl Elector {
         for _ in 0..3 {
             let decision = decide(
                 seen.observed.as_ref(),
-                &self.identity,
+                self.me(),
                 Instant::now(),
                 None,
                 true,

@@ -8,7 +8,8 @@
 //! slept until the old lease's expiry, so a lease released on SIGTERM was taken only
 //! after the full duration.
 //!
-//! - [`decide`]: the pure rules (acquire / renew / wait / step down / release).
+//! - [`decide`]: the pure rules (acquire / renew / wait / step down / release), and the
+//!   safety epoch a build stamps on the Lease so an older build never leads after it (S11).
 //! - `elector`: the GET / create / patch loop and the watchdog that closes the fence.
 
 pub mod decide;
@@ -85,6 +86,9 @@ pub struct LeaseSettings {
     pub name: String,
     pub namespace: String,
     pub duration: Duration,
+    /// S11: the safety epoch to lead with: [`decide::SAFETY_EPOCH`], or lower in a test
+    /// that plays an older build.
+    pub safety_epoch: u64,
 }
 
 /// A running election. Cancel `stop` and await `task` to release the lease (P4).
@@ -174,6 +178,8 @@ impl Election {
             timing,
             leadership,
             readiness: Arc::new(readiness),
+            safety_epoch: lease.safety_epoch,
+            outranked_by: std::sync::atomic::AtomicU64::new(0),
         };
         let stop = CancellationToken::new();
         let task = tokio::spawn(elector.run(stop.clone()));
@@ -184,6 +190,7 @@ impl Election {
             duration = ?timing.lease_duration,
             margin = ?timing.margin,
             retry = ?timing.retry_period,
+            safety_epoch = lease.safety_epoch,
             "leader election started"
         );
         Ok(Self {

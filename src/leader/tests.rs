@@ -103,6 +103,8 @@ fn start_with(
             span: timing.fence_span(),
         }),
         readiness,
+        safety_epoch: super::decide::SAFETY_EPOCH,
+        outranked_by: std::sync::atomic::AtomicU64::new(0),
     };
     let stop = CancellationToken::new();
     let task = tokio::spawn(elector.run(stop.clone()));
@@ -420,4 +422,66 @@ async fn s8_without_election_a_stalled_cache_stops_the_controller() {
     *state.lock().unwrap() = Readiness::Stalled;
     e.leading.wait_for(|l| !*l).await.unwrap();
     e.stop.cancel();
+}
+
+/// A free Lease (holder cleared) stamped with safety epoch `epoch`.
+fn stamped(rv: u64, holder: &str, epoch: &str) -> Value {
+    let mut l = lease(rv, holder, 6);
+    l["metadata"]["annotations"] = json!({ super::decide::SAFETY_EPOCH_ANNOTATION: epoch });
+    l
+}
+
+/// SPEC S11: a Lease stamped by a newer build is never taken, however long it stays
+/// free, and nothing is written to it; one stamped by an older build is taken and
+/// raised to this build's epoch.
+#[tokio::test(start_paused = true)]
+async fn s11_a_newer_stamp_is_never_taken_an_older_one_is_raised() {
+    let newer = (super::decide::SAFETY_EPOCH + 1).to_string();
+    let (h, timing) = start(move |method, n, _| match method.as_str() {
+        "GET" => Reply::Answer(StatusCode::OK, stamped(n as u64, "", &newer)),
+        _ => Reply::Answer(StatusCode::OK, lease(1_000, ME, 6)),
+    });
+    tokio::time::sleep(timing.lease_duration * 10).await;
+    assert!(!*h.election.leading.borrow(), "an older build never leads");
+    assert!(h.requests.load(Ordering::SeqCst) >= 10, "it kept reading");
+    assert!(
+        h.patches.lock().unwrap().is_empty(),
+        "nothing written: {:?}",
+        h.patches.lock().unwrap()
+    );
+
+    let older = (super::decide::SAFETY_EPOCH - 1).to_string();
+    let (mut h, _) = start(move |method, _, _| match method.as_str() {
+        "GET" => Reply::Answer(StatusCode::OK, stamped(7, "", &older)),
+        _ => Reply::Answer(StatusCode::OK, lease(8, ME, 6)),
+    });
+    h.election.leading.wait_for(|l| *l).await.unwrap();
+    let patches = h.patches.lock().unwrap();
+    assert_eq!(
+        patches[0]["metadata"]["annotations"][super::decide::SAFETY_EPOCH_ANNOTATION],
+        super::decide::SAFETY_EPOCH.to_string(),
+        "{patches:?}"
+    );
+}
+
+/// SPEC S11: the Lease this build creates carries its epoch.
+#[tokio::test(start_paused = true)]
+async fn s11_a_created_lease_carries_the_epoch() {
+    let created = Arc::new(Mutex::new(Value::Null));
+    let c = created.clone();
+    let (mut h, _) = start(move |method, _, body| match method.as_str() {
+        "GET" => not_found(),
+        "POST" => {
+            *c.lock().unwrap() = body.clone();
+            Reply::Answer(StatusCode::CREATED, lease(1, ME, 6))
+        }
+        _ => Reply::Answer(StatusCode::OK, lease(2, ME, 6)),
+    });
+    h.election.leading.wait_for(|l| *l).await.unwrap();
+    let body = created.lock().unwrap().clone();
+    assert_eq!(
+        body["metadata"]["annotations"][super::decide::SAFETY_EPOCH_ANNOTATION],
+        super::decide::SAFETY_EPOCH.to_string(),
+        "{body}"
+    );
 }

@@ -210,3 +210,89 @@ async fn e2e_sigterm_releases_the_lease_and_exits_zero() {
          expiry {a_expiry}: the follower waited for expiry instead of seeing the release"
     );
 }
+
+/// S11: a build that knows a newer safety rule stamps its safety epoch on the Lease, and a
+/// build pretending to be older (`--pretend-safety-epoch`, hidden) that finds the stamp
+/// never takes the Lease: not while it is free after the newer build's release, and not
+/// while another newer replica holds it. It says so in its log and keeps serving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e2e_s11_an_older_build_never_takes_a_lease_a_newer_one_stamped() {
+    use cocoon_hibernation::leader::decide::{SAFETY_EPOCH, SAFETY_EPOCH_ANNOTATION};
+    let cluster = cluster::cluster();
+    let client = cluster.client().await;
+    product::ensure_crd(&client).await;
+    let ns = cluster.fresh_namespace(&client, "epoch").await;
+    let lease_log = LeaseLog::start(&client, &ns, "cocoon-hibernation");
+    let leases: Api<Lease> = Api::namespaced(client.clone(), &ns);
+    let stamp = |l: &Lease| {
+        l.metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(SAFETY_EPOCH_ANNOTATION).cloned())
+    };
+
+    // The newer build leads and stamps its epoch, then releases the Lease on SIGTERM.
+    let mut newer = Product::start(cluster, &options(&ns, &cluster.registry, "newer-a")).await;
+    eventually("newer-a leads", LONG, || async {
+        (newer.metric("cocoon_hibernation_leader") == 1.0).then_some(())
+    })
+    .await;
+    let lease = leases.get("cocoon-hibernation").await.unwrap();
+    assert_eq!(stamp(&lease), Some(SAFETY_EPOCH.to_string()), "{lease:?}");
+    assert!(newer.sigterm().success());
+    let lease = leases.get("cocoon-hibernation").await.unwrap();
+    let holder = lease.spec.as_ref().and_then(|s| s.holder_identity.clone());
+    assert_eq!(holder.as_deref(), Some(""), "released: {lease:?}");
+    assert_eq!(
+        stamp(&lease),
+        Some(SAFETY_EPOCH.to_string()),
+        "the release keeps it"
+    );
+
+    // An older build on the free, stamped Lease: it says why and stays a follower.
+    let mut o = options(&ns, &cluster.registry, "older");
+    o.extra_args = vec![
+        "--pretend-safety-epoch".into(),
+        (SAFETY_EPOCH - 1).to_string(),
+    ];
+    let mut older = Product::start(cluster, &o).await;
+    older.wait_ready().await;
+    // A dozen retry periods (lease 4 s: every 0.8 s) on a Lease free for the taking.
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    assert!(
+        lease_log.first_held_by("older").is_none(),
+        "S11: the older build took the free lease: {:#?}",
+        lease_log.records()
+    );
+    assert_eq!(older.metric("cocoon_hibernation_leader"), 0.0);
+    let lease = leases.get("cocoon-hibernation").await.unwrap();
+    let holder = lease.spec.as_ref().and_then(|s| s.holder_identity.clone());
+    assert_eq!(holder.as_deref(), Some(""), "still free: {lease:?}");
+    let log = older.log_text();
+    assert!(log.contains("a newer build has led"), "it says why: {log}");
+
+    // A second replica of the newer build takes it at once; the older one still never does.
+    let newer_b = Product::start(cluster, &options(&ns, &cluster.registry, "newer-b")).await;
+    eventually("newer-b leads", LONG, || async {
+        (newer_b.metric("cocoon_hibernation_leader") == 1.0).then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    assert_eq!(older.metric("cocoon_hibernation_leader"), 0.0);
+    assert_eq!(
+        older.metric("cocoon_hibernation_reconcile_passes_total"),
+        0.0
+    );
+    assert!(
+        lease_log.first_held_by("older").is_none(),
+        "S11: the older build took the lease: {:#?}",
+        lease_log.records()
+    );
+    let lease = leases.get("cocoon-hibernation").await.unwrap();
+    assert_eq!(stamp(&lease), Some(SAFETY_EPOCH.to_string()));
+    let log = older.log_text();
+    assert!(
+        log.contains(&format!("safety epoch {SAFETY_EPOCH}")),
+        "the error names the stamp: {log}"
+    );
+}

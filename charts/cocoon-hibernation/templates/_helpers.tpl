@@ -4,6 +4,35 @@ ClusterRoleBinding, ValidatingWebhookConfiguration) are named after the fullname
 two releases need different release names.
 */}}
 
+{{/*
+S11: a safety value that the values lack is its safe default, never off. `helm upgrade
+--reuse-values` rebuilds the values from the previous chart's values.yaml, so a key that
+chart did not have (vmIdentityPolicy.enabled before 0.4.0) arrives absent, and a template
+reading it as false would silently drop the safety it guards: S3's policy, the S8 stall
+limit. Every template that reads one of these includes this first (it fills them into
+.Values once, whatever order Helm renders in). Turning one off takes an explicit value.
+Keep the defaults equal to values.yaml: tests/s11_upgrade_test.yaml renders both ways.
+*/}}
+{{- define "cocoon-hibernation.safetyDefaults" -}}
+{{- $defaults := dict
+  "vmIdentityPolicy" (dict "enabled" true)
+  "controller" (dict "informerStallLimit" "5m")
+  "leaderElection" (dict "enabled" true "leaseDuration" "15s")
+  "webhook" (dict "failurePolicy" "Fail") }}
+{{- range $section, $keys := $defaults }}
+{{- $cur := index $.Values $section }}
+{{- if not (kindIs "map" $cur) }}
+{{- $cur = dict }}
+{{- $_ := set $.Values $section $cur }}
+{{- end }}
+{{- range $key, $value := $keys }}
+{{- if kindIs "invalid" (index $cur $key) }}
+{{- $_ := set $cur $key $value }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
+
 {{- define "cocoon-hibernation.name" -}}
 {{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
 {{- end }}
@@ -129,6 +158,7 @@ The container environment: every setting the binary takes, from the values. extr
 entries of the same name replace these (duplicate names break server-side apply).
 */}}
 {{- define "cocoon-hibernation.env" -}}
+{{- include "cocoon-hibernation.safetyDefaults" . }}
 - name: POD_NAME
   valueFrom:
     fieldRef:
@@ -196,6 +226,7 @@ entries of the same name replace these (duplicate names break server-side apply)
 {{- end }}
 
 {{- define "cocoon-hibernation.validate" -}}
+{{- include "cocoon-hibernation.safetyDefaults" . }}
 {{- if not (has .Values.tls.mode (list "cert-manager" "self-signed" "secret")) }}
 {{- fail (printf "tls.mode must be cert-manager, self-signed or secret, not %q" .Values.tls.mode) }}
 {{- end }}
