@@ -8,22 +8,24 @@ pub mod index;
 pub mod list_mode;
 pub mod pod_wire;
 pub mod progress;
+pub mod versions;
 
 use crate::api::CocoonHibernation;
 use crate::api::annotations::PodView;
 use crate::api::pod::PodSlice;
 use futures::{Stream, StreamExt};
 use index::{Key, PodChangeTracker, PodRefIndex};
-use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::reflector::{self, ObjectRef, Store, store::Writer};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
 use list_mode::{ListChoice, ListMode, POD_LIST_PAGE};
 use parking_lot::{RwLock, RwLockWriteGuard};
 use progress::{Informer, InformerState, ListTimer, Progress, Verdict};
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use tokio::sync::mpsc::UnboundedSender;
+use versions::{Pick, Seen, Versions};
 
 /// Reconcile requests produced by cache events.
 pub type Trigger = ObjectRef<CocoonHibernation>;
@@ -176,8 +178,7 @@ pub fn start_tracked(
     SharedCache,
     impl std::future::Future<Output = ()> + Send + 'static,
 ) {
-    let (cr_store, cr_writer) = reflector::store::<CocoonHibernation>();
-    let (pod_store, pod_writer) = reflector::store::<PodSlice>();
+    let (cache, writers) = SharedCache::empty(progress);
     let (cr_api, pod_api): (Api<CocoonHibernation>, Api<PodSlice>) = if scope.namespace.is_empty() {
         (Api::all(client.clone()), Api::all(client))
     } else {
@@ -187,17 +188,6 @@ pub fn start_tracked(
         )
     };
     let (list, pod_selector) = (scope.list, scope.pod_selector.clone());
-    let cache = SharedCache {
-        crs: cr_store,
-        pods: pod_store,
-        index: Arc::default(),
-        pod_views: Arc::default(),
-        crs_synced: Arc::default(),
-        pods_synced: Arc::default(),
-        crs_relisting: Arc::default(),
-        pods_relisting: Arc::default(),
-        progress,
-    };
 
     let shared = cache.clone();
     let driver = async move {
@@ -214,15 +204,14 @@ pub fn start_tracked(
         if !pod_selector.is_empty() {
             pod_cfg = pod_cfg.labels(&pod_selector);
         }
+        // The driver writes the stores itself (no `.reflect`): S4, no going back in time.
         let cr_events = watcher(cr_api, cr_cfg)
             .default_backoff()
-            .modify(|cr: &mut CocoonHibernation| cr.managed_fields_mut().clear())
-            .reflect(cr_writer);
+            .modify(|cr: &mut CocoonHibernation| cr.managed_fields_mut().clear());
         let pod_events = watcher(pod_api, pod_cfg)
             .default_backoff()
-            .modify(strip_pod)
-            .reflect(pod_writer);
-        drive(shared, cr_events, pod_events, triggers).await;
+            .modify(strip_pod);
+        drive(shared, writers, cr_events, pod_events, triggers).await;
     };
     (cache, driver)
 }
@@ -243,19 +232,44 @@ pub fn strip_pod(pod: &mut PodSlice) {
     }
 }
 
+/// The stores' writers, which only the driver holds.
+struct Writers {
+    crs: Writer<CocoonHibernation>,
+    pods: Writer<PodSlice>,
+}
+
+impl SharedCache {
+    /// An empty, unsynced cache and the writers of its stores.
+    fn empty(progress: Progress) -> (Self, Writers) {
+        let (crs, cr_writer) = reflector::store::<CocoonHibernation>();
+        let (pods, pod_writer) = reflector::store::<PodSlice>();
+        let cache = SharedCache {
+            crs,
+            pods,
+            index: Arc::default(),
+            pod_views: Arc::default(),
+            crs_synced: Arc::default(),
+            pods_synced: Arc::default(),
+            crs_relisting: Arc::default(),
+            pods_relisting: Arc::default(),
+            progress,
+        };
+        let writers = Writers {
+            crs: cr_writer,
+            pods: pod_writer,
+        };
+        (cache, writers)
+    }
+}
+
 async fn drive(
     cache: SharedCache,
+    writers: Writers,
     cr_events: impl Stream<Item = Result<watcher::Event<CocoonHibernation>, watcher::Error>> + Send,
     pod_events: impl Stream<Item = Result<watcher::Event<PodSlice>, watcher::Error>> + Send,
     triggers: UnboundedSender<Trigger>,
 ) {
-    let mut handler = EventHandler {
-        cache: cache.clone(),
-        cr_versions: HashMap::new(),
-        relist: Relist::default(),
-        lists: ListTimer::default(),
-        triggers,
-    };
+    let mut handler = EventHandler::new(cache.clone(), writers, triggers);
     let cr_events = cr_events.map(Either::Cr);
     let pod_events = pod_events.map(Either::Pod);
     let merged = futures::stream::select(cr_events, pod_events);
@@ -285,8 +299,11 @@ enum Either<A, B> {
 
 struct EventHandler {
     cache: SharedCache,
-    /// resourceVersion of each CR, to tell which ones a relist changed (S4).
-    cr_versions: HashMap<Key, String>,
+    writers: Writers,
+    /// The newest resourceVersion taken of each CR and pod: which ones a relist changed,
+    /// and which copies are older than the cache's (S4).
+    cr_versions: Versions,
+    pod_versions: Versions,
     relist: Relist,
     lists: ListTimer,
     triggers: UnboundedSender<Trigger>,
@@ -294,7 +311,9 @@ struct EventHandler {
 
 /// Work held back while a relist is in progress. kube's store swaps in the relisted objects
 /// only at `InitDone`; a pass triggered earlier would read the old object and could then
-/// wait forever for an unrelated event (S4).
+/// wait forever for an unrelated event (S4). A relist cut short and started again keeps
+/// what it held: the versions and the pod views already moved on, so the retried list
+/// shows those objects unchanged.
 #[derive(Default)]
 struct Relist {
     crs: Option<HashSet<Key>>,
@@ -302,6 +321,18 @@ struct Relist {
 }
 
 impl EventHandler {
+    fn new(cache: SharedCache, writers: Writers, triggers: UnboundedSender<Trigger>) -> Self {
+        EventHandler {
+            cache,
+            writers,
+            cr_versions: Versions::default(),
+            pod_versions: Versions::default(),
+            relist: Relist::default(),
+            lists: ListTimer::default(),
+            triggers,
+        }
+    }
+
     fn index(&self) -> RwLockWriteGuard<'_, PodRefIndex> {
         self.cache.index.write()
     }
@@ -318,20 +349,27 @@ impl EventHandler {
     fn on_cr(&mut self, ev: watcher::Event<CocoonHibernation>) {
         match ev {
             watcher::Event::Init => {
+                self.writers.crs.apply_watcher_event(&ev);
                 self.lists.begin(Informer::CocoonHibernations);
                 self.cache.crs_relisting.store(true, Ordering::Release);
                 self.index().begin_resync();
-                self.relist.crs = Some(HashSet::new());
+                self.relist.crs.get_or_insert_with(HashSet::new);
             }
-            watcher::Event::InitApply(cr) | watcher::Event::Apply(cr) => {
+            watcher::Event::InitApply(ref cr) | watcher::Event::Apply(ref cr) => {
                 self.lists.object(Informer::CocoonHibernations);
                 let key = (cr.namespace().unwrap_or_default(), cr.name_any());
+                let version = cr.resource_version().unwrap_or_default();
+                let seen = self.cr_versions.observe(&key, &version);
+                if seen == Seen::Older {
+                    self.index().touch(&key.0, &key.1);
+                    self.keep_newer_cr(ev, &key, &version);
+                    return;
+                }
+                self.writers.crs.apply_watcher_event(&ev);
                 let released =
                     self.index()
                         .upsert(&key.0, &key.1, &cr.spec.pod_ref.name, cr.vm_name());
-                let version = cr.resource_version().unwrap_or_default();
-                let changed = self.cr_versions.get(&key) != Some(&version);
-                self.cr_versions.insert(key.clone(), version);
+                let changed = seen != Seen::Unchanged;
                 if let Some(vm) = released {
                     self.enqueue_waiting_on_vm(&vm);
                 }
@@ -344,21 +382,28 @@ impl EventHandler {
                     None => self.trigger(&key.0, &key.1),
                 }
             }
-            watcher::Event::Delete(cr) => {
+            watcher::Event::Delete(ref cr) => {
                 let key = (cr.namespace().unwrap_or_default(), cr.name_any());
-                self.cr_versions.remove(&key);
+                let version = cr.resource_version().unwrap_or_default();
+                if !self.cr_versions.delete(&key, &version) {
+                    tracing::warn!(cr = ?key, version, "ignored a delete older than the CR the cache holds");
+                    return;
+                }
+                self.writers.crs.apply_watcher_event(&ev);
                 let removed = self.index().remove(&key.0, &key.1);
                 if let Some((pod, vm)) = removed {
                     self.on_cr_gone(&key.0, &pod, vm.as_deref());
                 }
             }
             watcher::Event::InitDone => {
+                // The store swaps in the list first, so every pass triggered below reads it.
+                self.writers.crs.apply_watcher_event(&ev);
                 self.lists.end(Informer::CocoonHibernations);
                 let gone = self.index().finish_resync();
                 self.cache.crs_synced.store(true, Ordering::Release);
                 self.cache.crs_relisting.store(false, Ordering::Release);
                 for ((ns, name), pod, vm) in gone {
-                    self.cr_versions.remove(&(ns.clone(), name));
+                    self.cr_versions.forget(&(ns.clone(), name));
                     self.on_cr_gone(&ns, &pod, vm.as_deref());
                 }
                 for (ns, name) in self.relist.crs.take().unwrap_or_default() {
@@ -366,6 +411,49 @@ impl EventHandler {
                 }
             }
         }
+    }
+
+    /// S4: `ev` carries an older copy of a CR than the cache took. A watch event is dropped
+    /// (the store keeps its copy); a list gets the newer of its copy and the store's.
+    fn keep_newer_cr(&mut self, ev: watcher::Event<CocoonHibernation>, key: &Key, version: &str) {
+        tracing::warn!(cr = ?key, version, "an older copy of the CR than the cache holds; kept the newer");
+        let watcher::Event::InitApply(cr) = ev else {
+            return;
+        };
+        let held = self.cache.cr(&key.0, &key.1);
+        let held_version = held.as_ref().and_then(|c| c.resource_version());
+        let listed = match (
+            self.cr_versions
+                .pick_for_list(key, version, held_version.as_deref()),
+            held,
+        ) {
+            (Pick::Store, Some(held)) => (*held).clone(),
+            _ => cr,
+        };
+        self.writers
+            .crs
+            .apply_watcher_event(&watcher::Event::InitApply(listed));
+    }
+
+    /// S4: as [`Self::keep_newer_cr`], for a pod.
+    fn keep_newer_pod(&mut self, ev: watcher::Event<PodSlice>, key: &Key, version: &str) {
+        tracing::warn!(pod = ?key, version, "an older copy of the pod than the cache holds; kept the newer");
+        let watcher::Event::InitApply(pod) = ev else {
+            return;
+        };
+        let held = self.cache.pod(&key.0, &key.1);
+        let held_version = held.as_ref().and_then(|p| p.resource_version());
+        let listed = match (
+            self.pod_versions
+                .pick_for_list(key, version, held_version.as_deref()),
+            held,
+        ) {
+            (Pick::Store, Some(held)) => (*held).clone(),
+            _ => pod,
+        };
+        self.writers
+            .pods
+            .apply_watcher_event(&watcher::Event::InitApply(listed));
     }
 
     /// S2: a CR that is gone may have been the one others on its pod or VM deferred to.
@@ -387,16 +475,26 @@ impl EventHandler {
     fn on_pod(&mut self, ev: watcher::Event<PodSlice>) {
         match ev {
             watcher::Event::Init => {
+                self.writers.pods.apply_watcher_event(&ev);
                 self.lists.begin(Informer::Pods);
                 self.cache.pods_relisting.store(true, Ordering::Release);
                 self.pods().begin_resync();
-                self.relist.pods = Some(HashSet::new());
+                self.relist.pods.get_or_insert_with(HashSet::new);
             }
-            watcher::Event::InitApply(pod) | watcher::Event::Apply(pod) => {
+            watcher::Event::InitApply(ref pod) | watcher::Event::Apply(ref pod) => {
                 self.lists.object(Informer::Pods);
-                let key = pod_key(&pod);
-                let changed = self.pods().observe(key.clone(), PodView::from_pod(&pod));
-                if changed {
+                let key = pod_key(pod);
+                let version = pod.resource_version().unwrap_or_default();
+                let seen = self.pod_versions.observe(&key, &version);
+                if seen == Seen::Older {
+                    self.pods().touch(&key);
+                    self.keep_newer_pod(ev, &key, &version);
+                    return;
+                }
+                self.writers.pods.apply_watcher_event(&ev);
+                let viewed = self.pods().observe(key.clone(), PodView::from_pod(pod));
+                // A store that only now catches up is a change though the view is not.
+                if viewed || seen == Seen::CaughtUp {
                     match &mut self.relist.pods {
                         Some(pending) => {
                             pending.insert(key);
@@ -405,17 +503,28 @@ impl EventHandler {
                     }
                 }
             }
-            watcher::Event::Delete(pod) => {
-                let key = pod_key(&pod);
+            watcher::Event::Delete(ref pod) => {
+                let key = pod_key(pod);
+                let version = pod.resource_version().unwrap_or_default();
+                if !self.pod_versions.delete(&key, &version) {
+                    tracing::warn!(pod = ?key, version, "ignored a delete older than the pod the cache holds");
+                    return;
+                }
+                self.writers.pods.apply_watcher_event(&ev);
                 let known = self.pods().forget(&key);
                 if known {
                     self.enqueue_for_pod(&key);
                 }
             }
             watcher::Event::InitDone => {
+                self.writers.pods.apply_watcher_event(&ev);
                 self.lists.end(Informer::Pods);
                 let mut changed = self.relist.pods.take().unwrap_or_default();
-                changed.extend(self.pods().finish_resync());
+                let gone = self.pods().finish_resync();
+                for key in &gone {
+                    self.pod_versions.forget(key);
+                }
+                changed.extend(gone);
                 self.cache.pods_synced.store(true, Ordering::Release);
                 self.cache.pods_relisting.store(false, Ordering::Release);
                 for key in changed {

@@ -63,3 +63,106 @@ fn c3_stripped_pod_keeps_everything_a_pass_reads() {
         json_patch::patch(&mut doc, &patch.0).unwrap();
     }
 }
+
+// ---------------------------------------------------------------------------------------
+// S4: relists, cut short or not, and no going back in time.
+
+use crate::api::{CocoonHibernationSpec, Desire, PodRef};
+use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
+use watcher::Event;
+
+fn cr(name: &str, pod: &str, rv: &str, desire: Desire) -> CocoonHibernation {
+    let mut cr = CocoonHibernation::new(
+        name,
+        CocoonHibernationSpec {
+            pod_ref: PodRef { name: pod.into() },
+            desire,
+            hibernate_timeout: None,
+            wake_timeout: None,
+        },
+    );
+    cr.metadata.namespace = Some("ns".into());
+    cr.metadata.uid = Some(format!("uid-{name}"));
+    cr.metadata.resource_version = Some(rv.into());
+    cr
+}
+
+fn pod(name: &str, rv: &str, vm: &str, hibernate: bool) -> PodSlice {
+    let mut annotations = std::collections::BTreeMap::from([(VM_NAME.to_owned(), vm.to_owned())]);
+    if hibernate {
+        annotations.insert(HIBERNATE.to_owned(), "true".to_owned());
+    }
+    let mut pod = PodSlice::default();
+    pod.metadata.name = Some(name.into());
+    pod.metadata.namespace = Some("ns".into());
+    pod.metadata.uid = Some(format!("uid-{name}"));
+    pod.metadata.resource_version = Some(rv.into());
+    pod.metadata.annotations = Some(annotations);
+    pod
+}
+
+/// An event handler on an empty cache, as the driver builds it, and the triggers it sends.
+fn harness() -> (EventHandler, UnboundedReceiver<Trigger>) {
+    let (tx, rx) = unbounded_channel();
+    let (cache, writers) = SharedCache::empty(Progress::new());
+    (EventHandler::new(cache, writers, tx), rx)
+}
+
+fn drain(rx: &mut UnboundedReceiver<Trigger>) -> Vec<String> {
+    let mut names = Vec::new();
+    while let Ok(t) = rx.try_recv() {
+        names.push(t.name);
+    }
+    names.sort();
+    names.dedup();
+    names
+}
+
+/// Both informers' first list: `a` on pod `pa`, `b` on pod `pb`.
+fn first_list(h: &mut EventHandler, rx: &mut UnboundedReceiver<Trigger>) {
+    h.on_cr(Event::Init);
+    h.on_cr(Event::InitApply(cr("a", "pa", "10", Desire::Hibernate)));
+    h.on_cr(Event::InitApply(cr("b", "pb", "11", Desire::Hibernate)));
+    h.on_cr(Event::InitDone);
+    h.on_pod(Event::Init);
+    h.on_pod(Event::InitApply(pod("pa", "12", "vm-a", false)));
+    h.on_pod(Event::InitApply(pod("pb", "13", "vm-b", false)));
+    h.on_pod(Event::InitDone);
+    assert_eq!(drain(rx), ["a", "b"], "the first list triggers every CR");
+}
+
+/// SPEC S4: a relist cut short (a streamed list cut before its end bookmark, a later page
+/// failing) and retried loses nothing: a CR changed while the watch was down, and a CR
+/// whose pod changed, are triggered once the retried list is done, though the cut
+/// attempt had already shown them.
+#[test]
+fn s4_a_relist_cut_short_and_retried_still_triggers_what_changed() {
+    let (mut h, mut rx) = harness();
+    first_list(&mut h, &mut rx);
+    let changed_cr = || cr("a", "pa", "20", Desire::Wake);
+    let changed_pod = || pod("pb", "21", "vm-b", true);
+
+    // The cut attempt: kube starts over with a fresh Init.
+    h.on_cr(Event::Init);
+    h.on_cr(Event::InitApply(changed_cr()));
+    h.on_pod(Event::Init);
+    h.on_pod(Event::InitApply(changed_pod()));
+    // The retried list shows the same objects again.
+    h.on_cr(Event::Init);
+    h.on_cr(Event::InitApply(changed_cr()));
+    h.on_cr(Event::InitApply(cr("b", "pb", "11", Desire::Hibernate)));
+    h.on_pod(Event::Init);
+    h.on_pod(Event::InitApply(pod("pa", "12", "vm-a", false)));
+    h.on_pod(Event::InitApply(changed_pod()));
+    assert!(
+        drain(&mut rx).is_empty(),
+        "held until the store has the new list"
+    );
+    h.on_cr(Event::InitDone);
+    h.on_pod(Event::InitDone);
+    assert_eq!(
+        drain(&mut rx),
+        ["a", "b"],
+        "a: the CR changed; b: its pod changed"
+    );
+}
