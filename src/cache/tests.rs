@@ -166,3 +166,106 @@ fn s4_a_relist_cut_short_and_retried_still_triggers_what_changed() {
         "a: the CR changed; b: its pod changed"
     );
 }
+
+fn rv_of_cr(h: &EventHandler, name: &str) -> Option<String> {
+    h.cache.cr("ns", name)?.resource_version()
+}
+
+fn rv_of_pod(h: &EventHandler, name: &str) -> Option<String> {
+    h.cache.pod("ns", name)?.resource_version()
+}
+
+/// SPEC S4: no going back in time. A relist from an apiserver lagging behind the one the
+/// cache watched shows older copies: they trigger nothing, and the stores, the podRef
+/// index and the pod views keep the newer ones. Stale watch events and deletes likewise.
+#[test]
+fn s4_a_lagging_list_or_stale_event_never_takes_the_cache_back() {
+    let (mut h, mut rx) = harness();
+    first_list(&mut h, &mut rx);
+    // The cache moves on: a wakes, pb names another VM.
+    h.on_cr(Event::Apply(cr("a", "pa", "30", Desire::Wake)));
+    h.on_pod(Event::Apply(pod("pb", "31", "vm-b2", false)));
+    assert_eq!(drain(&mut rx), ["a", "b"]);
+
+    // A relist from a lagging apiserver shows them as they were.
+    h.on_cr(Event::Init);
+    h.on_cr(Event::InitApply(cr("a", "pa", "10", Desire::Hibernate)));
+    h.on_cr(Event::InitApply(cr("b", "pb", "11", Desire::Hibernate)));
+    h.on_cr(Event::InitDone);
+    h.on_pod(Event::Init);
+    h.on_pod(Event::InitApply(pod("pa", "12", "vm-a", false)));
+    h.on_pod(Event::InitApply(pod("pb", "13", "vm-b", false)));
+    h.on_pod(Event::InitDone);
+    assert!(drain(&mut rx).is_empty(), "older copies are no change");
+    assert_eq!(rv_of_cr(&h, "a").as_deref(), Some("30"));
+    assert_eq!(
+        h.cache.cr("ns", "a").map(|c| c.spec.desire),
+        Some(Desire::Wake)
+    );
+    assert_eq!(rv_of_pod(&h, "pb").as_deref(), Some("31"));
+    assert_eq!(
+        h.cache.crs_for_pod("ns", "pa").len(),
+        1,
+        "a is still listed"
+    );
+    let naming = h.cache.pod_views.read().pods_naming("vm-b2");
+    assert_eq!(naming, [("ns".to_owned(), "pb".to_owned())]);
+
+    // Stale events from a lagging watch: an older copy, and deletes older than the copies
+    // held (of objects since moved on).
+    h.on_cr(Event::Apply(cr("a", "pa", "29", Desire::Hibernate)));
+    h.on_pod(Event::Apply(pod("pb", "14", "vm-b", false)));
+    h.on_cr(Event::Delete(cr("b", "pb", "5", Desire::Hibernate)));
+    h.on_pod(Event::Delete(pod("pa", "6", "vm-a", false)));
+    assert!(drain(&mut rx).is_empty());
+    assert_eq!(rv_of_cr(&h, "a").as_deref(), Some("30"));
+    assert_eq!(rv_of_pod(&h, "pb").as_deref(), Some("31"));
+    assert_eq!(rv_of_cr(&h, "b").as_deref(), Some("11"), "b not deleted");
+    assert_eq!(rv_of_pod(&h, "pa").as_deref(), Some("12"), "pa not deleted");
+
+    // The lagging apiserver catches up and moves on.
+    h.on_cr(Event::Apply(cr("a", "pa", "40", Desire::Hibernate)));
+    assert_eq!(drain(&mut rx), ["a"]);
+    assert_eq!(rv_of_cr(&h, "a").as_deref(), Some("40"));
+}
+
+/// SPEC S4: a list cut short showed a newer copy that never reached the store; the retry,
+/// from a lagging apiserver, shows an older one. The store gets the newest copy it can
+/// (never older than its own), the pass is triggered at the list's end, and the copy that
+/// catches the store up triggers again.
+#[test]
+fn s4_a_cut_list_retried_on_a_lagging_apiserver_catches_up_later() {
+    let (mut h, mut rx) = harness();
+    first_list(&mut h, &mut rx);
+    h.on_cr(Event::Init);
+    h.on_cr(Event::InitApply(cr("a", "pa", "30", Desire::Wake)));
+    h.on_pod(Event::Init);
+    h.on_pod(Event::InitApply(pod("pa", "31", "vm-a", true)));
+    // Retried on an apiserver that has seen a's and pa's first change only.
+    h.on_cr(Event::Init);
+    h.on_cr(Event::InitApply(cr("a", "pa", "20", Desire::Wake)));
+    h.on_cr(Event::InitApply(cr("b", "pb", "11", Desire::Hibernate)));
+    h.on_cr(Event::InitDone);
+    h.on_pod(Event::Init);
+    h.on_pod(Event::InitApply(pod("pa", "21", "vm-a", true)));
+    h.on_pod(Event::InitApply(pod("pb", "13", "vm-b", false)));
+    h.on_pod(Event::InitDone);
+    assert_eq!(
+        drain(&mut rx),
+        ["a"],
+        "what the cut list showed is triggered"
+    );
+    assert_eq!(
+        rv_of_cr(&h, "a").as_deref(),
+        Some("20"),
+        "newer than it was"
+    );
+    assert_eq!(rv_of_pod(&h, "pa").as_deref(), Some("21"));
+    // The watch then brings the versions the cut list showed: the stores catch up.
+    h.on_cr(Event::Apply(cr("a", "pa", "30", Desire::Wake)));
+    assert_eq!(drain(&mut rx), ["a"], "the CR's store caught up");
+    h.on_pod(Event::Apply(pod("pa", "31", "vm-a", true)));
+    assert_eq!(drain(&mut rx), ["a"], "the pod's store caught up");
+    assert_eq!(rv_of_cr(&h, "a").as_deref(), Some("30"));
+    assert_eq!(rv_of_pod(&h, "pa").as_deref(), Some("31"));
+}
