@@ -4,6 +4,7 @@
 //! triggers. Consuming the raw streams (not shared-store subscribers) is what lets a pod's
 //! Delete still reach the CRs that target it (C3).
 
+pub mod consistent;
 pub mod index;
 pub mod list_mode;
 pub mod pod_wire;
