@@ -100,6 +100,7 @@ pub struct Call {
     pub kind: Kind,
     pub method: String,
     pub path: String,
+    pub query: String,
     /// When the request arrived (wall clock, comparable with Lease and registry times).
     pub at: jiff::Timestamp,
     /// When its answer headers came back from the apiserver.
@@ -336,6 +337,7 @@ async fn handle(
             kind: k,
             method: req.method().to_string(),
             path: path.clone(),
+            query: req.uri().query().unwrap_or_default().to_owned(),
             at: jiff::Timestamp::now(),
             answered: None,
             status: 0,

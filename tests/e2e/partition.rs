@@ -528,7 +528,8 @@ async fn e2e_s4_change_seen_only_through_a_relist_converges() {
 /// informers frozen, the product's CR watch is ended and the flip made; on the thaw its
 /// resumed watch is told 410 Gone, and its first streamed list is cut after one object
 /// (the flipped CR), so kube emits `Init` again and the retried list shows that CR as
-/// the cut attempt did. Before the fix nothing then triggered the CR.
+/// the cut attempt did. Before the fix nothing then triggered the CR. Every streamed
+/// list the product asked for is a consistent read (no going back in time).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn e2e_s4_a_streamed_relist_cut_short_still_converges() {
     let (cluster, client, ns) = fresh_namespace("s4-cut").await;
@@ -561,6 +562,23 @@ async fn e2e_s4_a_streamed_relist_cut_short_still_converges() {
     assert_eq!(gone, 1, "the resumed CR watch was told 410 Gone");
     assert_eq!(cut_lists, 1, "one streamed CR list was cut short");
     assert!(whole >= 2, "the retried streamed list completed: {whole}");
+    // Every streamed list, of CRs and of pods, was asked as a consistent read: never
+    // older than the cache, whichever apiserver serves it.
+    let streamed: Vec<_> = tap
+        .calls()
+        .into_iter()
+        .filter(|c| c.query.split('&').any(|kv| kv == "sendInitialEvents=true"))
+        .collect();
+    let kinds = |k| streamed.iter().filter(|c| c.kind == k).count();
+    assert!(kinds(api_tap::Kind::CrWatch) >= 3 && kinds(api_tap::Kind::PodWatch) >= 1);
+    for call in &streamed {
+        assert!(
+            call.query.split('&').any(|kv| kv == "resourceVersion="),
+            "a streamed list not asked as a consistent read: {}?{}",
+            call.path,
+            call.query
+        );
+    }
     let log = p.log_text();
     assert!(
         log.lines()
