@@ -1,4 +1,6 @@
+use super::driver::EventHandler;
 use super::*;
+use crate::api::annotations::PodView;
 use crate::api::annotations::{self, HIBERNATE, LIFECYCLE_STATE, VM_ID, VM_NAME};
 use k8s_openapi::api::core::v1::Pod;
 

@@ -7,13 +7,21 @@
 //! newer one than any copy of the old CR). The API calls them opaque: a version that is
 //! not an integer cannot be compared and is taken as it comes, as before this guard.
 //!
-//! The driver keeps kube's reflector store from going back with it: it applies each event
-//! to the store itself and, for an older copy, lists the store's own copy instead (or
-//! skips the event). The store can still lag the newest version the cache *saw* in one
-//! case: a list cut short showed a newer copy that never reached the store, and the retry
-//! shows an older one. That key is marked behind, and the copy that catches it up counts
-//! as a change, so the pass that reads it is triggered. Objects a lagging list leaves
-//! out entirely are not caught here (the list itself must not lag: see `consistent`).
+//! How far this goes. kube's reflector store cannot be told to refuse a copy, so the
+//! driver applies each event to the store itself (no `.reflect`) and, for an older copy,
+//! skips a watch event, or gives a list the store's own copy instead. So no pass and no
+//! admission review reads a CR or a pod older than the cache held; the trigger decisions,
+//! the CR versions, the podRef index and the pod views do not go back either. The store
+//! can still lag the newest version the cache *saw* in one case: a list cut short showed
+//! a newer copy that never reached the store, and the retry shows an older one. That key
+//! is marked behind, and the copy that catches it up counts as a change, so a pass reads
+//! it (meanwhile the index keeps the newer copy's podRef and VM). A stale delete (older
+//! than the copy held) is ignored.
+//!
+//! What it cannot see: an object a lagging list leaves out (created after the list's
+//! revision) or brings back (deleted since; a delete forgets the key). Those need the
+//! list itself not to lag, which `consistent` sees to for streamed lists; paged lists are
+//! consistent reads already.
 
 use super::index::Key;
 use std::cmp::Ordering;
