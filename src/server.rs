@@ -1,5 +1,6 @@
 //! Wiring of the one process (P1): cache, webhook, admin endpoints, election, controller.
 
+use crate::cache::consistent::ConsistentListLayer;
 use crate::cache::pod_wire::{PodWatchEncoding, PodWireLayer};
 use crate::cache::progress::{self, Progress, ProgressLayer, Verdict};
 use crate::cache::{self, CacheScope, SharedCache};
@@ -288,6 +289,8 @@ async fn kube_clients(
     let watch = kube::client::ClientBuilder::try_from(watch)?
         .with_layer(&ProgressLayer(progress))
         .with_layer(&PodWireLayer::new(pod_watch_encoding))
+        // S4: a streamed list is a consistent read, never older than the cache.
+        .with_layer(&ConsistentListLayer)
         .build();
     Ok((watch, kube::Client::try_from(timed)?))
 }

@@ -108,7 +108,17 @@ impl PodRefIndex {
             .unwrap_or_default()
     }
 
+    /// Counts a CR as listed without changing what the index holds for it (S4: the list
+    /// showed an older copy than the one indexed).
+    pub fn touch(&mut self, namespace: &str, cr: &str) {
+        if let Some(seen) = &mut self.resync_seen {
+            seen.insert((namespace.to_owned(), cr.to_owned()));
+        }
+    }
+
     /// A relist started: entries not seen again before [`Self::finish_resync`] are gone.
+    /// A relist started again (the last one was cut short) starts afresh: only the list
+    /// that completes says what is gone.
     pub fn begin_resync(&mut self) {
         self.resync_seen = Some(HashSet::new());
     }
@@ -203,6 +213,15 @@ impl PodChangeTracker {
             .unwrap_or_default()
     }
 
+    /// Counts a pod as listed without changing its view (S4: the list showed an older
+    /// copy than the one tracked).
+    pub fn touch(&mut self, key: &Key) {
+        if let Some(seen) = &mut self.resync_seen {
+            seen.insert(key.clone());
+        }
+    }
+
+    /// As [`PodRefIndex::begin_resync`]: a relist started again starts afresh.
     pub fn begin_resync(&mut self) {
         self.resync_seen = Some(HashSet::new());
     }

@@ -2,25 +2,27 @@
 //! the webhook. One driver task polls both watch streams, keeps the stores, the podRef
 //! index and the pod change tracker in step, and turns relevant events into reconcile
 //! triggers. Consuming the raw streams (not shared-store subscribers) is what lets a pod's
-//! Delete still reach the CRs that target it (C3).
+//! Delete still reach the CRs that target it (C3). The driver also writes the stores
+//! itself, so that no copy older than the one held replaces it (S4, `src/cache/versions.rs`).
 
+pub mod consistent;
+mod driver;
 pub mod index;
 pub mod list_mode;
 pub mod pod_wire;
 pub mod progress;
+pub mod versions;
 
 use crate::api::CocoonHibernation;
-use crate::api::annotations::PodView;
 use crate::api::pod::PodSlice;
-use futures::{Stream, StreamExt};
-use index::{Key, PodChangeTracker, PodRefIndex};
+use driver::{Writers, drive};
+use index::{PodChangeTracker, PodRefIndex};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
 use list_mode::{ListChoice, ListMode, POD_LIST_PAGE};
-use parking_lot::{RwLock, RwLockWriteGuard};
-use progress::{Informer, InformerState, ListTimer, Progress, Verdict};
-use std::collections::{HashMap, HashSet};
+use parking_lot::RwLock;
+use progress::{Informer, InformerState, Progress, Verdict};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use tokio::sync::mpsc::UnboundedSender;
@@ -181,8 +183,7 @@ pub fn start_tracked(
     SharedCache,
     impl std::future::Future<Output = ()> + Send + 'static,
 ) {
-    let (cr_store, cr_writer) = reflector::store::<CocoonHibernation>();
-    let (pod_store, pod_writer) = reflector::store::<PodSlice>();
+    let (cache, writers) = SharedCache::empty(progress);
     let (cr_api, pod_api): (Api<CocoonHibernation>, Api<PodSlice>) = if scope.namespace.is_empty() {
         (Api::all(client.clone()), Api::all(client))
     } else {
@@ -192,17 +193,6 @@ pub fn start_tracked(
         )
     };
     let (list, pod_selector) = (scope.list, scope.pod_selector.clone());
-    let cache = SharedCache {
-        crs: cr_store,
-        pods: pod_store,
-        index: Arc::default(),
-        pod_views: Arc::default(),
-        crs_synced: Arc::default(),
-        pods_synced: Arc::default(),
-        crs_relisting: Arc::default(),
-        pods_relisting: Arc::default(),
-        progress,
-    };
 
     let shared = cache.clone();
     let driver = async move {
@@ -219,15 +209,14 @@ pub fn start_tracked(
         if !pod_selector.is_empty() {
             pod_cfg = pod_cfg.labels(&pod_selector);
         }
+        // The driver writes the stores itself (no `.reflect`): S4, no going back in time.
         let cr_events = watcher(cr_api, cr_cfg)
             .default_backoff()
-            .modify(|cr: &mut CocoonHibernation| cr.managed_fields_mut().clear())
-            .reflect(cr_writer);
+            .modify(|cr: &mut CocoonHibernation| cr.managed_fields_mut().clear());
         let pod_events = watcher(pod_api, pod_cfg)
             .default_backoff()
-            .modify(strip_pod)
-            .reflect(pod_writer);
-        drive(shared, cr_events, pod_events, triggers).await;
+            .modify(strip_pod);
+        drive(shared, writers, cr_events, pod_events, triggers).await;
     };
     (cache, driver)
 }
@@ -248,198 +237,28 @@ pub fn strip_pod(pod: &mut PodSlice) {
     }
 }
 
-async fn drive(
-    cache: SharedCache,
-    cr_events: impl Stream<Item = Result<watcher::Event<CocoonHibernation>, watcher::Error>> + Send,
-    pod_events: impl Stream<Item = Result<watcher::Event<PodSlice>, watcher::Error>> + Send,
-    triggers: UnboundedSender<Trigger>,
-) {
-    let mut handler = EventHandler {
-        cache: cache.clone(),
-        cr_versions: HashMap::new(),
-        relist: Relist::default(),
-        lists: ListTimer::default(),
-        triggers,
-    };
-    let cr_events = cr_events.map(Either::Cr);
-    let pod_events = pod_events.map(Either::Pod);
-    let merged = futures::stream::select(cr_events, pod_events);
-    futures::pin_mut!(merged);
-    while let Some(item) = merged.next().await {
-        // S8: every event is progress (errors are not: the watcher retries them).
-        let now = tokio::time::Instant::now();
-        match &item {
-            Either::Cr(Ok(_)) => cache.progress.record(Informer::CocoonHibernations, now),
-            Either::Pod(Ok(_)) => cache.progress.record(Informer::Pods, now),
-            _ => {}
-        }
-        match item {
-            Either::Cr(Ok(ev)) => handler.on_cr(ev),
-            Either::Pod(Ok(ev)) => handler.on_pod(ev),
-            // The watcher retries with backoff; the store keeps serving its last state.
-            Either::Cr(Err(e)) => tracing::warn!(error = %e, "CocoonHibernation watch error"),
-            Either::Pod(Err(e)) => tracing::warn!(error = %e, "Pod watch error"),
-        }
+impl SharedCache {
+    /// An empty, unsynced cache and the writers of its stores.
+    fn empty(progress: Progress) -> (Self, Writers) {
+        let (crs, cr_writer) = reflector::store::<CocoonHibernation>();
+        let (pods, pod_writer) = reflector::store::<PodSlice>();
+        let cache = SharedCache {
+            crs,
+            pods,
+            index: Arc::default(),
+            pod_views: Arc::default(),
+            crs_synced: Arc::default(),
+            pods_synced: Arc::default(),
+            crs_relisting: Arc::default(),
+            pods_relisting: Arc::default(),
+            progress,
+        };
+        let writers = Writers {
+            crs: cr_writer,
+            pods: pod_writer,
+        };
+        (cache, writers)
     }
-}
-
-enum Either<A, B> {
-    Cr(A),
-    Pod(B),
-}
-
-struct EventHandler {
-    cache: SharedCache,
-    /// resourceVersion of each CR, to tell which ones a relist changed (S4).
-    cr_versions: HashMap<Key, String>,
-    relist: Relist,
-    lists: ListTimer,
-    triggers: UnboundedSender<Trigger>,
-}
-
-/// Work held back while a relist is in progress. kube's store swaps in the relisted objects
-/// only at `InitDone`; a pass triggered earlier would read the old object and could then
-/// wait forever for an unrelated event (S4).
-#[derive(Default)]
-struct Relist {
-    crs: Option<HashSet<Key>>,
-    pods: Option<HashSet<Key>>,
-}
-
-impl EventHandler {
-    fn index(&self) -> RwLockWriteGuard<'_, PodRefIndex> {
-        self.cache.index.write()
-    }
-
-    fn pods(&self) -> RwLockWriteGuard<'_, PodChangeTracker> {
-        self.cache.pod_views.write()
-    }
-
-    fn trigger(&self, namespace: &str, name: &str) {
-        // A closed channel means the process is shutting down.
-        let _ = self.triggers.send(ObjectRef::new(name).within(namespace));
-    }
-
-    fn on_cr(&mut self, ev: watcher::Event<CocoonHibernation>) {
-        match ev {
-            watcher::Event::Init => {
-                self.lists.begin(Informer::CocoonHibernations);
-                self.cache.crs_relisting.store(true, Ordering::Release);
-                self.index().begin_resync();
-                self.relist.crs = Some(HashSet::new());
-            }
-            watcher::Event::InitApply(cr) | watcher::Event::Apply(cr) => {
-                self.lists.object(Informer::CocoonHibernations);
-                let key = (cr.namespace().unwrap_or_default(), cr.name_any());
-                let released =
-                    self.index()
-                        .upsert(&key.0, &key.1, &cr.spec.pod_ref.name, cr.vm_name());
-                let version = cr.resource_version().unwrap_or_default();
-                let changed = self.cr_versions.get(&key) != Some(&version);
-                self.cr_versions.insert(key.clone(), version);
-                if let Some(vm) = released {
-                    self.enqueue_waiting_on_vm(&vm);
-                }
-                match &mut self.relist.crs {
-                    Some(pending) => {
-                        if changed {
-                            pending.insert(key);
-                        }
-                    }
-                    None => self.trigger(&key.0, &key.1),
-                }
-            }
-            watcher::Event::Delete(cr) => {
-                let key = (cr.namespace().unwrap_or_default(), cr.name_any());
-                self.cr_versions.remove(&key);
-                let removed = self.index().remove(&key.0, &key.1);
-                if let Some((pod, vm)) = removed {
-                    self.on_cr_gone(&key.0, &pod, vm.as_deref());
-                }
-            }
-            watcher::Event::InitDone => {
-                self.lists.end(Informer::CocoonHibernations);
-                let gone = self.index().finish_resync();
-                self.cache.crs_synced.store(true, Ordering::Release);
-                self.cache.crs_relisting.store(false, Ordering::Release);
-                for ((ns, name), pod, vm) in gone {
-                    self.cr_versions.remove(&(ns.clone(), name));
-                    self.on_cr_gone(&ns, &pod, vm.as_deref());
-                }
-                for (ns, name) in self.relist.crs.take().unwrap_or_default() {
-                    self.trigger(&ns, &name);
-                }
-            }
-        }
-    }
-
-    /// S2: a CR that is gone may have been the one others on its pod or VM deferred to.
-    fn on_cr_gone(&self, namespace: &str, pod: &str, vm: Option<&str>) {
-        self.enqueue_for_pod(&(namespace.to_owned(), pod.to_owned()));
-        if let Some(vm) = vm {
-            self.enqueue_waiting_on_vm(vm);
-        }
-    }
-
-    /// CRs of every pod naming `vm`: the ones a holder of `vm` may have kept waiting.
-    fn enqueue_waiting_on_vm(&self, vm: &str) {
-        let pods = self.pods().pods_naming(vm);
-        for key in pods {
-            self.enqueue_for_pod(&key);
-        }
-    }
-
-    fn on_pod(&mut self, ev: watcher::Event<PodSlice>) {
-        match ev {
-            watcher::Event::Init => {
-                self.lists.begin(Informer::Pods);
-                self.cache.pods_relisting.store(true, Ordering::Release);
-                self.pods().begin_resync();
-                self.relist.pods = Some(HashSet::new());
-            }
-            watcher::Event::InitApply(pod) | watcher::Event::Apply(pod) => {
-                self.lists.object(Informer::Pods);
-                let key = pod_key(&pod);
-                let changed = self.pods().observe(key.clone(), PodView::from_pod(&pod));
-                if changed {
-                    match &mut self.relist.pods {
-                        Some(pending) => {
-                            pending.insert(key);
-                        }
-                        None => self.enqueue_for_pod(&key),
-                    }
-                }
-            }
-            watcher::Event::Delete(pod) => {
-                let key = pod_key(&pod);
-                let known = self.pods().forget(&key);
-                if known {
-                    self.enqueue_for_pod(&key);
-                }
-            }
-            watcher::Event::InitDone => {
-                self.lists.end(Informer::Pods);
-                let mut changed = self.relist.pods.take().unwrap_or_default();
-                changed.extend(self.pods().finish_resync());
-                self.cache.pods_synced.store(true, Ordering::Release);
-                self.cache.pods_relisting.store(false, Ordering::Release);
-                for key in changed {
-                    self.enqueue_for_pod(&key);
-                }
-            }
-        }
-    }
-
-    fn enqueue_for_pod(&self, key: &Key) {
-        let names = self.cache.cr_names_for_pod(&key.0, &key.1);
-        for name in names {
-            self.trigger(&key.0, &name);
-        }
-    }
-}
-
-fn pod_key(pod: &PodSlice) -> Key {
-    (pod.namespace().unwrap_or_default(), pod.name_any())
 }
 
 #[cfg(test)]
@@ -476,10 +295,10 @@ impl SharedCache {
         cr_writer.apply_watcher_event(&watcher::Event::InitDone);
         pod_writer.apply_watcher_event(&watcher::Event::Init);
         for pod in pods.iter().map(PodSlice::from) {
-            cache
-                .pod_views
-                .write()
-                .observe(pod_key(&pod), PodView::from_pod(&pod));
+            cache.pod_views.write().observe(
+                driver::pod_key(&pod),
+                crate::api::annotations::PodView::from_pod(&pod),
+            );
             pod_writer.apply_watcher_event(&watcher::Event::InitApply(pod));
         }
         pod_writer.apply_watcher_event(&watcher::Event::InitDone);

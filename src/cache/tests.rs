@@ -1,4 +1,6 @@
+use super::driver::EventHandler;
 use super::*;
+use crate::api::annotations::PodView;
 use crate::api::annotations::{self, HIBERNATE, LIFECYCLE_STATE, VM_ID, VM_NAME};
 use k8s_openapi::api::core::v1::Pod;
 
@@ -62,4 +64,210 @@ fn c3_stripped_pod_keeps_everything_a_pass_reads() {
         let mut doc = json.clone();
         json_patch::patch(&mut doc, &patch.0).unwrap();
     }
+}
+
+// ---------------------------------------------------------------------------------------
+// S4: relists, cut short or not, and no going back in time.
+
+use crate::api::{CocoonHibernationSpec, Desire, PodRef};
+use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
+use watcher::Event;
+
+fn cr(name: &str, pod: &str, rv: &str, desire: Desire) -> CocoonHibernation {
+    let mut cr = CocoonHibernation::new(
+        name,
+        CocoonHibernationSpec {
+            pod_ref: PodRef { name: pod.into() },
+            desire,
+            hibernate_timeout: None,
+            wake_timeout: None,
+        },
+    );
+    cr.metadata.namespace = Some("ns".into());
+    cr.metadata.uid = Some(format!("uid-{name}"));
+    cr.metadata.resource_version = Some(rv.into());
+    cr
+}
+
+fn pod(name: &str, rv: &str, vm: &str, hibernate: bool) -> PodSlice {
+    let mut annotations = std::collections::BTreeMap::from([(VM_NAME.to_owned(), vm.to_owned())]);
+    if hibernate {
+        annotations.insert(HIBERNATE.to_owned(), "true".to_owned());
+    }
+    let mut pod = PodSlice::default();
+    pod.metadata.name = Some(name.into());
+    pod.metadata.namespace = Some("ns".into());
+    pod.metadata.uid = Some(format!("uid-{name}"));
+    pod.metadata.resource_version = Some(rv.into());
+    pod.metadata.annotations = Some(annotations);
+    pod
+}
+
+/// An event handler on an empty cache, as the driver builds it, and the triggers it sends.
+fn harness() -> (EventHandler, UnboundedReceiver<Trigger>) {
+    let (tx, rx) = unbounded_channel();
+    let (cache, writers) = SharedCache::empty(Progress::new());
+    (EventHandler::new(cache, writers, tx), rx)
+}
+
+fn drain(rx: &mut UnboundedReceiver<Trigger>) -> Vec<String> {
+    let mut names = Vec::new();
+    while let Ok(t) = rx.try_recv() {
+        names.push(t.name);
+    }
+    names.sort();
+    names.dedup();
+    names
+}
+
+/// Both informers' first list: `a` on pod `pa`, `b` on pod `pb`.
+fn first_list(h: &mut EventHandler, rx: &mut UnboundedReceiver<Trigger>) {
+    h.on_cr(Event::Init);
+    h.on_cr(Event::InitApply(cr("a", "pa", "10", Desire::Hibernate)));
+    h.on_cr(Event::InitApply(cr("b", "pb", "11", Desire::Hibernate)));
+    h.on_cr(Event::InitDone);
+    h.on_pod(Event::Init);
+    h.on_pod(Event::InitApply(pod("pa", "12", "vm-a", false)));
+    h.on_pod(Event::InitApply(pod("pb", "13", "vm-b", false)));
+    h.on_pod(Event::InitDone);
+    assert_eq!(drain(rx), ["a", "b"], "the first list triggers every CR");
+}
+
+/// SPEC S4: a relist cut short (a streamed list cut before its end bookmark, a later page
+/// failing) and retried loses nothing: a CR changed while the watch was down, and a CR
+/// whose pod changed, are triggered once the retried list is done, though the cut
+/// attempt had already shown them.
+#[test]
+fn s4_a_relist_cut_short_and_retried_still_triggers_what_changed() {
+    let (mut h, mut rx) = harness();
+    first_list(&mut h, &mut rx);
+    let changed_cr = || cr("a", "pa", "20", Desire::Wake);
+    let changed_pod = || pod("pb", "21", "vm-b", true);
+
+    // The cut attempt: kube starts over with a fresh Init.
+    h.on_cr(Event::Init);
+    h.on_cr(Event::InitApply(changed_cr()));
+    h.on_pod(Event::Init);
+    h.on_pod(Event::InitApply(changed_pod()));
+    // The retried list shows the same objects again.
+    h.on_cr(Event::Init);
+    h.on_cr(Event::InitApply(changed_cr()));
+    h.on_cr(Event::InitApply(cr("b", "pb", "11", Desire::Hibernate)));
+    h.on_pod(Event::Init);
+    h.on_pod(Event::InitApply(pod("pa", "12", "vm-a", false)));
+    h.on_pod(Event::InitApply(changed_pod()));
+    assert!(
+        drain(&mut rx).is_empty(),
+        "held until the store has the new list"
+    );
+    h.on_cr(Event::InitDone);
+    h.on_pod(Event::InitDone);
+    assert_eq!(
+        drain(&mut rx),
+        ["a", "b"],
+        "a: the CR changed; b: its pod changed"
+    );
+}
+
+fn rv_of_cr(h: &EventHandler, name: &str) -> Option<String> {
+    h.cache.cr("ns", name)?.resource_version()
+}
+
+fn rv_of_pod(h: &EventHandler, name: &str) -> Option<String> {
+    h.cache.pod("ns", name)?.resource_version()
+}
+
+/// SPEC S4: no going back in time. A relist from an apiserver lagging behind the one the
+/// cache watched shows older copies: they trigger nothing, and the stores, the podRef
+/// index and the pod views keep the newer ones. Stale watch events and deletes likewise.
+#[test]
+fn s4_a_lagging_list_or_stale_event_never_takes_the_cache_back() {
+    let (mut h, mut rx) = harness();
+    first_list(&mut h, &mut rx);
+    // The cache moves on: a wakes, pb names another VM.
+    h.on_cr(Event::Apply(cr("a", "pa", "30", Desire::Wake)));
+    h.on_pod(Event::Apply(pod("pb", "31", "vm-b2", false)));
+    assert_eq!(drain(&mut rx), ["a", "b"]);
+
+    // A relist from a lagging apiserver shows them as they were.
+    h.on_cr(Event::Init);
+    h.on_cr(Event::InitApply(cr("a", "pa", "10", Desire::Hibernate)));
+    h.on_cr(Event::InitApply(cr("b", "pb", "11", Desire::Hibernate)));
+    h.on_cr(Event::InitDone);
+    h.on_pod(Event::Init);
+    h.on_pod(Event::InitApply(pod("pa", "12", "vm-a", false)));
+    h.on_pod(Event::InitApply(pod("pb", "13", "vm-b", false)));
+    h.on_pod(Event::InitDone);
+    assert!(drain(&mut rx).is_empty(), "older copies are no change");
+    assert_eq!(rv_of_cr(&h, "a").as_deref(), Some("30"));
+    assert_eq!(
+        h.cache.cr("ns", "a").map(|c| c.spec.desire),
+        Some(Desire::Wake)
+    );
+    assert_eq!(rv_of_pod(&h, "pb").as_deref(), Some("31"));
+    assert_eq!(
+        h.cache.crs_for_pod("ns", "pa").len(),
+        1,
+        "a is still listed"
+    );
+    let naming = h.cache.pod_views.read().pods_naming("vm-b2");
+    assert_eq!(naming, [("ns".to_owned(), "pb".to_owned())]);
+
+    // Stale events from a lagging watch: an older copy, and deletes older than the copies
+    // held (of objects since moved on).
+    h.on_cr(Event::Apply(cr("a", "pa", "29", Desire::Hibernate)));
+    h.on_pod(Event::Apply(pod("pb", "14", "vm-b", false)));
+    h.on_cr(Event::Delete(cr("b", "pb", "5", Desire::Hibernate)));
+    h.on_pod(Event::Delete(pod("pa", "6", "vm-a", false)));
+    assert!(drain(&mut rx).is_empty());
+    assert_eq!(rv_of_cr(&h, "a").as_deref(), Some("30"));
+    assert_eq!(rv_of_pod(&h, "pb").as_deref(), Some("31"));
+    assert_eq!(rv_of_cr(&h, "b").as_deref(), Some("11"), "b not deleted");
+    assert_eq!(rv_of_pod(&h, "pa").as_deref(), Some("12"), "pa not deleted");
+
+    // The lagging apiserver catches up and moves on.
+    h.on_cr(Event::Apply(cr("a", "pa", "40", Desire::Hibernate)));
+    assert_eq!(drain(&mut rx), ["a"]);
+    assert_eq!(rv_of_cr(&h, "a").as_deref(), Some("40"));
+}
+
+/// SPEC S4: a list cut short showed a newer copy that never reached the store; the retry,
+/// from a lagging apiserver, shows an older one. The store gets the newest copy it can
+/// (never older than its own), the pass is triggered at the list's end, and the copy that
+/// catches the store up triggers again.
+#[test]
+fn s4_a_cut_list_retried_on_a_lagging_apiserver_catches_up_later() {
+    let (mut h, mut rx) = harness();
+    first_list(&mut h, &mut rx);
+    h.on_cr(Event::Init);
+    h.on_cr(Event::InitApply(cr("a", "pa", "30", Desire::Wake)));
+    h.on_pod(Event::Init);
+    h.on_pod(Event::InitApply(pod("pa", "31", "vm-a", true)));
+    // Retried on an apiserver that has seen a's and pa's first change only.
+    h.on_cr(Event::Init);
+    h.on_cr(Event::InitApply(cr("a", "pa", "20", Desire::Wake)));
+    h.on_cr(Event::InitApply(cr("b", "pb", "11", Desire::Hibernate)));
+    h.on_cr(Event::InitDone);
+    h.on_pod(Event::Init);
+    h.on_pod(Event::InitApply(pod("pa", "21", "vm-a", true)));
+    h.on_pod(Event::InitApply(pod("pb", "13", "vm-b", false)));
+    h.on_pod(Event::InitDone);
+    assert_eq!(
+        drain(&mut rx),
+        ["a"],
+        "what the cut list showed is triggered"
+    );
+    assert_eq!(
+        rv_of_cr(&h, "a").as_deref(),
+        Some("20"),
+        "newer than it was"
+    );
+    assert_eq!(rv_of_pod(&h, "pa").as_deref(), Some("21"));
+    // The watch then brings the versions the cut list showed: the stores catch up.
+    h.on_cr(Event::Apply(cr("a", "pa", "30", Desire::Wake)));
+    assert_eq!(drain(&mut rx), ["a"], "the CR's store caught up");
+    h.on_pod(Event::Apply(pod("pa", "31", "vm-a", true)));
+    assert_eq!(drain(&mut rx), ["a"], "the pod's store caught up");
+    assert_eq!(rv_of_cr(&h, "a").as_deref(), Some("30"));
+    assert_eq!(rv_of_pod(&h, "pa").as_deref(), Some("31"));
 }

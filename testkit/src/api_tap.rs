@@ -14,6 +14,9 @@
 //!   byte, not even their end, and stay open; new informer requests are held unanswered.
 //!   Lease, event and single-object calls pass (a frozen view, S8). [`ApiTap::thaw`] lets
 //!   everything through again.
+//! - [`ApiTap::cut_cr_relist`]: the open CR watches end, the next resumed one is told
+//!   410 Gone (so the informer relists), and the next streamed CR list is cut after its
+//!   first object, before its end bookmark (so kube starts that list over, S4).
 //!
 //! The TLS ends and the forwarding are [`crate::tls_proxy`]'s.
 
@@ -97,6 +100,7 @@ pub struct Call {
     pub kind: Kind,
     pub method: String,
     pub path: String,
+    pub query: String,
     /// When the request arrived (wall clock, comparable with Lease and registry times).
     pub at: jiff::Timestamp,
     /// When its answer headers came back from the apiserver.
@@ -128,6 +132,21 @@ struct Switches {
     /// Informer requests that arrived while frozen.
     held: Arc<AtomicUsize>,
     log: Arc<Mutex<Log>>,
+    relist: Arc<CrRelist>,
+}
+
+/// [`ApiTap::cut_cr_relist`]'s state.
+struct CrRelist {
+    /// Bumped to end every open CR watch reply.
+    end: watch::Sender<u64>,
+    /// Resumed CR watches still to answer 410 Gone, and how many were.
+    gone: AtomicUsize,
+    gone_sent: AtomicUsize,
+    /// Streamed CR lists still to cut after their first object, and how many were.
+    cut: AtomicUsize,
+    cut_done: AtomicUsize,
+    /// Streamed CR lists passed whole.
+    whole: AtomicUsize,
 }
 
 /// The proxy; stops on drop (open connections end with their tasks).
@@ -138,6 +157,7 @@ pub struct ApiTap {
     frozen: watch::Sender<bool>,
     held: Arc<AtomicUsize>,
     log: Arc<Mutex<Log>>,
+    relist: Arc<CrRelist>,
     task: JoinHandle<()>,
 }
 
@@ -163,12 +183,21 @@ impl ApiTap {
         let (frozen, frozen_rx) = watch::channel(false);
         let held = Arc::new(AtomicUsize::new(0));
         let log = Arc::new(Mutex::new(Log::default()));
+        let relist = Arc::new(CrRelist {
+            end: watch::channel(0).0,
+            gone: AtomicUsize::new(0),
+            gone_sent: AtomicUsize::new(0),
+            cut: AtomicUsize::new(0),
+            cut_done: AtomicUsize::new(0),
+            whole: AtomicUsize::new(0),
+        });
         let switches = Switches {
             stall_leases: stall_rx,
             hold_pods: hold_rx,
             frozen: frozen_rx,
             held: held.clone(),
             log: log.clone(),
+            relist: relist.clone(),
         };
         let (port, task) = tls_proxy::serve_tls(acceptor, move |down| {
             // One upstream connection per downstream one, opened on first use.
@@ -193,6 +222,7 @@ impl ApiTap {
             frozen,
             held,
             log,
+            relist,
             task,
         }
     }
@@ -226,6 +256,26 @@ impl ApiTap {
     /// Lets the frozen informer traffic through again.
     pub fn thaw(&self) {
         self.frozen.send_replace(false);
+    }
+
+    /// Ends every open CR watch now; the next resumed CR watch is answered with a 410 Gone
+    /// event (never forwarded), and the next streamed CR list (`sendInitialEvents`) is
+    /// cut after its first object.
+    pub fn cut_cr_relist(&self) {
+        self.relist.gone.store(1, Ordering::SeqCst);
+        self.relist.cut.store(1, Ordering::SeqCst);
+        self.relist.end.send_modify(|n| *n += 1);
+    }
+
+    /// (resumed CR watches told 410 Gone, streamed CR lists cut, streamed CR lists passed
+    /// whole).
+    pub fn cr_relists(&self) -> (usize, usize, usize) {
+        let r = &self.relist;
+        (
+            r.gone_sent.load(Ordering::SeqCst),
+            r.cut_done.load(Ordering::SeqCst),
+            r.whole.load(Ordering::SeqCst),
+        )
     }
 
     /// Informer requests that arrived while frozen.
@@ -287,6 +337,7 @@ async fn handle(
             kind: k,
             method: req.method().to_string(),
             path: path.clone(),
+            query: req.uri().query().unwrap_or_default().to_owned(),
             at: jiff::Timestamp::now(),
             answered: None,
             status: 0,
@@ -301,6 +352,20 @@ async fn handle(
     if informer && *switches.frozen.borrow() {
         switches.held.fetch_add(1, Ordering::SeqCst);
         until(switches.frozen.clone(), false).await;
+    }
+    let streamed = req
+        .uri()
+        .query()
+        .unwrap_or_default()
+        .split('&')
+        .any(|kv| kv == "sendInitialEvents=true");
+    if k == Kind::CrWatch && !streamed && take_one(&switches.relist.gone) {
+        switches.relist.gone_sent.fetch_add(1, Ordering::SeqCst);
+        return Ok(gone());
+    }
+    let cut_list = k == Kind::CrWatch && streamed && take_one(&switches.relist.cut);
+    if k == Kind::CrWatch && streamed && !cut_list {
+        switches.relist.whole.fetch_add(1, Ordering::SeqCst);
     }
     let req = req.map(|b| b.map_err(BoxError::from).boxed_unsync());
     let res = up.lock().await.send(req).await?;
@@ -319,11 +384,78 @@ async fn handle(
         gates.push(switches.frozen.clone());
     }
     let logged = matches!(k, Kind::PodWatch | Kind::CrWatch).then(|| switches.log.clone());
-    Ok(if gates.is_empty() && logged.is_none() {
+    let res = if gates.is_empty() && logged.is_none() {
         res.map(|b| b.map_err(BoxError::from).boxed_unsync())
     } else {
         res.map(|b| gated(b, k, gates, logged))
+    };
+    if cut_list {
+        switches.relist.cut_done.fetch_add(1, Ordering::SeqCst);
+        return Ok(res.map(first_line));
+    }
+    Ok(if k == Kind::CrWatch {
+        let mut end = switches.relist.end.subscribe();
+        res.map(|b| {
+            let frames = BodyStream::new(b).take_until(async move {
+                let _ = end.changed().await;
+            });
+            StreamBody::new(frames).boxed_unsync()
+        })
+    } else {
+        res
     })
+}
+
+/// Takes one from `n` unless it is 0.
+fn take_one(n: &AtomicUsize) -> bool {
+    n.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |v| v.checked_sub(1))
+        .is_ok()
+}
+
+/// A watch reply of one event: 410 Gone, as an apiserver says a resumed watch's
+/// resourceVersion is too old.
+fn gone() -> Response<Body> {
+    let event = serde_json::json!({
+        "type": "ERROR",
+        "object": {
+            "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+            "message": "too old resource version (api_tap)", "reason": "Expired", "code": 410,
+        },
+    });
+    let mut res = Response::new(
+        Full::new(Bytes::from(format!("{event}\n")))
+            .map_err(|never| match never {})
+            .boxed_unsync(),
+    );
+    res.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/json"),
+    );
+    res
+}
+
+/// The body up to and including its first newline (the first watch event), then its end.
+fn first_line(body: Body) -> Body {
+    let frames = BodyStream::new(body).scan(false, |done, frame| {
+        if *done {
+            return futures::future::ready(None);
+        }
+        let frame = match frame {
+            Ok(f) => match f.into_data() {
+                Ok(data) => match data.iter().position(|b| *b == b'\n') {
+                    Some(i) => {
+                        *done = true;
+                        Ok(hyper::body::Frame::data(data.slice(..=i)))
+                    }
+                    None => Ok(hyper::body::Frame::data(data)),
+                },
+                Err(other) => Ok(other),
+            },
+            Err(e) => Err(e),
+        };
+        futures::future::ready(Some(frame))
+    });
+    StreamBody::new(frames).boxed_unsync()
 }
 
 /// A reply body whose chunks each wait, and whose end waits, until every gate is open;

@@ -522,6 +522,79 @@ async fn e2e_s4_change_seen_only_through_a_relist_converges() {
     assert_eq!(others, 0, "S4: nothing else touched the CR after the flip");
 }
 
+/// S4 on the streamed path (the shared apiserver with its watch cache, `--initial-list
+/// stream`): a desire flip the product learns only through a relist that is cut short
+/// before its end bookmark, and started over, still converges. Through the tap, with the
+/// informers frozen, the product's CR watch is ended and the flip made; on the thaw its
+/// resumed watch is told 410 Gone, and its first streamed list is cut after one object
+/// (the flipped CR), so kube emits `Init` again and the retried list shows that CR as
+/// the cut attempt did. Before the fix nothing then triggered the CR. Every streamed
+/// list the product asked for is a consistent read (no going back in time).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e2e_s4_a_streamed_relist_cut_short_still_converges() {
+    let (cluster, client, ns) = fresh_namespace("s4-cut").await;
+    let tap = product_tap(cluster).await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut opts = ProductOptions::new(&ns, &cluster.registry);
+    opts.extra_args.push("--initial-list=stream".into());
+    let opts = via(cluster, opts, &tap.url(), dir.path()).await;
+    let p = Product::start(cluster, &opts).await;
+    let _sim = quick_sim(cluster, &client, &ns);
+    let crs: Api<CocoonHibernation> = Api::namespaced(client.clone(), &ns);
+    hibernate_new_vm(&client, &ns, &crs, "r-0", &format!("vm-{ns}")).await;
+    // Let the product's own last writes land and reach its watch.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(tap.cr_relists(), (0, 0, 1), "one streamed CR list so far");
+
+    tap.freeze_informers();
+    tap.cut_cr_relist();
+    product::set_desire(&crs, "r-0", Desire::Wake).await;
+    let mark = cluster.audit_mark();
+    tap.thaw();
+    let cut = Instant::now();
+    let mut seen = vec![Phase::Hibernated];
+    wait_phase(&crs, "r-0", Phase::Active, LONG, &mut seen).await;
+    eprintln!(
+        "converged {:?} after the thaw; phases {seen:?}",
+        cut.elapsed()
+    );
+    let (gone, cut_lists, whole) = tap.cr_relists();
+    assert_eq!(gone, 1, "the resumed CR watch was told 410 Gone");
+    assert_eq!(cut_lists, 1, "one streamed CR list was cut short");
+    assert!(whole >= 2, "the retried streamed list completed: {whole}");
+    // Every streamed list, of CRs and of pods, was asked as a consistent read: never
+    // older than the cache, whichever apiserver serves it.
+    let streamed: Vec<_> = tap
+        .calls()
+        .into_iter()
+        .filter(|c| c.query.split('&').any(|kv| kv == "sendInitialEvents=true"))
+        .collect();
+    let kinds = |k| streamed.iter().filter(|c| c.kind == k).count();
+    assert!(kinds(api_tap::Kind::CrWatch) >= 3 && kinds(api_tap::Kind::PodWatch) >= 1);
+    for call in &streamed {
+        assert!(
+            call.query.split('&').any(|kv| kv == "resourceVersion="),
+            "a streamed list not asked as a consistent read: {}?{}",
+            call.path,
+            call.query
+        );
+    }
+    let log = p.log_text();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("CocoonHibernation watch error") && l.contains("api_tap")),
+        "the product's CR watch should have been told 410 Gone; log:\n{log}"
+    );
+    // Nothing but the product wrote the CR after the flip.
+    let product_user = product::product_identity(cluster).await.username.clone();
+    let others = cluster.count_audit_writes(mark, |e| {
+        e["objectRef"]["namespace"].as_str() == Some(ns.as_str())
+            && e["objectRef"]["resource"].as_str() == Some("cocoonhibernations")
+            && e["user"]["username"].as_str() != Some(product_user.as_str())
+    });
+    assert_eq!(others, 0, "S4: nothing else touched the CR after the flip");
+}
+
 // ---------------------------------------------------------------------------------------
 // S1, S7, S8: partial partitions, a paused leader, a lagging pod informer.
 

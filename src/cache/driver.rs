@@ -1,0 +1,314 @@
+//! The cache's driver task: polls both watch streams, applies each event to the stores
+//! itself (S4: a copy older than the one held never replaces it, `src/cache/versions.rs`),
+//! keeps the podRef index and the pod change tracker in step, and turns relevant events
+//! into reconcile triggers, held while a relist is in progress (S4).
+
+use super::index::{Key, PodChangeTracker, PodRefIndex};
+use super::progress::{Informer, ListTimer};
+use super::versions::{Pick, Seen, Versions};
+use super::{SharedCache, Trigger};
+use crate::api::CocoonHibernation;
+use crate::api::annotations::PodView;
+use crate::api::pod::PodSlice;
+use futures::{Stream, StreamExt};
+use kube::ResourceExt;
+use kube::runtime::reflector::ObjectRef;
+use kube::runtime::reflector::store::Writer;
+use kube::runtime::watcher;
+use parking_lot::RwLockWriteGuard;
+use std::collections::HashSet;
+use std::sync::atomic::Ordering;
+use tokio::sync::mpsc::UnboundedSender;
+
+/// The stores' writers, which only the driver holds.
+pub(super) struct Writers {
+    pub(super) crs: Writer<CocoonHibernation>,
+    pub(super) pods: Writer<PodSlice>,
+}
+pub(super) async fn drive(
+    cache: SharedCache,
+    writers: Writers,
+    cr_events: impl Stream<Item = Result<watcher::Event<CocoonHibernation>, watcher::Error>> + Send,
+    pod_events: impl Stream<Item = Result<watcher::Event<PodSlice>, watcher::Error>> + Send,
+    triggers: UnboundedSender<Trigger>,
+) {
+    let mut handler = EventHandler::new(cache.clone(), writers, triggers);
+    let cr_events = cr_events.map(Either::Cr);
+    let pod_events = pod_events.map(Either::Pod);
+    let merged = futures::stream::select(cr_events, pod_events);
+    futures::pin_mut!(merged);
+    while let Some(item) = merged.next().await {
+        // S8: every event is progress (errors are not: the watcher retries them).
+        let now = tokio::time::Instant::now();
+        match &item {
+            Either::Cr(Ok(_)) => cache.progress.record(Informer::CocoonHibernations, now),
+            Either::Pod(Ok(_)) => cache.progress.record(Informer::Pods, now),
+            _ => {}
+        }
+        match item {
+            Either::Cr(Ok(ev)) => handler.on_cr(ev),
+            Either::Pod(Ok(ev)) => handler.on_pod(ev),
+            // The watcher retries with backoff; the store keeps serving its last state.
+            Either::Cr(Err(e)) => tracing::warn!(error = %e, "CocoonHibernation watch error"),
+            Either::Pod(Err(e)) => tracing::warn!(error = %e, "Pod watch error"),
+        }
+    }
+}
+
+enum Either<A, B> {
+    Cr(A),
+    Pod(B),
+}
+
+pub(super) struct EventHandler {
+    pub(super) cache: SharedCache,
+    writers: Writers,
+    /// The newest resourceVersion taken of each CR and pod: which ones a relist changed,
+    /// and which copies are older than the cache's (S4).
+    cr_versions: Versions,
+    pod_versions: Versions,
+    relist: Relist,
+    lists: ListTimer,
+    triggers: UnboundedSender<Trigger>,
+}
+
+/// Work held back while a relist is in progress. kube's store swaps in the relisted objects
+/// only at `InitDone`; a pass triggered earlier would read the old object and could then
+/// wait forever for an unrelated event (S4). A relist cut short and started again keeps
+/// what it held: the versions and the pod views already moved on, so the retried list
+/// shows those objects unchanged.
+#[derive(Default)]
+struct Relist {
+    crs: Option<HashSet<Key>>,
+    pods: Option<HashSet<Key>>,
+}
+
+impl EventHandler {
+    pub(super) fn new(
+        cache: SharedCache,
+        writers: Writers,
+        triggers: UnboundedSender<Trigger>,
+    ) -> Self {
+        EventHandler {
+            cache,
+            writers,
+            cr_versions: Versions::default(),
+            pod_versions: Versions::default(),
+            relist: Relist::default(),
+            lists: ListTimer::default(),
+            triggers,
+        }
+    }
+
+    fn index(&self) -> RwLockWriteGuard<'_, PodRefIndex> {
+        self.cache.index.write()
+    }
+
+    fn pods(&self) -> RwLockWriteGuard<'_, PodChangeTracker> {
+        self.cache.pod_views.write()
+    }
+
+    fn trigger(&self, namespace: &str, name: &str) {
+        // A closed channel means the process is shutting down.
+        let _ = self.triggers.send(ObjectRef::new(name).within(namespace));
+    }
+
+    pub(super) fn on_cr(&mut self, ev: watcher::Event<CocoonHibernation>) {
+        match ev {
+            watcher::Event::Init => {
+                self.writers.crs.apply_watcher_event(&ev);
+                self.lists.begin(Informer::CocoonHibernations);
+                self.cache.crs_relisting.store(true, Ordering::Release);
+                self.index().begin_resync();
+                self.relist.crs.get_or_insert_with(HashSet::new);
+            }
+            watcher::Event::InitApply(ref cr) | watcher::Event::Apply(ref cr) => {
+                self.lists.object(Informer::CocoonHibernations);
+                let key = (cr.namespace().unwrap_or_default(), cr.name_any());
+                let version = cr.resource_version().unwrap_or_default();
+                let seen = self.cr_versions.observe(&key, &version);
+                if seen == Seen::Older {
+                    self.index().touch(&key.0, &key.1);
+                    self.keep_newer_cr(ev, &key, &version);
+                    return;
+                }
+                self.writers.crs.apply_watcher_event(&ev);
+                let released =
+                    self.index()
+                        .upsert(&key.0, &key.1, &cr.spec.pod_ref.name, cr.vm_name());
+                let changed = seen != Seen::Unchanged;
+                if let Some(vm) = released {
+                    self.enqueue_waiting_on_vm(&vm);
+                }
+                match &mut self.relist.crs {
+                    Some(pending) => {
+                        if changed {
+                            pending.insert(key);
+                        }
+                    }
+                    None => self.trigger(&key.0, &key.1),
+                }
+            }
+            watcher::Event::Delete(ref cr) => {
+                let key = (cr.namespace().unwrap_or_default(), cr.name_any());
+                let version = cr.resource_version().unwrap_or_default();
+                if !self.cr_versions.delete(&key, &version) {
+                    tracing::warn!(cr = ?key, version, "ignored a delete older than the CR the cache holds");
+                    return;
+                }
+                self.writers.crs.apply_watcher_event(&ev);
+                let removed = self.index().remove(&key.0, &key.1);
+                if let Some((pod, vm)) = removed {
+                    self.on_cr_gone(&key.0, &pod, vm.as_deref());
+                }
+            }
+            watcher::Event::InitDone => {
+                // The store swaps in the list first, so every pass triggered below reads it.
+                self.writers.crs.apply_watcher_event(&ev);
+                self.lists.end(Informer::CocoonHibernations);
+                let gone = self.index().finish_resync();
+                self.cache.crs_synced.store(true, Ordering::Release);
+                self.cache.crs_relisting.store(false, Ordering::Release);
+                for ((ns, name), pod, vm) in gone {
+                    self.cr_versions.forget(&(ns.clone(), name));
+                    self.on_cr_gone(&ns, &pod, vm.as_deref());
+                }
+                for (ns, name) in self.relist.crs.take().unwrap_or_default() {
+                    self.trigger(&ns, &name);
+                }
+            }
+        }
+    }
+
+    /// S4: `ev` carries an older copy of a CR than the cache took. A watch event is dropped
+    /// (the store keeps its copy); a list gets the newer of its copy and the store's.
+    fn keep_newer_cr(&mut self, ev: watcher::Event<CocoonHibernation>, key: &Key, version: &str) {
+        tracing::warn!(cr = ?key, version, "an older copy of the CR than the cache holds; kept the newer");
+        let watcher::Event::InitApply(cr) = ev else {
+            return;
+        };
+        let held = self.cache.cr(&key.0, &key.1);
+        let held_version = held.as_ref().and_then(|c| c.resource_version());
+        let listed = match (
+            self.cr_versions
+                .pick_for_list(key, version, held_version.as_deref()),
+            held,
+        ) {
+            (Pick::Store, Some(held)) => (*held).clone(),
+            _ => cr,
+        };
+        self.writers
+            .crs
+            .apply_watcher_event(&watcher::Event::InitApply(listed));
+    }
+
+    /// S4: as [`Self::keep_newer_cr`], for a pod.
+    fn keep_newer_pod(&mut self, ev: watcher::Event<PodSlice>, key: &Key, version: &str) {
+        tracing::warn!(pod = ?key, version, "an older copy of the pod than the cache holds; kept the newer");
+        let watcher::Event::InitApply(pod) = ev else {
+            return;
+        };
+        let held = self.cache.pod(&key.0, &key.1);
+        let held_version = held.as_ref().and_then(|p| p.resource_version());
+        let listed = match (
+            self.pod_versions
+                .pick_for_list(key, version, held_version.as_deref()),
+            held,
+        ) {
+            (Pick::Store, Some(held)) => (*held).clone(),
+            _ => pod,
+        };
+        self.writers
+            .pods
+            .apply_watcher_event(&watcher::Event::InitApply(listed));
+    }
+
+    /// S2: a CR that is gone may have been the one others on its pod or VM deferred to.
+    fn on_cr_gone(&self, namespace: &str, pod: &str, vm: Option<&str>) {
+        self.enqueue_for_pod(&(namespace.to_owned(), pod.to_owned()));
+        if let Some(vm) = vm {
+            self.enqueue_waiting_on_vm(vm);
+        }
+    }
+
+    /// CRs of every pod naming `vm`: the ones a holder of `vm` may have kept waiting.
+    fn enqueue_waiting_on_vm(&self, vm: &str) {
+        let pods = self.pods().pods_naming(vm);
+        for key in pods {
+            self.enqueue_for_pod(&key);
+        }
+    }
+
+    pub(super) fn on_pod(&mut self, ev: watcher::Event<PodSlice>) {
+        match ev {
+            watcher::Event::Init => {
+                self.writers.pods.apply_watcher_event(&ev);
+                self.lists.begin(Informer::Pods);
+                self.cache.pods_relisting.store(true, Ordering::Release);
+                self.pods().begin_resync();
+                self.relist.pods.get_or_insert_with(HashSet::new);
+            }
+            watcher::Event::InitApply(ref pod) | watcher::Event::Apply(ref pod) => {
+                self.lists.object(Informer::Pods);
+                let key = pod_key(pod);
+                let version = pod.resource_version().unwrap_or_default();
+                let seen = self.pod_versions.observe(&key, &version);
+                if seen == Seen::Older {
+                    self.pods().touch(&key);
+                    self.keep_newer_pod(ev, &key, &version);
+                    return;
+                }
+                self.writers.pods.apply_watcher_event(&ev);
+                let viewed = self.pods().observe(key.clone(), PodView::from_pod(pod));
+                // A store that only now catches up is a change though the view is not.
+                if viewed || seen == Seen::CaughtUp {
+                    match &mut self.relist.pods {
+                        Some(pending) => {
+                            pending.insert(key);
+                        }
+                        None => self.enqueue_for_pod(&key),
+                    }
+                }
+            }
+            watcher::Event::Delete(ref pod) => {
+                let key = pod_key(pod);
+                let version = pod.resource_version().unwrap_or_default();
+                if !self.pod_versions.delete(&key, &version) {
+                    tracing::warn!(pod = ?key, version, "ignored a delete older than the pod the cache holds");
+                    return;
+                }
+                self.writers.pods.apply_watcher_event(&ev);
+                let known = self.pods().forget(&key);
+                if known {
+                    self.enqueue_for_pod(&key);
+                }
+            }
+            watcher::Event::InitDone => {
+                self.writers.pods.apply_watcher_event(&ev);
+                self.lists.end(Informer::Pods);
+                let mut changed = self.relist.pods.take().unwrap_or_default();
+                let gone = self.pods().finish_resync();
+                for key in &gone {
+                    self.pod_versions.forget(key);
+                }
+                changed.extend(gone);
+                self.cache.pods_synced.store(true, Ordering::Release);
+                self.cache.pods_relisting.store(false, Ordering::Release);
+                for key in changed {
+                    self.enqueue_for_pod(&key);
+                }
+            }
+        }
+    }
+
+    fn enqueue_for_pod(&self, key: &Key) {
+        let names = self.cache.cr_names_for_pod(&key.0, &key.1);
+        for name in names {
+            self.trigger(&key.0, &name);
+        }
+    }
+}
+
+pub(super) fn pod_key(pod: &PodSlice) -> Key {
+    (pod.namespace().unwrap_or_default(), pod.name_any())
+}
