@@ -385,7 +385,12 @@ async fn e2e_deletion_gcs_tag_and_keeps_it_while_another_cr_holds_the_vm() {
         .await
         .expect("delete old-pod");
     eventually("old-pod gone", LONG, || async {
-        env.pods.get_opt("old-pod").await.ok()?.is_none().then_some(())
+        env.pods
+            .get_opt("old-pod")
+            .await
+            .ok()?
+            .is_none()
+            .then_some(())
     })
     .await;
     product::delete_and_wait_gone(&env.crs, "new-pod", LONG).await;

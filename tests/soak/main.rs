@@ -249,6 +249,8 @@ struct World {
     marks: Mutex<Vec<(f64, String)>>,
     /// One kube-apiserver restart at a time.
     restarting: AsyncMutex<()>,
+    /// G1: tags deleted while a replacement pod named their VM.
+    replaced_lost: Mutex<Vec<String>>,
     /// VMs whose snapshot the load discarded on purpose (a hibernated pod's CR deleted).
     discarded: Mutex<std::collections::HashSet<String>>,
 }
@@ -420,6 +422,88 @@ impl World {
             }
         }
         self.drive.lock().unwrap()[i].busy = false;
+    }
+
+    /// G1: the CocoonSet operator frees a hibernated pod's node: it deletes the pod and
+    /// creates a replacement under another name, which vk restores from the tag, and the
+    /// CR is deleted meanwhile. The tag must outlive the CR: the replacement names the VM.
+    /// Then the world goes back to one pod and a `Wake` CR.
+    async fn replace(&self, i: usize) {
+        {
+            let mut d = self.drive.lock().unwrap();
+            if d[i].busy || d[i].desire != Desire::Hibernate {
+                return;
+            }
+            d[i].busy = true;
+        }
+        let name = pod_name(i);
+        let replacement = format!("{name}-r");
+        let vm = self.vm(i);
+        let hibernated = Instant::now() + Duration::from_secs(60);
+        while self.seen(&name).map(|s| s.0) != Some(Some(Phase::Hibernated)) {
+            if Instant::now() > hibernated {
+                self.drive.lock().unwrap()[i].busy = false;
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+        self.mark(&format!("replace {name} by {replacement}"));
+        self.faults.add("operator.replace_pod", 1);
+        let steps = async {
+            self.pods
+                .delete(&name, &DeleteParams::default())
+                .await
+                .map_err(|e| format!("delete pod {name}: {e}"))?;
+            vk_sim::create_replacement_pod(&self.client, &self.ns, &replacement, &vm)
+                .await
+                .map_err(|e| format!("create {replacement}: {e}"))?;
+            self.crs
+                .delete(&name, &DeleteParams::default())
+                .await
+                .map_err(|e| format!("delete CR {name}: {e}"))?;
+            let gone_by = Instant::now() + Duration::from_secs(600);
+            while self.seen(&name).is_some() {
+                if Instant::now() > gone_by {
+                    return Err(format!("{name} not gone 600 s after its delete"));
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            // G1: the CR is gone; the replacement still names the VM, so the tag stays.
+            match vk_sim::snapshot_digest(&self.cluster.registry, &vm).await {
+                Ok(Some(_)) => {}
+                Ok(None) => self.replaced_lost.lock().unwrap().push(format!(
+                    "{vm}: tag deleted with CR {name} while pod {replacement} named the VM"
+                )),
+                Err(e) => log(self.started, format!("replace {name}: tag unknown: {e}")),
+            }
+            // vk restores the replacement from it.
+            let restored_by = Instant::now() + Duration::from_secs(120);
+            loop {
+                let pod = self.pods.get_opt(&replacement).await.ok().flatten();
+                if pod.is_some_and(|p| PodView::of(&p).woken()) {
+                    break;
+                }
+                if Instant::now() > restored_by {
+                    return Err(format!("{replacement} not restored within 120 s"));
+                }
+                tokio::time::sleep(Duration::from_millis(300)).await;
+            }
+            self.pods
+                .delete(&replacement, &DeleteParams::default())
+                .await
+                .map_err(|e| format!("delete {replacement}: {e}"))?;
+            vk_sim::create_vm_pod(&self.client, &self.ns, &name, &vm)
+                .await
+                .map_err(|e| format!("recreate pod {name}: {e}"))?;
+            self.create_cr(i, Desire::Wake).await
+        };
+        if let Err(e) = steps.await {
+            self.harness_error(format!("replace {name}: {e}"));
+        }
+        self.mark(&format!("{name} back from {replacement}"));
+        let mut d = self.drive.lock().unwrap();
+        d[i].desire = Desire::Wake;
+        d[i].busy = false;
     }
 
     /// A stale tag (or a stale lifecycle round) staged on a settled Active CR, which is then
@@ -863,6 +947,8 @@ async fn run(cfg: Cfg) -> bool {
     // tag it restored from.
     knobs.set_hibernating_first(true);
     knobs.set_wake_drops_tag(cfg.vk_drops_tag);
+    // G1: replacement pods the load creates are restored from their VM's tag.
+    knobs.set_restore_replacements(true);
     knobs.set_seed(rng.random());
     let sim = vk_sim::spawn(
         client.clone(),
@@ -890,6 +976,7 @@ async fn run(cfg: Cfg) -> bool {
         marks: Mutex::new(Vec::new()),
         restarting: AsyncMutex::new(()),
         discarded: Mutex::default(),
+        replaced_lost: Mutex::default(),
     });
 
     // ---- the load: pods and CRs
@@ -964,6 +1051,7 @@ async fn run(cfg: Cfg) -> bool {
     enum Act {
         Flip(usize),
         Recreate(usize, Duration, bool),
+        Replace(usize),
         Episode(Episode, u64),
     }
     let mut acts: Vec<(Duration, Act)> = Vec::new();
@@ -977,6 +1065,12 @@ async fn run(cfg: Cfg) -> bool {
             let pause = Duration::from_millis(rng.random_range(500..4000));
             let coin = rng.random_bool(0.5);
             acts.push((at(&mut rng, 0.0, 0.8), Act::Recreate(i, pause, coin)));
+        }
+    }
+    // G1: a few hibernated pods replaced under another name, their CRs deleted meanwhile.
+    for i in 0..cfg.crs {
+        if rng.random_bool(0.05) {
+            acts.push((at(&mut rng, 0.05, 0.7), Act::Replace(i)));
         }
     }
     // Every kind at least once; more in longer runs; one or two apiserver restarts.
@@ -1029,6 +1123,7 @@ async fn run(cfg: Cfg) -> bool {
                     world.flip(i).await
                 }
                 Act::Recreate(i, pause, coin) => world.delete_and_recreate(i, pause, coin).await,
+                Act::Replace(i) => world.replace(i).await,
                 Act::Episode(ep, seed) => {
                     let mut rng = StdRng::seed_from_u64(seed);
                     world.episode(ep, &mut rng).await
@@ -1403,6 +1498,8 @@ async fn run(cfg: Cfg) -> bool {
             ));
         }
     }
+    lost.violations
+        .extend(world.replaced_lost.lock().unwrap().iter().cloned());
     verdicts.extend(history);
     verdicts.push(lost);
     verdicts.push(converge);
@@ -1498,6 +1595,12 @@ async fn run(cfg: Cfg) -> bool {
         world.sim.knobs.wakes(),
         world.sim.knobs.tag_drops(),
         world.sim.knobs.late_removals(),
+        world.sim.knobs.withdrawn_removals()
+    );
+    let _ = writeln!(
+        text,
+        "vk restores      {} replacement pods restored from their tag, {} withdrawn hibernates finished late",
+        world.sim.knobs.replacement_restores(),
         world.sim.knobs.withdrawn_removals()
     );
     let _ = writeln!(text, "events seen       {events_seen}");
