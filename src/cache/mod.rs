@@ -4,6 +4,7 @@
 //! triggers. Consuming the raw streams (not shared-store subscribers) is what lets a pod's
 //! Delete still reach the CRs that target it (C3).
 
+pub mod arrivals;
 pub mod index;
 pub mod list_mode;
 pub mod pod_wire;
@@ -41,6 +42,8 @@ pub struct SharedCache {
     crs_relisting: Arc<AtomicBool>,
     pods_relisting: Arc<AtomicBool>,
     progress: Progress,
+    /// K9: pods and CRs appearing, for the schedules.
+    arrivals: tokio::sync::broadcast::Sender<arrivals::Arrival>,
 }
 
 /// What to watch.
@@ -148,6 +151,11 @@ impl SharedCache {
     pub fn cr_store(&self) -> Store<CocoonHibernation> {
         self.crs.clone()
     }
+
+    /// K9: arrivals from now on (see [`arrivals`]).
+    pub fn subscribe_arrivals(&self) -> tokio::sync::broadcast::Receiver<arrivals::Arrival> {
+        self.arrivals.subscribe()
+    }
 }
 
 /// Builds the cache and the future that drives it. The future runs until both watch
@@ -197,6 +205,15 @@ pub fn start_tracked(
         crs_relisting: Arc::default(),
         pods_relisting: Arc::default(),
         progress,
+        arrivals: tokio::sync::broadcast::channel(arrivals::CAPACITY).0,
+    };
+    let cr_tap = arrivals::Tap {
+        store: cache.crs.clone(),
+        sender: cache.arrivals.clone(),
+    };
+    let pod_tap = arrivals::Tap {
+        store: cache.pods.clone(),
+        sender: cache.arrivals.clone(),
     };
 
     let shared = cache.clone();
@@ -217,10 +234,12 @@ pub fn start_tracked(
         let cr_events = watcher(cr_api, cr_cfg)
             .default_backoff()
             .modify(|cr: &mut CocoonHibernation| cr.managed_fields_mut().clear())
+            .inspect(move |ev| cr_tap.see(ev))
             .reflect(cr_writer);
         let pod_events = watcher(pod_api, pod_cfg)
             .default_backoff()
             .modify(strip_pod)
+            .inspect(move |ev| pod_tap.see(ev))
             .reflect(pod_writer);
         drive(shared, cr_events, pod_events, triggers).await;
     };
@@ -456,6 +475,7 @@ impl SharedCache {
             crs_relisting: Arc::default(),
             pods_relisting: Arc::default(),
             progress: Progress::new(),
+            arrivals: tokio::sync::broadcast::channel(arrivals::CAPACITY).0,
         };
         // The list a watch would deliver, so the stores are ready as after a first sync.
         cr_writer.apply_watcher_event(&watcher::Event::Init);

@@ -89,6 +89,7 @@ fn schedule(
             max_in_flight,
             suspend: false,
             on_delete: OnDelete::Orphan,
+            always_asleep: false,
         },
     )
 }
