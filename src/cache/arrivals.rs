@@ -1,16 +1,20 @@
 //! K9: what a label-selecting consumer (the schedules) must hear at once rather than at its
 //! resync: a VM pod appearing, leaving, or changing its labels or VM; a CocoonHibernation
-//! appearing or leaving. Seen on the watch streams before the store applies them, so the
-//! store still holds the previous object to compare with; published on a bounded
-//! broadcast, whose lagging receiver is told so and looks at everything instead.
+//! appearing or leaving. Judged on the watch streams before the store applies them, so the
+//! store still holds the previous object to compare with, and published once it has; on a
+//! bounded broadcast, whose lagging receiver is told so and looks at everything instead.
 
 use crate::api::CocoonHibernation;
 use crate::api::annotations::PodView;
 use crate::api::pod::PodSlice;
+use futures::{Stream, StreamExt};
 use kube::ResourceExt;
+use kube::runtime::reflector::store::Writer;
 use kube::runtime::reflector::{ObjectRef, Store};
-use kube::runtime::watcher;
+use kube::runtime::{WatchStreamExt, watcher};
+use parking_lot::Mutex;
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use tokio::sync::broadcast;
 
 /// Arrivals held for a slow receiver before it lags (a first list of many pods does).
@@ -58,52 +62,64 @@ pub fn of_cr(existed: bool, new: Option<&CocoonHibernation>, gone: bool) -> Opti
     (gone || !existed).then_some(Arrival::Cr { namespace })
 }
 
-/// Publishes arrivals seen on one watch stream, before its store applies them.
-pub struct Tap<K: kube::Resource + Clone + 'static>
-where
-    K::DynamicType: std::hash::Hash + Eq + Clone,
-{
-    pub store: Store<K>,
-    pub sender: broadcast::Sender<Arrival>,
+/// A kind whose events may be arrivals.
+pub trait Arrives: kube::Resource<DynamicType = ()> + Clone + Send + Sync + 'static {
+    /// The arrival `event` makes, with `store` still holding the object before it.
+    fn arrival(store: &Store<Self>, event: &watcher::Event<Self>) -> Option<Arrival>;
 }
 
-impl Tap<PodSlice> {
-    pub fn see(&self, item: &Result<watcher::Event<PodSlice>, watcher::Error>) {
-        let arrival = match item {
-            Ok(watcher::Event::Apply(pod) | watcher::Event::InitApply(pod)) => of_pod(
-                self.store.get(&ObjectRef::from_obj(pod)).as_deref(),
-                Some(pod),
-            ),
-            Ok(watcher::Event::Delete(pod)) => of_pod(Some(pod), None),
+impl Arrives for PodSlice {
+    fn arrival(store: &Store<Self>, event: &watcher::Event<Self>) -> Option<Arrival> {
+        match event {
+            watcher::Event::Apply(pod) | watcher::Event::InitApply(pod) => {
+                of_pod(store.get(&ObjectRef::from_obj(pod)).as_deref(), Some(pod))
+            }
+            watcher::Event::Delete(pod) => of_pod(Some(pod), None),
             _ => None,
-        };
-        self.publish(arrival);
+        }
     }
 }
 
-impl Tap<CocoonHibernation> {
-    pub fn see(&self, item: &Result<watcher::Event<CocoonHibernation>, watcher::Error>) {
-        let arrival = match item {
-            Ok(watcher::Event::Apply(cr) | watcher::Event::InitApply(cr)) => {
-                let existed = self.store.get(&ObjectRef::from_obj(cr)).is_some();
+impl Arrives for CocoonHibernation {
+    fn arrival(store: &Store<Self>, event: &watcher::Event<Self>) -> Option<Arrival> {
+        match event {
+            watcher::Event::Apply(cr) | watcher::Event::InitApply(cr) => {
+                let existed = store.get(&ObjectRef::from_obj(cr)).is_some();
                 of_cr(existed, Some(cr), false)
             }
-            Ok(watcher::Event::Delete(cr)) => of_cr(true, Some(cr), true),
+            watcher::Event::Delete(cr) => of_cr(true, Some(cr), true),
             _ => None,
-        };
-        self.publish(arrival);
+        }
     }
 }
 
-impl<K: kube::Resource + Clone + 'static> Tap<K>
-where
-    K::DynamicType: std::hash::Hash + Eq + Clone,
-{
-    fn publish(&self, arrival: Option<Arrival>) {
-        if let Some(arrival) = arrival {
-            // No receiver (no schedule controller) is not an error.
-            let _ = self.sender.send(arrival);
-        }
+/// kube's `reflect`, telling `publish` of each arrival: judged against the store before
+/// the event is applied, published only after, so a schedule woken by it finds the
+/// object in the store.
+pub fn reflect<K: Arrives>(
+    events: impl Stream<Item = watcher::Result<watcher::Event<K>>> + Send,
+    writer: Writer<K>,
+    store: Store<K>,
+    publish: impl Fn(Arrival) + Send + 'static,
+) -> impl Stream<Item = watcher::Result<watcher::Event<K>>> + Send {
+    let seen: Arc<Mutex<Option<Arrival>>> = Arc::default();
+    let judged = seen.clone();
+    events
+        .inspect(move |item| {
+            *judged.lock() = item.as_ref().ok().and_then(|ev| K::arrival(&store, ev));
+        })
+        .reflect(writer)
+        .inspect(move |_| {
+            if let Some(arrival) = seen.lock().take() {
+                publish(arrival);
+            }
+        })
+}
+
+/// The production `publish`: no receiver (no schedule controller) is not an error.
+pub fn broadcaster(sender: broadcast::Sender<Arrival>) -> impl Fn(Arrival) + Send + 'static {
+    move |arrival| {
+        let _ = sender.send(arrival);
     }
 }
 
@@ -186,24 +202,63 @@ mod tests {
         assert_eq!(of_cr(true, Some(&cr), false), None, "changed");
     }
 
-    /// K9: the tap compares with the store before it applies the event, and a receiver
-    /// that lags hears that it lagged rather than nothing.
+    /// K9: an arrival is judged against the store before the event is applied (an
+    /// unchanged pod is quiet) and published only once the store holds the new object,
+    /// so the schedule it wakes reads it.
     #[tokio::test]
-    async fn k9_tap_publishes_before_the_store_applies_and_lag_is_reported() {
-        let (store, mut writer) = kube::runtime::reflector::store::<PodSlice>();
-        let (sender, mut rx) = broadcast::channel(2);
-        let tap = Tap { store, sender };
+    async fn k9_arrivals_are_published_after_the_store_applies_them() {
+        let (store, writer) = kube::runtime::reflector::store::<PodSlice>();
+        let published = Arc::new(Mutex::new(Vec::new()));
+        let publish = {
+            let (store, published) = (store.clone(), published.clone());
+            move |arrival: Arrival| {
+                let held = store
+                    .state()
+                    .iter()
+                    .map(|p| p.labels().clone())
+                    .collect::<Vec<_>>();
+                published.lock().push((arrival, held));
+            }
+        };
         let web = pod(&[("tier", "web")], Some("vm-1"));
-        let first = Ok(watcher::Event::Apply(web.clone()));
-        tap.see(&first);
-        writer.apply_watcher_event(&watcher::Event::Apply(web.clone()));
-        tap.see(&first); // the store holds it now: unchanged, quiet
-        assert!(matches!(rx.try_recv(), Ok(Arrival::Pod { .. })));
-        assert!(rx.try_recv().is_err(), "an unchanged pod is quiet");
-        for tier in ["a", "b", "c"] {
-            let moved = pod(&[("tier", tier)], Some("vm-1"));
-            tap.see(&Ok(watcher::Event::Apply(moved.clone())));
-            writer.apply_watcher_event(&watcher::Event::Apply(moved));
+        let db = pod(&[("tier", "db")], Some("vm-1"));
+        let events = futures::stream::iter([
+            Ok(watcher::Event::Apply(web.clone())),
+            Ok(watcher::Event::Apply(web.clone())),
+            Ok(watcher::Event::Apply(db.clone())),
+        ]);
+        let out: Vec<_> = reflect(events, writer, store, publish).collect().await;
+        assert_eq!(out.len(), 3, "every event passes through");
+        let published = published.lock().clone();
+        let pod_arrival = |labels: Vec<Labels>| Arrival::Pod {
+            namespace: "shop".into(),
+            labels,
+        };
+        assert_eq!(
+            published,
+            vec![
+                (
+                    pod_arrival(vec![labels(&[("tier", "web")])]),
+                    vec![labels(&[("tier", "web")])]
+                ),
+                (
+                    pod_arrival(vec![labels(&[("tier", "web")]), labels(&[("tier", "db")])]),
+                    vec![labels(&[("tier", "db")])]
+                ),
+            ],
+            "the unchanged pod is quiet; each arrival sees its object in the store"
+        );
+    }
+
+    /// K9: a receiver that lags hears that it lagged rather than nothing.
+    #[test]
+    fn k9_a_lagging_receiver_is_told() {
+        let (sender, mut rx) = broadcast::channel(2);
+        let publish = broadcaster(sender);
+        for _ in 0..3 {
+            publish(Arrival::Cr {
+                namespace: "shop".into(),
+            });
         }
         assert!(matches!(
             rx.try_recv(),

@@ -207,14 +207,11 @@ pub fn start_tracked(
         progress,
         arrivals: tokio::sync::broadcast::channel(arrivals::CAPACITY).0,
     };
-    let cr_tap = arrivals::Tap {
-        store: cache.crs.clone(),
-        sender: cache.arrivals.clone(),
-    };
-    let pod_tap = arrivals::Tap {
-        store: cache.pods.clone(),
-        sender: cache.arrivals.clone(),
-    };
+    let (cr_seen, pod_seen) = (cache.crs.clone(), cache.pods.clone());
+    let (cr_arrivals, pod_arrivals) = (
+        arrivals::broadcaster(cache.arrivals.clone()),
+        arrivals::broadcaster(cache.arrivals.clone()),
+    );
 
     let shared = cache.clone();
     let driver = async move {
@@ -233,14 +230,12 @@ pub fn start_tracked(
         }
         let cr_events = watcher(cr_api, cr_cfg)
             .default_backoff()
-            .modify(|cr: &mut CocoonHibernation| cr.managed_fields_mut().clear())
-            .inspect(move |ev| cr_tap.see(ev))
-            .reflect(cr_writer);
+            .modify(|cr: &mut CocoonHibernation| cr.managed_fields_mut().clear());
+        let cr_events = arrivals::reflect(cr_events, cr_writer, cr_seen, cr_arrivals);
         let pod_events = watcher(pod_api, pod_cfg)
             .default_backoff()
-            .modify(strip_pod)
-            .inspect(move |ev| pod_tap.see(ev))
-            .reflect(pod_writer);
+            .modify(strip_pod);
+        let pod_events = arrivals::reflect(pod_events, pod_writer, pod_seen, pod_arrivals);
         drive(shared, cr_events, pod_events, triggers).await;
     };
     (cache, driver)
