@@ -97,6 +97,8 @@ pub struct Call {
     pub kind: Kind,
     pub method: String,
     pub path: String,
+    /// The query string (`watch=true&...` for a watch).
+    pub query: String,
     /// When the request arrived (wall clock, comparable with Lease and registry times).
     pub at: jiff::Timestamp,
     /// When its answer headers came back from the apiserver.
@@ -287,6 +289,7 @@ async fn handle(
             kind: k,
             method: req.method().to_string(),
             path: path.clone(),
+            query: req.uri().query().unwrap_or_default().to_owned(),
             at: jiff::Timestamp::now(),
             answered: None,
             status: 0,
