@@ -1,11 +1,11 @@
 //! K9: what a label-selecting consumer (the schedules) must hear at once rather than at its
-//! resync: a VM pod appearing, leaving, or changing its labels or VM; a CocoonHibernation
+//! resync: a VM pod appearing, leaving, relabelled or starting to name a VM; a CocoonHibernation
 //! appearing or leaving. Judged on the watch streams before the store applies them, so the
 //! store still holds the previous object to compare with, and published once it has; on a
 //! bounded broadcast, whose lagging receiver is told so and looks at everything instead.
 
 use crate::api::CocoonHibernation;
-use crate::api::annotations::PodView;
+use crate::api::annotations::VM_NAME;
 use crate::api::pod::PodSlice;
 use futures::{Stream, StreamExt};
 use kube::ResourceExt;
@@ -24,7 +24,8 @@ pub type Labels = BTreeMap<String, String>;
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Arrival {
-    /// A pod that names (or named) a VM appeared, left, or changed its labels or VM:
+    /// A pod that names (or named) a VM appeared, left, changed its labels, or started
+    /// or stopped naming a VM:
     /// its label sets before and after, so both the selectors it joins and those it
     /// leaves hear of it.
     Pod {
@@ -38,10 +39,14 @@ pub enum Arrival {
 /// The pure rule for a pod: `old` as the store holds it, `new` as the event brings it
 /// (`None` for a delete).
 pub fn of_pod(old: Option<&PodSlice>, new: Option<&PodSlice>) -> Option<Arrival> {
-    let seen = |p: &PodSlice| (p.labels().clone(), PodView::from_pod(p).vm_name);
+    // Borrowed until there is something to publish: most pod events change neither.
+    // Names a VM as PodView reads it: a non-empty name annotation.
+    fn seen(p: &PodSlice) -> (&Labels, bool) {
+        let vm = p.annotations().get(VM_NAME).is_some_and(|v| !v.is_empty());
+        (p.labels(), vm)
+    }
     let (before, after) = (old.map(seen), new.map(seen));
-    let names_vm =
-        |s: &Option<(Labels, Option<String>)>| s.as_ref().is_some_and(|(_, vm)| vm.is_some());
+    let names_vm = |s: &Option<(&Labels, bool)>| s.is_some_and(|(_, vm)| vm);
     if before == after || !(names_vm(&before) || names_vm(&after)) {
         return None;
     }
@@ -51,7 +56,7 @@ pub fn of_pod(old: Option<&PodSlice>, new: Option<&PodSlice>) -> Option<Arrival>
         labels: [before, after]
             .into_iter()
             .flatten()
-            .map(|(l, _)| l)
+            .map(|(l, _)| l.clone())
             .collect(),
     })
 }
@@ -139,9 +144,7 @@ mod tests {
                         .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
                         .collect(),
                 ),
-                annotations: vm.map(|vm| {
-                    BTreeMap::from([(crate::api::annotations::VM_NAME.to_owned(), vm.to_owned())])
-                }),
+                annotations: vm.map(|vm| BTreeMap::from([(VM_NAME.to_owned(), vm.to_owned())])),
                 ..ObjectMeta::default()
             },
             container_running: false,
@@ -163,6 +166,8 @@ mod tests {
     #[case::k9_vm_pod_deleted(Some(pod(&[("tier", "web")], Some("vm-1"))), None, Some(vec![labels(&[("tier", "web")])]))]
     #[case::k9_relabelled(Some(pod(&[("tier", "web")], Some("vm-1"))), Some(pod(&[("tier", "db")], Some("vm-1"))), Some(vec![labels(&[("tier", "web")]), labels(&[("tier", "db")])]))]
     #[case::k9_given_its_vm(Some(pod(&[("tier", "web")], None)), Some(pod(&[("tier", "web")], Some("vm-1"))), Some(vec![labels(&[("tier", "web")]), labels(&[("tier", "web")])]))]
+    #[case::k9_another_vm_is_quiet(Some(pod(&[("tier", "web")], Some("vm-1"))), Some(pod(&[("tier", "web")], Some("vm-2"))), None)]
+    #[case::k9_an_empty_vm_name_is_none(None, Some(pod(&[("tier", "web")], Some(""))), None)]
     #[case::k9_unchanged_is_quiet(Some(pod(&[("tier", "web")], Some("vm-1"))), Some(pod(&[("tier", "web")], Some("vm-1"))), None)]
     #[case::k9_no_vm_is_quiet(None, Some(pod(&[("tier", "web")], None)), None)]
     #[case::k9_relabelled_without_vm_is_quiet(Some(pod(&[("tier", "web")], None)), Some(pod(&[("tier", "db")], None)), None)]
