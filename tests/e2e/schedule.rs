@@ -452,3 +452,73 @@ async fn e2e_k9_a_pod_or_cr_arriving_is_acted_on_within_seconds() {
     .await;
     eprintln!("K9: a new CR counted after {:?}", t0.elapsed());
 }
+
+/// K9 K4: where admission did not run (no webhook), a schedule changed to `awake: []`
+/// without `alwaysAsleep` is not acted on: it reports `InvalidSpec` and leaves its CR's
+/// desire alone; deleting it still releases the CR (its finalizer does not hang on the
+/// invalid spec), and never deletes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e2e_k9_k4_an_unconsented_empty_awake_writes_nothing_and_still_releases() {
+    let env = setup(
+        "schedule-k9c",
+        Setup {
+            webhook: false,
+            ..Setup::default()
+        },
+    )
+    .await;
+    let schedules: Api<CocoonHibernationSchedule> = Api::namespaced(env.client.clone(), &env.ns);
+    labelled_pods(&env, &["web-0".to_owned()], "web").await;
+    schedules
+        .create(
+            &PostParams::default(),
+            &schedule("office", "web", &[("03:01", "03:00")], None),
+        )
+        .await
+        .unwrap();
+    let cr = eventually("the schedule's CR, awake", LONG, || async {
+        let cr = env.crs.get_opt("web-0").await.ok()??;
+        (cr.spec.desire == Desire::Wake && cr.labels().contains_key(SCHEDULE_LABEL)).then_some(cr)
+    })
+    .await;
+    let patch = serde_json::json!({ "spec": { "awake": [] } });
+    schedules
+        .patch("office", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .expect("no webhook here: the apiserver admits it");
+    let ready = eventually("InvalidSpec reported", LONG, || async {
+        let s = schedules.get("office").await.ok()?.status?;
+        s.conditions
+            .into_iter()
+            .find(|c| c.type_ == "Ready" && c.reason == "InvalidSpec")
+    })
+    .await;
+    assert!(
+        ready.message.contains("spec.alwaysAsleep"),
+        "{}",
+        ready.message
+    );
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        env.crs.get("web-0").await.unwrap().spec.desire,
+        Desire::Wake,
+        "never hibernated for ever without consent"
+    );
+
+    schedules
+        .delete("office", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually("the schedule is gone", LONG, || async {
+        schedules
+            .get_opt("office")
+            .await
+            .ok()?
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    let after = env.crs.get("web-0").await.unwrap();
+    assert_eq!(after.uid(), cr.uid(), "the same CR, never deleted");
+    assert!(!after.labels().contains_key(SCHEDULE_LABEL), "released");
+}
