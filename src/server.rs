@@ -45,7 +45,7 @@ pub async fn run(args: ServerArgs) -> Result<()> {
         list: args.controller.initial_list,
     };
     let (cache, cache_driver) = cache::start_tracked(
-        watch_client,
+        watch_client.clone(),
         &scope,
         trigger_tx,
         progress,
@@ -128,24 +128,23 @@ pub async fn run(args: ServerArgs) -> Result<()> {
             .max(1),
         ..Settings::default()
     };
-    // K1: schedules run in this process, on this cache, while this replica leads.
-    let schedule_task = tokio::spawn({
-        let (client, cache, metrics) = (client.clone(), cache.clone(), metrics.clone());
-        let clock = crate::schedule::Clock {
-            offset: args.schedule_clock_offset,
-        };
-        let (leading, namespace) = (
-            election.leading.clone(),
-            args.controller.watch_namespace.clone(),
-        );
-        let stop = shutdown.clone();
-        async move {
-            crate::schedule::controller::run(
-                client, cache, metrics, clock, leading, &namespace, stop,
-            )
-            .await
-        }
-    });
+    // K1: schedules run in this process, on this cache, while this replica leads; their
+    // watch is on the watch client, ended by the apiserver like the cache's (S8).
+    let mut schedule_task = tokio::spawn(crate::schedule::controller::run(
+        crate::schedule::controller::Wiring {
+            watch_client,
+            client: client.clone(),
+            cache: cache.clone(),
+            metrics: metrics.clone(),
+            clock: crate::schedule::Clock {
+                offset: args.schedule_clock_offset,
+            },
+            leading: election.leading.clone(),
+            namespace: args.controller.watch_namespace.clone(),
+            watch_timeout: progress::watch_timeout(stall_limit),
+        },
+        shutdown.clone(),
+    ));
     // S10: the owner marker; it never holds up start-up or a pass.
     let owner_task = match args.install_name() {
         Some(name) => Some(tokio::spawn(crate::ownership::keep(
@@ -186,7 +185,7 @@ pub async fn run(args: ServerArgs) -> Result<()> {
     let outcome = tokio::select! {
         _ = wait_for_signal() => Ok(()),
         res = &mut webhook_server => Err(Error::TaskEnded(format!("the webhook server stopped: {}", flatten(res)))),
-        ended = until_a_task_ends(&mut cache_task, &mut controller_task) => Err(ended),
+        ended = until_a_task_ends(&mut cache_task, &mut controller_task, &mut schedule_task) => Err(ended),
     };
     if let Err(e) = &outcome {
         tracing::error!(error = %e, "a part of the process stopped: releasing the lease and exiting");
@@ -207,7 +206,9 @@ pub async fn run(args: ServerArgs) -> Result<()> {
     if let Some(task) = owner_task {
         task.abort();
     }
-    let _ = tokio::time::timeout(Duration::from_secs(5), schedule_task).await;
+    if !schedule_task.is_finished() {
+        let _ = tokio::time::timeout(Duration::from_secs(5), &mut schedule_task).await;
+    }
     election.stop.cancel();
     if let Some(task) = election.task {
         let _ = tokio::time::timeout(Duration::from_secs(5), task).await;
@@ -253,12 +254,18 @@ fn readiness(
     }
 }
 
-/// S8: resolves when the cache or the controller task ends, which neither does while the
-/// process is healthy: a process without either serves a frozen view or does nothing.
-async fn until_a_task_ends(cache: &mut JoinHandle<()>, controller: &mut JoinHandle<()>) -> Error {
+/// S8 K9: resolves when the cache, the controller or the schedule task ends, which none
+/// does while the process is healthy: a process without one serves a frozen view or
+/// leaves some of its work undone while it holds the Lease.
+async fn until_a_task_ends(
+    cache: &mut JoinHandle<()>,
+    controller: &mut JoinHandle<()>,
+    schedule: &mut JoinHandle<()>,
+) -> Error {
     let (what, res) = tokio::select! {
         res = cache => ("informer cache", res),
         res = controller => ("controller", res),
+        res = schedule => ("schedule", res),
     };
     let how = match res {
         Ok(()) => "returned".to_owned(),
@@ -415,31 +422,65 @@ mod tests {
         assert!(timed.reset_reader_on_write);
     }
 
-    /// SPEC S8: the process notices when its cache or controller task ends, by return
-    /// or by panic, and says which.
+    /// SPEC S8 K9: the process notices when its cache, controller or schedule task ends,
+    /// by return or by panic, and says which (bounded, so a missing arm fails rather than
+    /// hangs).
     #[rstest::rstest]
-    #[case::s8_cache_returns(true, false, "the informer cache task returned")]
-    #[case::s8_cache_panics(true, true, "the informer cache task panicked")]
-    #[case::s8_controller_returns(false, false, "the controller task returned")]
-    #[case::s8_controller_panics(false, true, "the controller task panicked")]
+    #[case::s8_cache_returns(0, false, "the informer cache task returned")]
+    #[case::s8_cache_panics(0, true, "the informer cache task panicked")]
+    #[case::s8_controller_returns(1, false, "the controller task returned")]
+    #[case::s8_controller_panics(1, true, "the controller task panicked")]
+    #[case::k9_s8_schedule_returns(2, false, "the schedule task returned")]
+    #[case::k9_s8_schedule_panics(2, true, "the schedule task panicked")]
     #[tokio::test]
-    async fn s8_a_dead_cache_or_controller_task_is_noticed(
-        #[case] cache_dies: bool,
+    async fn s8_a_dead_cache_controller_or_schedule_task_is_noticed(
+        #[case] dies: usize,
         #[case] panics: bool,
         #[case] want: &str,
     ) {
-        let dying = tokio::spawn(async move {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-            assert!(!panics, "the driver panicked");
-        });
-        let living = tokio::spawn(std::future::pending::<()>());
-        let (mut cache, mut controller) = if cache_dies {
-            (dying, living)
-        } else {
-            (living, dying)
+        let mut tasks: Vec<JoinHandle<()>> = (0..3)
+            .map(|i| {
+                if i == dies {
+                    tokio::spawn(async move {
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        assert!(!panics, "the driver panicked");
+                    })
+                } else {
+                    tokio::spawn(std::future::pending::<()>())
+                }
+            })
+            .collect();
+        let [cache, controller, schedule] = &mut tasks[..] else {
+            unreachable!()
         };
-        let e = until_a_task_ends(&mut cache, &mut controller).await;
+        let e = tokio::time::timeout(
+            Duration::from_secs(5),
+            until_a_task_ends(cache, controller, schedule),
+        )
+        .await
+        .expect("the ending is noticed");
         assert!(matches!(e, Error::TaskEnded(_)));
         assert_eq!(e.to_string(), want);
+    }
+
+    /// SPEC S8 K9: the schedule watch asks the apiserver to end it within the watch
+    /// client's read timeout plus kube-runtime's 5 s idle margin, so a quiet healthy
+    /// watch is ended on time and never cut by the client.
+    #[rstest::rstest]
+    #[case::k9_default_limit(300)]
+    #[case::k9_short_limit(9)]
+    #[case::k9_long_limit(3600)]
+    fn k9_s8_the_schedule_watch_ends_before_its_read_timeout(#[case] stall_limit: u64) {
+        let base = kube::Config::new("https://127.0.0.1:6443".parse().unwrap());
+        let limit = Duration::from_secs(stall_limit);
+        let (watch, _) = client_configs(base, Duration::from_secs(7), limit);
+        let read = watch.read_timeout.expect("a read timeout");
+        let asked = crate::schedule::controller::watch_config(progress::watch_timeout(limit))
+            .timeout
+            .expect("the schedule watch asks the apiserver to end it");
+        assert!(
+            Duration::from_secs(u64::from(asked)) + Duration::from_secs(5) < read,
+            "{asked} s against {read:?}"
+        );
     }
 }

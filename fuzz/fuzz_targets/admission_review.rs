@@ -33,7 +33,8 @@ impl ClaimView for View {
     fn vm_holder(&self, _namespace: &str, pod: &str) -> Option<VmHolder> {
         (pod == "held").then(|| VmHolder {
             vm: "vm-held".into(),
-            holder: "ns/other".into(),
+            namespace: "ns".into(),
+            name: "other".into(),
         })
     }
 }

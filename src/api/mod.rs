@@ -3,6 +3,7 @@
 pub mod annotations;
 pub mod conditions;
 pub mod pod;
+pub mod tenancy;
 
 use kube::{CustomResource, CustomResourceExt, KubeSchema};
 use schemars::JsonSchema;

@@ -3,6 +3,7 @@
 //! keeps the podRef index and the pod change tracker in step, and turns relevant events
 //! into reconcile triggers, held while a relist is in progress (S4).
 
+use super::arrivals::Arrives;
 use super::index::{Key, PodChangeTracker, PodRefIndex};
 use super::progress::{Informer, ListTimer};
 use super::versions::{Pick, Seen, Versions};
@@ -113,7 +114,22 @@ impl EventHandler {
         let _ = self.triggers.send(ObjectRef::new(name).within(namespace));
     }
 
+    /// K9: an arrival is judged against the store before the event is applied and
+    /// published once it is, so a schedule woken by it finds the object in the store.
     pub(super) fn on_cr(&mut self, ev: watcher::Event<CocoonHibernation>) {
+        let arrival = CocoonHibernation::arrival(&self.cache.crs, &ev);
+        self.apply_cr(ev);
+        self.cache.publish(arrival);
+    }
+
+    /// K9: as [`Self::on_cr`].
+    pub(super) fn on_pod(&mut self, ev: watcher::Event<PodSlice>) {
+        let arrival = PodSlice::arrival(&self.cache.pods, &ev);
+        self.apply_pod(ev);
+        self.cache.publish(arrival);
+    }
+
+    fn apply_cr(&mut self, ev: watcher::Event<CocoonHibernation>) {
         match ev {
             watcher::Event::Init => {
                 self.writers.crs.apply_watcher_event(&ev);
@@ -239,7 +255,7 @@ impl EventHandler {
         }
     }
 
-    pub(super) fn on_pod(&mut self, ev: watcher::Event<PodSlice>) {
+    fn apply_pod(&mut self, ev: watcher::Event<PodSlice>) {
         match ev {
             watcher::Event::Init => {
                 self.writers.pods.apply_watcher_event(&ev);

@@ -5,6 +5,7 @@
 //! Delete still reach the CRs that target it (C3). The driver also writes the stores
 //! itself, so that no copy older than the one held replaces it (S4, `src/cache/versions.rs`).
 
+pub mod arrivals;
 pub mod consistent;
 mod driver;
 pub mod index;
@@ -43,6 +44,8 @@ pub struct SharedCache {
     crs_relisting: Arc<AtomicBool>,
     pods_relisting: Arc<AtomicBool>,
     progress: Progress,
+    /// K9: pods and CRs appearing, for the schedules.
+    arrivals: tokio::sync::broadcast::Sender<arrivals::Arrival>,
 }
 
 /// What to watch.
@@ -155,6 +158,18 @@ impl SharedCache {
     pub fn cr_store(&self) -> Store<CocoonHibernation> {
         self.crs.clone()
     }
+
+    /// K9: tells the schedules of an arrival; none listening is not an error.
+    fn publish(&self, arrival: Option<arrivals::Arrival>) {
+        if let Some(arrival) = arrival {
+            let _ = self.arrivals.send(arrival);
+        }
+    }
+
+    /// K9: arrivals from now on (see [`arrivals`]).
+    pub fn subscribe_arrivals(&self) -> tokio::sync::broadcast::Receiver<arrivals::Arrival> {
+        self.arrivals.subscribe()
+    }
 }
 
 /// Builds the cache and the future that drives it. The future runs until both watch
@@ -252,6 +267,7 @@ impl SharedCache {
             crs_relisting: Arc::default(),
             pods_relisting: Arc::default(),
             progress,
+            arrivals: tokio::sync::broadcast::channel(arrivals::CAPACITY).0,
         };
         let writers = Writers {
             crs: cr_writer,
@@ -280,6 +296,7 @@ impl SharedCache {
             crs_relisting: Arc::default(),
             pods_relisting: Arc::default(),
             progress: Progress::new(),
+            arrivals: tokio::sync::broadcast::channel(arrivals::CAPACITY).0,
         };
         // The list a watch would deliver, so the stores are ready as after a first sync.
         cr_writer.apply_watcher_event(&watcher::Event::Init);

@@ -1,5 +1,6 @@
-//! `POST /validate-cocoonhibernationschedule` (K1): what the CRD schema cannot check, the
-//! time zone against the bundled tz database above all, denied with every reason at once.
+//! `POST /validate-cocoonhibernationschedule` (K1, K9): what the CRD schema cannot check,
+//! the time zone against the bundled tz database above all, and a calendar that would
+//! hibernate for ever without saying so; denied with every reason at once.
 
 use super::spec::{self, CocoonHibernationSchedule};
 use crate::metrics::Metrics;
@@ -114,6 +115,37 @@ mod tests {
         match (verdict(op, spec), want) {
             (Ok(()), Ok(())) => {}
             (Err(got), Err(want)) => assert!(got.contains(want), "{got}"),
+            (got, want) => panic!("got {got:?}, want {want:?}"),
+        }
+    }
+
+    /// K9: a schedule without an awake window would hibernate its pods for ever (with an
+    /// empty selector, every VM pod of the namespace): refused unless `alwaysAsleep: true`
+    /// says so, and `alwaysAsleep` with a window is refused as a contradiction.
+    #[rstest::rstest]
+    #[case::k9_empty_awake_refused("CREATE", json!({ "matchLabels": { "app": "web" } }), json!([]), None, Err("the selected pods would hibernate for ever"))]
+    #[case::k9_empty_awake_and_selector_refused("CREATE", json!({}), json!([]), None, Err("every VM pod of this namespace"))]
+    #[case::k9_empty_awake_refused_on_update("UPDATE", json!({}), json!([]), Some(false), Err("spec.alwaysAsleep: true"))]
+    #[case::k9_always_asleep_accepted("CREATE", json!({}), json!([]), Some(true), Ok(()))]
+    #[case::k9_always_asleep_with_a_window_refused("CREATE", json!({}), json!([{ "from": "09:00", "to": "17:00" }]), Some(true), Err("leave one of them out"))]
+    #[case::k9_a_window_without_the_flag_accepted("CREATE", json!({}), json!([{ "from": "09:00", "to": "17:00" }]), Some(false), Ok(()))]
+    fn k9_schedule_admission(
+        #[case] op: &str,
+        #[case] selector: serde_json::Value,
+        #[case] awake: serde_json::Value,
+        #[case] always_asleep: Option<bool>,
+        #[case] want: Result<(), &str>,
+    ) {
+        let mut spec = json!({ "selector": selector, "timeZone": "UTC", "awake": awake });
+        if let Some(flag) = always_asleep {
+            spec["alwaysAsleep"] = json!(flag);
+        }
+        match (verdict(op, spec), want) {
+            (Ok(()), Ok(())) => {}
+            (Err(got), Err(want)) => {
+                assert!(got.contains(want), "{got}");
+                assert!(got.starts_with("spec.a"), "names the field: {got}");
+            }
             (got, want) => panic!("got {got:?}, want {want:?}"),
         }
     }

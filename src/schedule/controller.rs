@@ -6,7 +6,7 @@ use super::Clock;
 use super::plan::{self, Action, Plan};
 use super::spec::{self, CocoonHibernationSchedule, CocoonHibernationScheduleStatus, OnDelete};
 use super::writes::{Writer, desire_str};
-use super::{inputs, status};
+use super::{inputs, status, wakeup};
 use crate::api::{CocoonHibernation, Desire};
 use crate::cache::SharedCache;
 use crate::metrics::{Metrics, ScheduleLabels, ScheduleWriteLabels};
@@ -28,7 +28,8 @@ use tokio_util::sync::CancellationToken;
 pub const FINALIZER: &str = "cocoonhibernationschedule.cocoonset.cocoonstack.io/finalizer";
 /// While a write is deferred (K7) or failed: look again this soon.
 const PENDING_RETRY: Duration = Duration::from_secs(3);
-/// Without a boundary sooner: new pods, label changes and CR changes are seen this often.
+/// Without a boundary sooner: a pass this often. Pods and CRs arriving do not wait for it
+/// (K9); other CR changes (a transition ending) are seen at the latest by then.
 const RESYNC: Duration = Duration::from_secs(30);
 
 pub struct Context {
@@ -45,35 +46,54 @@ pub struct Context {
     overrides: Mutex<HashMap<String, u32>>,
 }
 
-/// Watches schedules (in `namespace`, or everywhere when empty) and drives them until
-/// `shutdown`.
-pub async fn run(
-    client: kube::Client,
-    cache: SharedCache,
-    metrics: Metrics,
-    clock: Clock,
-    leading: watch::Receiver<bool>,
-    namespace: &str,
-    shutdown: CancellationToken,
-) {
-    let api: Api<CocoonHibernationSchedule> = if namespace.is_empty() {
-        Api::all(client.clone())
+/// What the schedule controller runs on.
+pub struct Wiring {
+    /// For the schedule watch: its read timeout outlasts the watch the apiserver is asked
+    /// to end (S8), unlike `client`'s, which would cut a quiet watch every few seconds.
+    pub watch_client: kube::Client,
+    /// For reads and writes: every request times out.
+    pub client: kube::Client,
+    pub cache: SharedCache,
+    pub metrics: Metrics,
+    pub clock: Clock,
+    pub leading: watch::Receiver<bool>,
+    /// Where to watch schedules; empty: every namespace.
+    pub namespace: String,
+    /// Seconds after which the apiserver ends each schedule watch (the cache's own).
+    pub watch_timeout: u32,
+}
+
+/// S8: the schedule watch is ended by the apiserver, on time, like the cache's.
+pub fn watch_config(watch_timeout: u32) -> watcher::Config {
+    watcher::Config::default().timeout(watch_timeout)
+}
+
+/// Watches schedules and drives them until `shutdown`; a pod or CR arriving in the cache
+/// wakes the schedules it concerns at once (K9).
+pub async fn run(w: Wiring, shutdown: CancellationToken) {
+    let api: Api<CocoonHibernationSchedule> = if w.namespace.is_empty() {
+        Api::all(w.watch_client)
     } else {
-        Api::namespaced(client.clone(), namespace)
+        Api::namespaced(w.watch_client, &w.namespace)
     };
-    let controller = Controller::new(api, watcher::Config::default());
+    let controller = Controller::new(api, watch_config(w.watch_timeout));
+    let schedules = controller.store();
+    let controller = controller.reconcile_on(wakeup::triggers(
+        w.cache.subscribe_arrivals(),
+        schedules.clone(),
+    ));
     let reporter = Reporter {
         controller: "cocoon-hibernation".into(),
         instance: None,
     };
     let ctx = Arc::new(Context {
-        recorder: Recorder::new(client.clone(), reporter),
-        schedules: controller.store(),
-        client,
-        cache,
-        metrics,
-        clock,
-        leading,
+        recorder: Recorder::new(w.client.clone(), reporter),
+        schedules,
+        client: w.client,
+        cache: w.cache,
+        metrics: w.metrics,
+        clock: w.clock,
+        leading: w.leading,
         reported: Mutex::default(),
         overrides: Mutex::default(),
     });
@@ -118,7 +138,10 @@ async fn reconcile(
         return Ok(Requeue::await_change());
     }
     let calendar = match spec::calendar(&s.spec) {
-        Ok(c) => c,
+        Ok(c) => Some(c),
+        // K4: a schedule whose spec became invalid (K9 after an upgrade) still releases
+        // its CRs when deleted; releasing needs no calendar.
+        Err(_) if deleting => None,
         Err(errors) => {
             let st = status::invalid(&s, &errors.join("; "));
             patch_status(&api, &name, &st).await?;
@@ -126,20 +149,21 @@ async fn reconcile(
         }
     };
     let now = ctx.clock.now();
-    let desire = if calendar.awake(now) {
+    let desire = if calendar.as_ref().is_some_and(|c| c.awake(now)) {
         Desire::Wake
     } else {
         Desire::Hibernate
     };
     let boundary = calendar
-        .latest_boundary(now)
+        .as_ref()
+        .and_then(|c| c.latest_boundary(now))
         .map_or(Timestamp::UNIX_EPOCH, |b| b.at);
     let last_applied = s
         .status
         .as_ref()
         .and_then(|st| st.last_applied_boundary.as_ref())
         .map(|t| t.0);
-    let due = calendar.due(now, last_applied);
+    let due = calendar.as_ref().and_then(|c| c.due(now, last_applied));
     let pods = inputs::selected_pods(&s, &ctx.schedules.state(), &ctx.cache.pods_in(&ns));
     let in_ns: Vec<Arc<CocoonHibernation>> = ctx
         .cache
@@ -198,7 +222,7 @@ async fn reconcile(
         return Ok(Requeue::requeue(PENDING_RETRY));
     }
     let applied = due.filter(|_| !s.spec.suspend);
-    let next = calendar.next_boundary(now);
+    let next = calendar.as_ref().and_then(|c| c.next_boundary(now));
     let st = status::of(
         &s,
         &plan,

@@ -1,4 +1,4 @@
-//! CocoonHibernationSchedule (K1–K8): flips the CocoonHibernations of the pods it selects
+//! CocoonHibernationSchedule (K1–K9): flips the CocoonHibernations of the pods it selects
 //! on a weekly calendar. Pure calendar in [`calendar`], the API in [`spec`], decisions in
 //! [`plan`]; [`controller`] fetches and executes.
 
@@ -9,6 +9,7 @@ pub mod inputs;
 pub mod plan;
 pub mod spec;
 pub mod status;
+pub mod wakeup;
 pub mod writes;
 
 pub use spec::{CocoonHibernationSchedule, CocoonHibernationScheduleSpec};

@@ -35,8 +35,13 @@ pub struct CocoonHibernationScheduleSpec {
     #[schemars(length(min = 1, max = 64))]
     pub time_zone: String,
     /// When pods should be awake (their union); outside every window they hibernate.
+    /// Empty only with `alwaysAsleep: true`.
     #[schemars(length(max = 64))]
     pub awake: Vec<AwakeWindow>,
+    /// Keep the selected pods hibernated for ever: the explicit consent an empty `awake`
+    /// needs (K9); refused with any window.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub always_asleep: bool,
     /// Start waking this long before a window opens, as a duration (0s to 24h).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 32), regex(pattern = r"^([0-9]+(ms|s|m|h))+$"))]
@@ -171,6 +176,7 @@ pub fn calendar(spec: &CocoonHibernationScheduleSpec) -> Result<Calendar, Vec<St
     if let Err(e) = kube::core::Selector::try_from(spec.selector.clone()) {
         errors.push(format!("spec.selector: {e}"));
     }
+    errors.extend(never_awake(spec));
     match tz {
         Some(tz) if errors.is_empty() => Ok(Calendar::new(tz, windows, lead)),
         _ => Err(errors),
@@ -183,4 +189,32 @@ fn days(list: &[Day]) -> u8 {
     } else {
         list.iter().fold(0, |acc, d| acc | d.bit())
     }
+}
+
+/// K9: a schedule without a window hibernates its pods for ever (with an empty selector,
+/// every VM pod of the namespace), so it must say so; `alwaysAsleep` with a window is a
+/// contradiction, refused rather than guessed.
+fn never_awake(spec: &CocoonHibernationScheduleSpec) -> Option<String> {
+    match (spec.awake.is_empty(), spec.always_asleep) {
+        (true, false) => Some(format!(
+            "spec.awake is empty: {} would hibernate for ever; set spec.alwaysAsleep: true if that is meant",
+            if selects_all(&spec.selector) {
+                "every VM pod of this namespace (the selector is empty)"
+            } else {
+                "the selected pods"
+            }
+        )),
+        (false, true) => Some(
+            "spec.alwaysAsleep: true keeps pods asleep for ever, but spec.awake has windows; leave one of them out".into(),
+        ),
+        _ => None,
+    }
+}
+
+fn selects_all(selector: &LabelSelector) -> bool {
+    selector.match_labels.as_ref().is_none_or(|m| m.is_empty())
+        && selector
+            .match_expressions
+            .as_ref()
+            .is_none_or(|e| e.is_empty())
 }

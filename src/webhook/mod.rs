@@ -91,11 +91,8 @@ impl validate::ClaimView for SharedCache {
                 !cr.is_deleting() && !same_pod
             })
             .map(|cr| validate::VmHolder {
-                holder: format!(
-                    "{}/{}",
-                    cr.metadata.namespace.as_deref().unwrap_or_default(),
-                    cr.metadata.name.as_deref().unwrap_or_default()
-                ),
+                namespace: cr.metadata.namespace.clone().unwrap_or_default(),
+                name: cr.metadata.name.clone().unwrap_or_default(),
                 vm: vm.clone(),
             })
     }

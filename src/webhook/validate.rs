@@ -13,8 +13,9 @@ pub struct Claim {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct VmHolder {
     pub vm: String,
-    /// `namespace/name` of the holding CR.
-    pub holder: String,
+    /// The holding CR; a denial names it only from its own namespace (S12).
+    pub namespace: String,
+    pub name: String,
 }
 
 /// What validation reads from the shared informer cache (V3).
@@ -121,9 +122,11 @@ fn validate_create(
         ));
     }
     // S2: VM names are cluster-wide; a VM has one owner.
-    if let Some(VmHolder { vm, holder }) = view.vm_holder(namespace, pod) {
+    if let Some(held) = view.vm_holder(namespace, pod) {
+        let holder = crate::api::tenancy::name_cr(namespace, &held.namespace, &held.name);
         return deny(format!(
-            "pod {pod} names vm {vm}, which CocoonHibernation {holder} already holds through another pod; one VM, one owner"
+            "pod {pod} names vm {vm}, which {holder} already holds through another pod; one VM, one owner",
+            vm = held.vm
         ));
     }
     Ok(())

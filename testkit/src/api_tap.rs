@@ -100,6 +100,7 @@ pub struct Call {
     pub kind: Kind,
     pub method: String,
     pub path: String,
+    /// The query string (`watch=true&...` for a watch).
     pub query: String,
     /// When the request arrived (wall clock, comparable with Lease and registry times).
     pub at: jiff::Timestamp,

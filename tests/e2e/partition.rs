@@ -1275,3 +1275,44 @@ async fn e2e_s8_a_stalled_informer_fails_healthz_and_stops_leading() {
     })
     .await;
 }
+
+/// S8 K9: the schedule watch is ended by the apiserver on time, not cut by a client read
+/// timeout. Every non-watch call of this product times out after 2 s, and no schedule
+/// exists, so its schedule watch stays quiet and should stay open for the 20 s watched.
+/// When it ran on the timed client it was cut, and opened again, every few seconds
+/// (three times in 20 s). One re-opening is tolerated: someone else's test changing the
+/// shared CRD ends every watch of it once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e2e_k9_s8_a_quiet_schedule_watch_is_not_cut_by_the_read_timeout() {
+    let (cluster, _client, ns) = fresh_namespace("k9-watch").await;
+    let tap = product_tap(cluster).await;
+    let dir = tempfile::tempdir().unwrap();
+    let opts = ProductOptions::new(&ns, &cluster.registry);
+    let opts = via(cluster, opts, &tap.url(), dir.path()).await;
+    let _product = Product::start(cluster, &opts).await;
+    // (is a watch, when) of each GET of the schedules.
+    let schedule_gets = || {
+        tap.calls()
+            .into_iter()
+            .filter(|c| c.method == "GET" && c.path.ends_with("/cocoonhibernationschedules"))
+            .map(|c| (c.query.split('&').any(|kv| kv == "watch=true"), c.at))
+            .collect::<Vec<_>>()
+    };
+    let opened = eventually("the schedule watch is open", LONG, || async {
+        schedule_gets()
+            .into_iter()
+            .find(|(watch, _)| *watch)
+            .map(|(_, at)| at)
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    let again: Vec<_> = schedule_gets()
+        .into_iter()
+        .filter(|(_, at)| *at > opened)
+        .collect();
+    let rewatched = again.iter().filter(|(watch, _)| *watch).count();
+    assert!(
+        rewatched <= 1,
+        "the schedule watch was opened again {rewatched} times (cut by the read timeout): {again:?}"
+    );
+}

@@ -89,6 +89,7 @@ fn schedule(
             max_in_flight,
             suspend: false,
             on_delete: OnDelete::Orphan,
+            always_asleep: false,
         },
     )
 }
@@ -362,4 +363,162 @@ async fn e2e_k1_admission_refuses_an_unknown_time_zone() {
         .create(&PostParams::default(), &good)
         .await
         .expect("a valid schedule is admitted");
+}
+
+/// K9: a schedule whose `awake` is empty (with an empty selector: every VM pod of the
+/// namespace, for ever) is refused by the webhook through the real apiserver, unless
+/// `alwaysAsleep: true` says so; `alwaysAsleep` with a window is refused too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e2e_k9_admission_refuses_asleep_for_ever_unless_explicit() {
+    let env = setup("schedule-k9a", Setup::default()).await;
+    let schedules: Api<CocoonHibernationSchedule> = Api::namespaced(env.client.clone(), &env.ns);
+    let mut never = schedule("never", "web", &[], None);
+    never.spec.selector = LabelSelector::default();
+    let err = schedules
+        .create(&PostParams::default(), &never)
+        .await
+        .expect_err("an empty awake without consent must be refused");
+    let text = err.to_string();
+    assert!(
+        text.contains("spec.awake is empty") && text.contains("every VM pod of this namespace"),
+        "{text}"
+    );
+    let mut both = schedule("both", "web", &[("09:00", "17:00")], None);
+    both.spec.always_asleep = true;
+    let err = schedules
+        .create(&PostParams::default(), &both)
+        .await
+        .expect_err("alwaysAsleep with a window must be refused");
+    assert!(err.to_string().contains("spec.alwaysAsleep"), "{err}");
+    never.spec.always_asleep = true;
+    schedules
+        .create(&PostParams::default(), &never)
+        .await
+        .expect("an explicit alwaysAsleep is admitted");
+    // Dropping the consent later is refused as well (the webhook sees spec changes).
+    let patch = serde_json::json!({ "spec": { "alwaysAsleep": false } });
+    let err = schedules
+        .patch("never", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .expect_err("an UPDATE dropping the consent must be refused");
+    assert!(err.to_string().contains("spec.awake is empty"), "{err}");
+}
+
+/// K9: a schedule reacts within seconds, not at its 30 s resync, to a selected pod
+/// appearing (it creates the pod's CR) and to a CR appearing (a hand-made CR on a pod
+/// of a suspended schedule counts as overridden). Each arrives after the schedule's
+/// passes have gone quiet, so only the arrival can wake it in time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e2e_k9_a_pod_or_cr_arriving_is_acted_on_within_seconds() {
+    const BOUND: Duration = Duration::from_secs(10);
+    let env = setup("schedule-k9r", Setup::default()).await;
+    let schedules: Api<CocoonHibernationSchedule> = Api::namespaced(env.client.clone(), &env.ns);
+    // Awake except 03:00-03:01 UTC: no boundary near enough to requeue a pass in time.
+    let windows = [("03:01", "03:00")];
+    let mut hands = schedule("hands", "hand", &windows, None);
+    hands.spec.suspend = true;
+    for s in [schedule("office", "web", &windows, None), hands] {
+        schedules.create(&PostParams::default(), &s).await.unwrap();
+    }
+    labelled_pods(&env, &["hand-0".to_owned()], "hand").await;
+    for name in ["office", "hands"] {
+        eventually(&format!("{name}'s first pass"), LONG, || async {
+            let s = schedules.get(name).await.ok()?.status?;
+            s.window.is_some().then_some(())
+        })
+        .await;
+    }
+    // Let the passes that follow each schedule's own status write end.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+
+    let t0 = std::time::Instant::now();
+    labelled_pods(&env, &["late-0".to_owned()], "web").await;
+    let cr = eventually("the late pod's CR", BOUND, || async {
+        env.crs.get_opt("late-0").await.ok()?
+    })
+    .await;
+    assert_eq!(
+        cr.labels().get(SCHEDULE_LABEL).map(String::as_str),
+        Some("office")
+    );
+    eprintln!("K9: CR of a new selected pod after {:?}", t0.elapsed());
+
+    let t0 = std::time::Instant::now();
+    product::create_cr(&env.crs, "hand-0", "hand-0", Desire::Hibernate).await;
+    eventually("the hand-made CR counted as overridden", BOUND, || async {
+        let s = schedules.get("hands").await.ok()?.status?;
+        (s.overridden == 1).then_some(())
+    })
+    .await;
+    eprintln!("K9: a new CR counted after {:?}", t0.elapsed());
+}
+
+/// K9 K4: where admission did not run (no webhook), a schedule changed to `awake: []`
+/// without `alwaysAsleep` is not acted on: it reports `InvalidSpec` and leaves its CR's
+/// desire alone; deleting it still releases the CR (its finalizer does not hang on the
+/// invalid spec), and never deletes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e2e_k9_k4_an_unconsented_empty_awake_writes_nothing_and_still_releases() {
+    let env = setup(
+        "schedule-k9c",
+        Setup {
+            webhook: false,
+            ..Setup::default()
+        },
+    )
+    .await;
+    let schedules: Api<CocoonHibernationSchedule> = Api::namespaced(env.client.clone(), &env.ns);
+    labelled_pods(&env, &["web-0".to_owned()], "web").await;
+    schedules
+        .create(
+            &PostParams::default(),
+            &schedule("office", "web", &[("03:01", "03:00")], None),
+        )
+        .await
+        .unwrap();
+    let cr = eventually("the schedule's CR, awake", LONG, || async {
+        let cr = env.crs.get_opt("web-0").await.ok()??;
+        (cr.spec.desire == Desire::Wake && cr.labels().contains_key(SCHEDULE_LABEL)).then_some(cr)
+    })
+    .await;
+    let patch = serde_json::json!({ "spec": { "awake": [] } });
+    schedules
+        .patch("office", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .expect("no webhook here: the apiserver admits it");
+    let ready = eventually("InvalidSpec reported", LONG, || async {
+        let s = schedules.get("office").await.ok()?.status?;
+        s.conditions
+            .into_iter()
+            .find(|c| c.type_ == "Ready" && c.reason == "InvalidSpec")
+    })
+    .await;
+    assert!(
+        ready.message.contains("spec.alwaysAsleep"),
+        "{}",
+        ready.message
+    );
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        env.crs.get("web-0").await.unwrap().spec.desire,
+        Desire::Wake,
+        "never hibernated for ever without consent"
+    );
+
+    schedules
+        .delete("office", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually("the schedule is gone", LONG, || async {
+        schedules
+            .get_opt("office")
+            .await
+            .ok()?
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    let after = env.crs.get("web-0").await.unwrap();
+    assert_eq!(after.uid(), cr.uid(), "the same CR, never deleted");
+    assert!(!after.labels().contains_key(SCHEDULE_LABEL), "released");
 }

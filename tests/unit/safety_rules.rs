@@ -4,6 +4,7 @@
 
 use cocoon_hibernation::api::annotations::PodView;
 use cocoon_hibernation::api::conditions::{self, READY, SNAPSHOT_DELETED};
+use cocoon_hibernation::api::tenancy::ANOTHER_NAMESPACE;
 use cocoon_hibernation::api::{
     CocoonHibernation, CocoonHibernationSpec, CocoonHibernationStatus, Desire, FINALIZER, Phase,
     PodRef,
@@ -84,12 +85,12 @@ fn pod(vm: &str) -> PodView {
     vec![], Ownership::Sole)]
 #[case::same_name_pod_in_another_namespace_is_another_pod(
     vec![cr("b", "old", "p", 0)], vec![], Ownership::Sole)]
-#[case::vm_held_in_another_namespace(
+#[case::s12_vm_held_in_another_namespace_unnamed(
     vec![], vec![holding(cr("b", "victim", "q", 9), "vm-x", Phase::Hibernated)],
-    Ownership::VmHeldBy { vm: "vm-x".into(), holder: "b/victim".into() })]
-#[case::vm_held_through_another_pod_same_namespace(
+    Ownership::VmHeldBy { vm: "vm-x".into(), holder: ANOTHER_NAMESPACE.into() })]
+#[case::s12_vm_held_through_another_pod_same_namespace_named(
     vec![], vec![holding(cr("a", "other", "q", 9), "vm-x", Phase::Active)],
-    Ownership::VmHeldBy { vm: "vm-x".into(), holder: "a/other".into() })]
+    Ownership::VmHeldBy { vm: "vm-x".into(), holder: "CocoonHibernation a/other".into() })]
 #[case::terminating_holder_does_not_count(
     vec![], vec![{ let mut o = holding(cr("b", "victim", "q", 0), "vm-x", Phase::Active);
                    o.metadata.deletion_timestamp = Some(at(1)); o }],
@@ -123,7 +124,7 @@ fn s2_of_two_holders_the_older_keeps_the_vm() {
         plan::ownership(&young, Some("vm-x"), [&young], [&old, &young]),
         Ownership::VmHeldBy {
             vm: "vm-x".into(),
-            holder: "b/old".into()
+            holder: ANOTHER_NAMESPACE.into()
         }
     );
 }
@@ -133,7 +134,7 @@ fn s2_of_two_holders_the_older_keeps_the_vm() {
 /// conflict lasts; once the holder is gone it starts with a retry.
 #[rstest]
 #[case::older_on_pod(Ownership::OlderOnPod("a/old".into()), "a/old")]
-#[case::vm_held(Ownership::VmHeldBy { vm: "vm-x".into(), holder: "b/victim".into() }, "b/victim")]
+#[case::vm_held(Ownership::VmHeldBy { vm: "vm-x".into(), holder: ANOTHER_NAMESPACE.into() }, ANOTHER_NAMESPACE)]
 fn s2_blocked_cr_fails_naming_the_holder_and_then_stays_quiet(
     #[case] owner: Ownership,
     #[case] holder: &str,
@@ -195,6 +196,55 @@ fn s2_blocked_cr_fails_naming_the_holder_and_then_stays_quiet(
             ["RetryRequested"]
         );
     }
+}
+
+/// SPEC S12: the conflict a tenant's CR reports (Ready condition, Failed event) names a
+/// holder of its own namespace, but one of another namespace only as "a CR in another
+/// namespace": neither that namespace nor that CR's name appears.
+#[rstest]
+#[case::s12_other_tenant_unnamed("team-b", "secret-db", false)]
+#[case::s12_other_tenant_same_cr_name_unnamed("team-b", "me-twin", false)]
+#[case::s2_same_namespace_holder_named("team-a", "db-0", true)]
+fn s12_conflict_messages_never_name_another_tenant(
+    #[case] holder_ns: &str,
+    #[case] holder_name: &str,
+    #[case] named: bool,
+) {
+    let me = cr("team-a", "me", "p", 3);
+    let holder = holding(
+        cr(holder_ns, holder_name, "q", 0),
+        "vm-x",
+        Phase::Hibernated,
+    );
+    let owner = plan::ownership(&me, Some("vm-x"), [&me], [&holder]);
+    let planned = plan::plan(
+        &me,
+        Some(&pod("vm-x")),
+        &owner,
+        &Probe::NotProbed,
+        at(10),
+        &Settings::default(),
+    );
+    let status = planned.status.expect("a Failed status");
+    assert_eq!(status.phase, Some(Phase::Failed));
+    let mut texts: Vec<String> = status
+        .conditions
+        .iter()
+        .map(|c| c.message.clone())
+        .collect();
+    texts.extend(planned.events.iter().map(|e| e.note.clone()));
+    assert!(texts.iter().any(|t| t.contains("vm-x")), "{texts:?}");
+    for text in texts.iter().filter(|_| !named) {
+        assert!(!text.contains(holder_ns), "{text}");
+        assert!(!text.contains(holder_name), "{text}");
+    }
+    let ready = conditions::find(&status.conditions, READY).expect("Ready");
+    let want = if named {
+        format!("CocoonHibernation {holder_ns}/{holder_name}")
+    } else {
+        ANOTHER_NAMESPACE.to_owned()
+    };
+    assert!(ready.message.contains(&want), "{}", ready.message);
 }
 
 fn woken(vm: &str) -> CocoonHibernation {

@@ -300,10 +300,19 @@ async fn wrong_method_and_path_are_not_served() {
     assert_eq!(other.status(), StatusCode::NOT_FOUND);
 }
 
-/// SPEC S2: a CREATE whose pod names a VM another live CR holds through another pod is
-/// denied, naming the holder.
+/// SPEC S2 S12: a CREATE whose pod names a VM another live CR holds through another pod is
+/// denied; the denial names a holder of the request's namespace, and one of another
+/// namespace only as "a CR in another namespace" (never its namespace or name).
+#[rstest]
+#[case::s12_holder_in_another_namespace_unnamed("team-b", "db-0", false)]
+#[case::s12_holder_named_like_the_namespace_unnamed("team-b", "team-a", false)]
+#[case::s2_holder_in_the_same_namespace_named("team-a", "db-0", true)]
 #[tokio::test]
-async fn s2_create_on_a_pod_naming_a_held_vm_is_denied() {
+async fn s2_create_on_a_pod_naming_a_held_vm_is_denied(
+    #[case] holder_ns: &'static str,
+    #[case] holder_name: &'static str,
+    #[case] named: bool,
+) {
     let view = FakeView {
         synced: true,
         claims: vec![],
@@ -311,17 +320,25 @@ async fn s2_create_on_a_pod_naming_a_held_vm_is_denied() {
             "web-0",
             VmHolder {
                 vm: "vm-victim".into(),
-                holder: "team-b/db-0".into(),
+                namespace: holder_ns.into(),
+                name: holder_name.into(),
             },
         )),
     };
     let (_, body) = post(view.clone(), fixture("create_valid.json")).await;
     let (allowed, message) = verdict(&body);
     assert!(!allowed);
-    assert!(
-        message.contains("vm-victim") && message.contains("team-b/db-0"),
-        "{message}"
-    );
+    assert!(message.contains("vm-victim"), "{message}");
+    if named {
+        assert!(
+            message.contains(&format!("CocoonHibernation {holder_ns}/{holder_name}")),
+            "{message}"
+        );
+    } else {
+        assert!(message.contains("a CR in another namespace"), "{message}");
+        assert!(!message.contains(holder_ns), "{message}");
+        assert!(!message.contains(holder_name), "{message}");
+    }
     let free = FakeView {
         held_vm: None,
         ..view

@@ -195,7 +195,7 @@ pub fn plan(
             cr.spec.pod_ref.name
         )),
         Ownership::VmHeldBy { vm, holder } => Some(format!(
-            "vm {vm} is held by CocoonHibernation {holder} through another pod; this one never touches it (one owner per VM)"
+            "vm {vm} is held by {holder} through another pod; this one never touches it (one owner per VM)"
         )),
     };
     if let Some(message) = conflict {

@@ -1,6 +1,7 @@
 //! S2: which CR may act on a pod and its VM, from the other CRs in the cache.
 
 use crate::api::CocoonHibernation;
+use crate::api::tenancy;
 
 /// Whether this CR may act on its pod and VM (S2), from the other CRs in the cache.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -9,7 +10,8 @@ pub enum Ownership {
     Sole,
     /// An older live CR targets the same pod (`namespace/name`); only the oldest acts.
     OlderOnPod(String),
-    /// A live CR on another pod holds the VM this CR's pod names.
+    /// A live CR on another pod holds the VM this CR's pod names. `holder` is that CR
+    /// as this CR's conditions may name it: never by name from another namespace (S12).
     VmHeldBy { vm: String, holder: String },
 }
 
@@ -62,7 +64,11 @@ pub fn ownership<'a>(
     match holder {
         Some(o) => Ownership::VmHeldBy {
             vm: vm.to_owned(),
-            holder: key(o),
+            holder: tenancy::name_cr(
+                cr.metadata.namespace.as_deref().unwrap_or_default(),
+                o.metadata.namespace.as_deref().unwrap_or_default(),
+                o.metadata.name.as_deref().unwrap_or_default(),
+            ),
         },
         None => Ownership::Sole,
     }

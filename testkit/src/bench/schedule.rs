@@ -76,6 +76,7 @@ pub async fn schedule(o: &Opts, figs: &mut Figures, detail: &mut serde_json::Map
         max_in_flight: None,
         suspend: false,
         on_delete: OnDelete::Orphan,
+        always_asleep: false,
     };
     schedules
         .create(

@@ -1,0 +1,204 @@
+//! K9: what a label-selecting consumer (the schedules) must hear at once rather than at its
+//! resync: a VM pod appearing, leaving, relabelled or starting to name a VM; a CocoonHibernation
+//! appearing or leaving. Judged by the cache's driver before it applies an event to the
+//! store, which still holds the previous object to compare with, and published once it has;
+//! on a bounded broadcast, whose lagging receiver is told so and looks at everything instead.
+
+use crate::api::CocoonHibernation;
+use crate::api::annotations::VM_NAME;
+use crate::api::pod::PodSlice;
+use kube::ResourceExt;
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::watcher;
+use std::collections::BTreeMap;
+
+/// Arrivals held for a slow receiver before it lags (a first list of many pods does).
+pub const CAPACITY: usize = 1024;
+
+pub type Labels = BTreeMap<String, String>;
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Arrival {
+    /// A pod that names (or named) a VM appeared, left, changed its labels, or started
+    /// or stopped naming a VM:
+    /// its label sets before and after, so both the selectors it joins and those it
+    /// leaves hear of it.
+    Pod {
+        namespace: String,
+        labels: Vec<Labels>,
+    },
+    /// A CocoonHibernation appeared or left.
+    Cr { namespace: String },
+}
+
+/// The pure rule for a pod: `old` as the store holds it, `new` as the event brings it
+/// (`None` for a delete).
+pub fn of_pod(old: Option<&PodSlice>, new: Option<&PodSlice>) -> Option<Arrival> {
+    // Borrowed until there is something to publish: most pod events change neither.
+    // Names a VM as PodView reads it: a non-empty name annotation.
+    fn seen(p: &PodSlice) -> (&Labels, bool) {
+        let vm = p.annotations().get(VM_NAME).is_some_and(|v| !v.is_empty());
+        (p.labels(), vm)
+    }
+    let (before, after) = (old.map(seen), new.map(seen));
+    let names_vm = |s: &Option<(&Labels, bool)>| s.is_some_and(|(_, vm)| vm);
+    if before == after || !(names_vm(&before) || names_vm(&after)) {
+        return None;
+    }
+    let namespace = new.or(old)?.namespace().unwrap_or_default();
+    Some(Arrival::Pod {
+        namespace,
+        labels: [before, after]
+            .into_iter()
+            .flatten()
+            .map(|(l, _)| l.clone())
+            .collect(),
+    })
+}
+
+/// The pure rule for a CR: only its appearance and its leaving count.
+pub fn of_cr(existed: bool, new: Option<&CocoonHibernation>, gone: bool) -> Option<Arrival> {
+    let namespace = new?.namespace().unwrap_or_default();
+    (gone || !existed).then_some(Arrival::Cr { namespace })
+}
+
+/// A kind whose events may be arrivals.
+pub trait Arrives: kube::Resource<DynamicType = ()> + Clone + Send + Sync + 'static {
+    /// The arrival `event` makes, with `store` still holding the object before it.
+    fn arrival(store: &Store<Self>, event: &watcher::Event<Self>) -> Option<Arrival>;
+}
+
+impl Arrives for PodSlice {
+    fn arrival(store: &Store<Self>, event: &watcher::Event<Self>) -> Option<Arrival> {
+        match event {
+            watcher::Event::Apply(pod) | watcher::Event::InitApply(pod) => {
+                of_pod(store.get(&ObjectRef::from_obj(pod)).as_deref(), Some(pod))
+            }
+            watcher::Event::Delete(pod) => of_pod(Some(pod), None),
+            _ => None,
+        }
+    }
+}
+
+impl Arrives for CocoonHibernation {
+    fn arrival(store: &Store<Self>, event: &watcher::Event<Self>) -> Option<Arrival> {
+        match event {
+            watcher::Event::Apply(cr) | watcher::Event::InitApply(cr) => {
+                let existed = store.get(&ObjectRef::from_obj(cr)).is_some();
+                of_cr(existed, Some(cr), false)
+            }
+            watcher::Event::Delete(cr) => of_cr(true, Some(cr), true),
+            _ => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kube::api::ObjectMeta;
+
+    fn pod(labels: &[(&str, &str)], vm: Option<&str>) -> PodSlice {
+        PodSlice {
+            metadata: ObjectMeta {
+                name: Some("web-0".into()),
+                namespace: Some("shop".into()),
+                labels: Some(
+                    labels
+                        .iter()
+                        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                        .collect(),
+                ),
+                annotations: vm.map(|vm| BTreeMap::from([(VM_NAME.to_owned(), vm.to_owned())])),
+                ..ObjectMeta::default()
+            },
+            container_running: false,
+        }
+    }
+
+    fn labels(pairs: &[(&str, &str)]) -> Labels {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
+    }
+
+    /// K9: a VM pod appearing, leaving, relabelled or given its VM is an arrival, with
+    /// its label sets before and after; a status-only change, or a pod that never names
+    /// a VM, is not (a schedule drives only pods naming a VM).
+    #[rstest::rstest]
+    #[case::k9_new_vm_pod(None, Some(pod(&[("tier", "web")], Some("vm-1"))), Some(vec![labels(&[("tier", "web")])]))]
+    #[case::k9_vm_pod_deleted(Some(pod(&[("tier", "web")], Some("vm-1"))), None, Some(vec![labels(&[("tier", "web")])]))]
+    #[case::k9_relabelled(Some(pod(&[("tier", "web")], Some("vm-1"))), Some(pod(&[("tier", "db")], Some("vm-1"))), Some(vec![labels(&[("tier", "web")]), labels(&[("tier", "db")])]))]
+    #[case::k9_given_its_vm(Some(pod(&[("tier", "web")], None)), Some(pod(&[("tier", "web")], Some("vm-1"))), Some(vec![labels(&[("tier", "web")]), labels(&[("tier", "web")])]))]
+    #[case::k9_another_vm_is_quiet(Some(pod(&[("tier", "web")], Some("vm-1"))), Some(pod(&[("tier", "web")], Some("vm-2"))), None)]
+    #[case::k9_an_empty_vm_name_is_none(None, Some(pod(&[("tier", "web")], Some(""))), None)]
+    #[case::k9_unchanged_is_quiet(Some(pod(&[("tier", "web")], Some("vm-1"))), Some(pod(&[("tier", "web")], Some("vm-1"))), None)]
+    #[case::k9_no_vm_is_quiet(None, Some(pod(&[("tier", "web")], None)), None)]
+    #[case::k9_relabelled_without_vm_is_quiet(Some(pod(&[("tier", "web")], None)), Some(pod(&[("tier", "db")], None)), None)]
+    fn k9_pod_arrivals(
+        #[case] old: Option<PodSlice>,
+        #[case] new: Option<PodSlice>,
+        #[case] want: Option<Vec<Labels>>,
+    ) {
+        let got = of_pod(old.as_ref(), new.as_ref());
+        let want = want.map(|labels| Arrival::Pod {
+            namespace: "shop".into(),
+            labels,
+        });
+        assert_eq!(got, want);
+    }
+
+    /// K9: a CR appearing or leaving is an arrival; a change to one already seen is not.
+    #[test]
+    fn k9_cr_arrivals() {
+        let mut cr = CocoonHibernation::new(
+            "web-0",
+            crate::api::CocoonHibernationSpec {
+                pod_ref: crate::api::PodRef {
+                    name: "web-0".into(),
+                },
+                desire: crate::api::Desire::Hibernate,
+                hibernate_timeout: None,
+                wake_timeout: None,
+            },
+        );
+        cr.metadata.namespace = Some("shop".into());
+        let arrival = Some(Arrival::Cr {
+            namespace: "shop".into(),
+        });
+        assert_eq!(of_cr(false, Some(&cr), false), arrival, "appeared");
+        assert_eq!(of_cr(true, Some(&cr), true), arrival, "left");
+        assert_eq!(of_cr(true, Some(&cr), false), None, "changed");
+    }
+
+    /// K9: an arrival is judged against the store as it held the object before the event
+    /// (an unchanged pod is quiet; a relabelled one names both label sets).
+    #[test]
+    fn k9_arrivals_are_judged_against_the_stores_previous_object() {
+        let (store, mut writer) = kube::runtime::reflector::store::<PodSlice>();
+        let web = pod(&[("tier", "web")], Some("vm-1"));
+        let db = pod(&[("tier", "db")], Some("vm-1"));
+        let mut seen = Vec::new();
+        for p in [web.clone(), web, db] {
+            let event = watcher::Event::Apply(p);
+            seen.push(PodSlice::arrival(&store, &event));
+            writer.apply_watcher_event(&event);
+        }
+        let pod_arrival = |labels: Vec<Labels>| Arrival::Pod {
+            namespace: "shop".into(),
+            labels,
+        };
+        assert_eq!(
+            seen,
+            vec![
+                Some(pod_arrival(vec![labels(&[("tier", "web")])])),
+                None,
+                Some(pod_arrival(vec![
+                    labels(&[("tier", "web")]),
+                    labels(&[("tier", "db")])
+                ])),
+            ]
+        );
+    }
+}
