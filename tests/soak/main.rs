@@ -748,23 +748,62 @@ impl World {
                 self.mark("vk pushes succeed");
             }
             Episode::VkSlowRemoval => {
-                // W2: vk removes VMs late and finishes withdrawn hibernates, while a few CRs
-                // time out their hibernates within seconds, so some flip to Wake while vk
-                // still pushes or removes their VM.
+                // W2: vk removes VMs late and finishes withdrawn hibernates. A few awake CRs
+                // are asked to hibernate with a 2 s timeout, time out while vk still pushes
+                // or removes their VM, and are flipped to Wake: the wake must not end on the
+                // VMID of before the hibernate.
                 let d = secs(rng, 8, 20);
-                let delay = Duration::from_millis(rng.random_range(3000..10000));
+                let delay = Duration::from_millis(rng.random_range(4000..10000));
                 let n = self.drive.lock().unwrap().len();
-                let short: Vec<usize> = (0..5).map(|_| rng.random_range(0..n)).collect();
+                let picked: Vec<usize> = (0..5).map(|_| rng.random_range(0..n)).collect();
                 self.mark(&format!("vk removes VMs late ({delay:?}) on"));
                 self.faults.add("vk.slow_removal", 1);
                 self.sim.knobs.set_removal_delay(delay);
+                let mut short = Vec::new();
+                for i in picked {
+                    {
+                        let mut dr = self.drive.lock().unwrap();
+                        if dr[i].busy || dr[i].desire != Desire::Wake {
+                            continue;
+                        }
+                        dr[i].busy = true;
+                        dr[i].desire = Desire::Hibernate;
+                    }
+                    let name = pod_name(i);
+                    self.set_hibernate_timeout(&name, Some("2s")).await;
+                    if let Err(e) = self.set_desire(&name, Desire::Hibernate).await {
+                        self.harness_error(format!("timed-out hibernate of {name}: {e}"));
+                    }
+                    short.push(i);
+                }
+                // The hibernates time out (2 s) while vk still works on their VMs.
+                tokio::time::sleep(Duration::from_secs(3)).await;
                 for &i in &short {
-                    self.set_hibernate_timeout(&pod_name(i), Some("2s")).await;
+                    let name = pod_name(i);
+                    let timed_out =
+                        self.crs
+                            .get_opt(&name)
+                            .await
+                            .ok()
+                            .flatten()
+                            .is_some_and(|cr| {
+                                cr.status.and_then(|s| s.last_failure).is_some_and(|f| {
+                                    f.reason == conditions::REASON_HIBERNATE_TIMED_OUT
+                                })
+                            });
+                    if timed_out {
+                        self.faults.add("cr.hibernate_timed_out_then_woken", 1);
+                    }
+                    if let Err(e) = self.set_desire(&name, Desire::Wake).await {
+                        self.harness_error(format!("wake after the timeout of {name}: {e}"));
+                    }
+                    self.drive.lock().unwrap()[i].desire = Desire::Wake;
                 }
                 tokio::time::sleep(d).await;
                 self.sim.knobs.set_removal_delay(Duration::ZERO);
                 for &i in &short {
                     self.set_hibernate_timeout(&pod_name(i), None).await;
+                    self.drive.lock().unwrap()[i].busy = false;
                 }
                 self.mark("vk removes VMs late off");
             }
