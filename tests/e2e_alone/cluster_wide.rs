@@ -57,7 +57,9 @@ async fn e2e_s2_s12_a_vm_held_in_another_namespace_is_never_touched() {
         registry.clone(),
         knobs,
     );
-    let vm = format!("vm-shared-{owner_ns}");
+    // Not derived from the owner's namespace whole: S12 is checked on the messages below.
+    let suffix = owner_ns.rsplit('-').next().unwrap_or_default();
+    let vm = format!("vm-shared-{suffix}");
     let owner_crs = Api::namespaced(client.clone(), &owner_ns);
     let tenant_crs = Api::namespaced(client.clone(), &tenant_ns);
     let tenant_pods: Api<Pod> = Api::namespaced(client.clone(), &tenant_ns);
