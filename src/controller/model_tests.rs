@@ -1,0 +1,159 @@
+//! The effect layer itself under random worlds (issue 33): the real `reconcile`, with its
+//! fence, fresh reads and own-write memories, against an in-memory apiserver
+//! (`apiserver`), a registry that knows whether its tag is the VM's only copy, a lagging
+//! cache and a hostile vk-cocoon (`world`). The invariants come from vk's truth:
+//! - S1, S7, W2, G1: no tag delete while the tag is, or is about to be, the VM's only copy
+//!   (pushed, the VM not yet removed, or removed), and so no VM that vk cannot restore;
+//! - W2: no CR `Active` while vk has removed its VM and not restored it.
+//!
+//! A user deleting the CR of a round in flight discards its snapshot (S6); the checks
+//! leave that round alone.
+
+mod apiserver;
+mod world;
+
+use super::plan::Settings;
+use proptest::prelude::*;
+use world::{Vk, World};
+
+#[derive(Clone, Debug)]
+enum Step {
+    /// One pass on a cache `cr_lag` / `pod_lag` versions behind; the fence closes during
+    /// the pass's `cut`th apiserver request.
+    Pass {
+        cr_lag: usize,
+        pod_lag: usize,
+        cut: Option<usize>,
+    },
+    /// vk-cocoon's next step; a round it starts does not report `hibernating` if set.
+    Vk { skip_hibernating: bool },
+    /// An hour passes: any transition in flight times out.
+    Tick,
+    Flip,
+    Delete,
+    Create { hibernate: bool },
+    Fence { open: bool },
+}
+
+fn lag() -> impl Strategy<Value = usize> {
+    prop_oneof![6 => Just(0usize), 1 => 1..5usize]
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    let pass = (lag(), lag(), prop::option::weighted(0.15, 1..6usize));
+    prop_oneof![
+        8 => pass.prop_map(|(cr_lag, pod_lag, cut)| Step::Pass { cr_lag, pod_lag, cut }),
+        6 => any::<bool>().prop_map(|skip_hibernating| Step::Vk { skip_hibernating }),
+        1 => Just(Step::Tick),
+        2 => Just(Step::Flip),
+        1 => Just(Step::Delete),
+        1 => any::<bool>().prop_map(|hibernate| Step::Create { hibernate }),
+        1 => any::<bool>().prop_map(|open| Step::Fence { open }),
+    ]
+}
+
+async fn apply(w: &mut World, step: &Step) {
+    w.log.push(format!("{step:?}"));
+    match *step {
+        Step::Pass {
+            cr_lag,
+            pod_lag,
+            cut,
+        } => w.pass(cr_lag, pod_lag, cut).await,
+        Step::Vk { skip_hibernating } => w.vk_step(skip_hibernating),
+        Step::Tick => w.tick(),
+        Step::Flip => w.flip(),
+        Step::Delete => w.delete(),
+        Step::Create { hibernate } => w.create(hibernate),
+        Step::Fence { open } => w.fence(open),
+    }
+    w.observe();
+}
+
+/// Runs `steps` from a CR with desire Hibernate on a running VM, then lets the world go on
+/// without faults for a while, so a VM removed late is restored (or found lost).
+fn run(steps: &[Step]) -> World {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .expect("a runtime");
+    runtime.block_on(async {
+        let mut w = World::new(Settings::default());
+        w.create(true);
+        w.observe();
+        let calm = [
+            Step::Fence { open: true },
+            Step::Pass {
+                cr_lag: 0,
+                pod_lag: 0,
+                cut: None,
+            },
+            Step::Vk {
+                skip_hibernating: false,
+            },
+        ];
+        for step in steps.iter().chain(calm.iter().cycle().take(3 * 8)) {
+            apply(&mut w, step).await;
+            if !w.violations.is_empty() {
+                break;
+            }
+        }
+        w
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 96, ..ProptestConfig::default() })]
+
+    /// SPEC S1 W2 S7 G1: the real effect layer, under a hostile vk, a lagging cache, a fence
+    /// that closes mid-pass, timeouts, flips and deletions, never deletes a tag that is the
+    /// VM's only copy (no VM is lost), and never settles Active on a VM vk removed.
+    #[test]
+    fn s1_w2_s7_g1_reconcile_keeps_the_only_copy_under_a_hostile_vk(
+        steps in prop::collection::vec(step(), 1..90)
+    ) {
+        let w = run(&steps);
+        prop_assert!(w.violations.is_empty(), "{:?}\n{}", w.violations, w.log.join("\n"));
+    }
+}
+
+const PASS: Step = Step::Pass {
+    cr_lag: 0,
+    pod_lag: 0,
+    cut: None,
+};
+const VK: Step = Step::Vk {
+    skip_hibernating: false,
+};
+
+fn phase(w: &World) -> Option<crate::api::Phase> {
+    w.cr().and_then(|cr| cr.phase())
+}
+
+/// SPEC H3 W2: the harness is sound: through the in-memory apiserver the real reconcile
+/// hibernates (the VM only in its tag) and wakes (the tag deleted once the VM runs again).
+#[test]
+fn h3_w2_the_model_hibernates_and_wakes_through_reconcile() {
+    let w = run(&[PASS, PASS, VK, VK, VK, PASS]);
+    assert_eq!((phase(&w), w.vk), (Some(crate::api::Phase::Hibernated), Vk::Removed), "{}", w.log.join("\n"));
+    assert!(w.registry.0.lock().tag.is_some());
+
+    let w = run(&[PASS, PASS, VK, VK, VK, PASS, Step::Flip, PASS, VK, PASS]);
+    assert!(w.violations.is_empty(), "{:?}", w.violations);
+    assert_eq!((phase(&w), w.vk), (Some(crate::api::Phase::Active), Vk::Running), "{}", w.log.join("\n"));
+    assert_eq!(w.registry.0.lock().deletes, 1, "W2: the tag deleted");
+}
+
+/// SPEC W2 S7 (issue 33, a slow vk): vk never reports `hibernating`, the hibernate times out,
+/// the desire flips to Wake while vk has pushed but not removed the VM. The pod still shows
+/// the old VMID, running: no delete, no Active, until vk removed and restored the VM.
+#[test]
+fn w2_a_timed_out_hibernate_woken_before_vk_removes_the_vm_keeps_the_tag() {
+    let skip = Step::Vk {
+        skip_hibernating: true,
+    };
+    let w = run(&[PASS, PASS, skip, PASS, Step::Tick, PASS, Step::Flip, PASS, VK, PASS, PASS]);
+    assert!(w.violations.is_empty(), "{:?}\n{}", w.violations, w.log.join("\n"));
+    assert_eq!(w.vk, Vk::Running, "{}", w.log.join("\n"));
+    assert_eq!(phase(&w), Some(crate::api::Phase::Active));
+}

@@ -1,0 +1,381 @@
+//! The model test's world: the registry, a hostile vk-cocoon, the user, time, the fence and
+//! the cache, around the real `reconcile` and an in-memory apiserver. The truth it checks
+//! the product against is vk's: whether the VM still runs, or lives only in its tag.
+
+use super::apiserver::{self, Store};
+use crate::api::CocoonHibernation;
+use crate::api::annotations::{
+    COCOONSET_GENERATION, HIBERNATE, LIFECYCLE_OBSERVED_GENERATION, LIFECYCLE_STATE, VM_ID,
+    VM_NAME,
+};
+use crate::cache::SharedCache;
+use crate::controller::{Context, plan::Settings, reconcile::reconcile};
+use crate::leader::Fence;
+use crate::metrics::Metrics;
+use crate::registry::{DeleteOutcome, Fut, RegistryError, SnapshotStore};
+use parking_lot::Mutex;
+use serde_json::{Value, json};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// What vk-cocoon is doing with the VM.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Vk {
+    /// The VM runs; a hibernate annotation starts a round.
+    Running,
+    /// Snapshotting: the tag is not pushed yet.
+    Pushing,
+    /// The tag is pushed, the VM not yet removed: the tag is about to be its only copy.
+    Pushed,
+    /// The VM is removed: the tag is its only copy.
+    Removed,
+    /// vk found no tag to restore the VM from.
+    Lost,
+}
+
+/// The registry's one tag, and what vk's truth says of it.
+#[derive(Default)]
+pub(super) struct Tags {
+    pub tag: Option<String>,
+    next_digest: u32,
+    /// The tag is (or is about to be) the VM's only copy.
+    needed: bool,
+    /// The user deleted the CR of a round in flight: S6 allows discarding its snapshot.
+    discarded: bool,
+    pub deletes: usize,
+    pub violations: Vec<String>,
+}
+
+#[derive(Clone, Default)]
+pub(super) struct Registry(pub Arc<Mutex<Tags>>);
+
+impl SnapshotStore for Registry {
+    fn snapshot_digest<'a>(&'a self, _vm: &'a str) -> Fut<'a, Option<String>> {
+        Box::pin(async move { Ok(self.0.lock().tag.clone()) })
+    }
+
+    fn delete_snapshot_before<'a>(
+        &'a self,
+        vm: &'a str,
+        digest: &'a str,
+        at: tokio::time::Instant,
+    ) -> Fut<'a, DeleteOutcome> {
+        Box::pin(async move {
+            if tokio::time::Instant::now() >= at {
+                let after = Duration::ZERO;
+                return Err(RegistryError::Timeout {
+                    operation: "delete",
+                    after,
+                });
+            }
+            let mut tags = self.0.lock();
+            if tags.tag.as_deref() != Some(digest) {
+                return Ok(DeleteOutcome::Absent);
+            }
+            if tags.needed && !tags.discarded {
+                let v = format!("S1: deleted {vm}:hibernate@{digest}, the VM's only copy");
+                tags.violations.push(v);
+            }
+            tags.tag = None;
+            tags.deletes += 1;
+            Ok(DeleteOutcome::Deleted)
+        })
+    }
+}
+
+pub(super) struct World {
+    pub store: Arc<Mutex<Store>>,
+    pub registry: Registry,
+    fence: Fence,
+    client: kube::Client,
+    settings: Settings,
+    /// The last pass's context: the next one keeps its per-CR memories, as one process would.
+    last: Option<Arc<Context>>,
+    pub vk: Vk,
+    next_vmid: u32,
+    next_uid: u32,
+    /// Every version of the CR (None: gone) and of the pod, oldest first: a lagging cache
+    /// (or another replica's, after a failover) shows one of the last few.
+    crs: Vec<Option<Value>>,
+    pods: Vec<Value>,
+    pub violations: Vec<String>,
+    pub log: Vec<String>,
+}
+
+fn pod() -> Value {
+    json!({"apiVersion": "v1", "kind": "Pod", "metadata": {
+        "name": "web-0", "namespace": "ns", "uid": "pod-uid",
+        "annotations": {VM_NAME: "vm-a", VM_ID: "id-1", LIFECYCLE_STATE: "ready",
+            LIFECYCLE_OBSERVED_GENERATION: "1", COCOONSET_GENERATION: "1"}},
+        "status": running(true)})
+}
+
+fn running(yes: bool) -> Value {
+    let state = if yes {
+        json!({"running": {}})
+    } else {
+        json!({"waiting": {"reason": "VMRemoved"}})
+    };
+    json!({"containerStatuses": [{"name": "vm", "image": "i", "imageID": "", "ready": yes,
+        "restartCount": 0, "state": state}]})
+}
+
+impl World {
+    pub fn new(settings: Settings) -> Self {
+        let fence = Fence::unfenced();
+        let store = Arc::new(Mutex::new(Store::new(pod(), fence.clone())));
+        let pod = store.lock().pod.clone();
+        World {
+            client: apiserver::client(store.clone()),
+            store,
+            registry: Registry::default(),
+            fence,
+            settings,
+            last: None,
+            vk: Vk::Running,
+            next_vmid: 2,
+            next_uid: 1,
+            crs: vec![None],
+            pods: vec![pod],
+            violations: Vec::new(),
+            log: Vec::new(),
+        }
+    }
+
+    pub fn cr(&self) -> Option<CocoonHibernation> {
+        let cr = self.store.lock().cr.clone()?;
+        serde_json::from_value(cr).ok()
+    }
+
+    /// The user creates the CR (when there is none).
+    pub fn create(&mut self, hibernate: bool) {
+        let mut store = self.store.lock();
+        if store.cr.is_some() {
+            return;
+        }
+        let desire = if hibernate { "Hibernate" } else { "Wake" };
+        let cr = json!({"apiVersion": "cocoonset.cocoonstack.io/v1", "kind": "CocoonHibernation",
+            "metadata": {"name": "web-0", "namespace": "ns", "uid": format!("uid-{}", self.next_uid),
+                "generation": 1, "creationTimestamp": now(0)},
+            "spec": {"podRef": {"name": "web-0"}, "desire": desire}});
+        self.next_uid += 1;
+        store.cr = Some(store.stamp(cr));
+    }
+
+    /// The user flips `spec.desire` (a new generation).
+    pub fn flip(&mut self) {
+        let mut store = self.store.lock();
+        let Some(mut cr) = store.cr.clone() else {
+            return;
+        };
+        let desire = if cr["spec"]["desire"] == "Wake" { "Hibernate" } else { "Wake" };
+        cr["spec"]["desire"] = json!(desire);
+        let generation = cr["metadata"]["generation"].as_i64().unwrap_or(1);
+        cr["metadata"]["generation"] = json!(generation + 1);
+        store.cr = Some(store.stamp(cr));
+    }
+
+    /// The user deletes the CR. Deleting one whose round is in flight discards its
+    /// snapshot (S6): what then becomes of that VM is the user's choice.
+    pub fn delete(&mut self) {
+        let annotated = self.annotation(HIBERNATE).is_some();
+        let mut store = self.store.lock();
+        let Some(mut cr) = store.cr.clone() else {
+            return;
+        };
+        if cr["metadata"]["deletionTimestamp"].is_null() && (annotated || self.vk != Vk::Running) {
+            self.registry.0.lock().discarded = true;
+        }
+        if cr["metadata"]["finalizers"].as_array().is_none_or(Vec::is_empty) {
+            store.cr = None;
+            return;
+        }
+        cr["metadata"]["deletionTimestamp"] = json!(now(0));
+        store.cr = Some(store.stamp(cr));
+    }
+
+    /// An hour passes: every copy of the CR (the apiserver's, the cache's) is that much older.
+    pub fn tick(&mut self) {
+        let mut store = self.store.lock();
+        let copies = self.crs.iter_mut().flatten().chain(store.cr.as_mut());
+        for cr in copies {
+            let conditions = cr.pointer_mut("/status/conditions");
+            let Some(conditions) = conditions.and_then(Value::as_array_mut) else {
+                continue;
+            };
+            for c in conditions {
+                let at = c["lastTransitionTime"].as_str().and_then(|t| t.parse().ok());
+                if let Some(at) = at {
+                    c["lastTransitionTime"] = json!(shifted(at, -3600));
+                }
+            }
+        }
+    }
+
+    /// S1: the fence closes (this replica lost its lease) or opens again.
+    pub fn fence(&mut self, open: bool) {
+        if open {
+            let far = tokio::time::Instant::now() + Duration::from_secs(3600);
+            self.fence.extend_to(far);
+        } else {
+            self.fence.close();
+        }
+    }
+
+    fn annotation(&self, key: &str) -> Option<String> {
+        let store = self.store.lock();
+        store.pod["metadata"]["annotations"][key]
+            .as_str()
+            .map(str::to_owned)
+    }
+
+    /// A hostile vk-cocoon's next step: on some rounds it never reports `hibernating`; it
+    /// pushes, and removes the VM only a step later, whatever the annotation says by then;
+    /// it restores a removed VM once the annotation is gone, from the tag if there is one.
+    pub fn vk_step(&mut self, skip_hibernating: bool) {
+        let annotated = self.annotation(HIBERNATE).is_some();
+        let mut annotations: Vec<(&str, Option<String>)> = Vec::new();
+        let mut container = None;
+        match self.vk {
+            Vk::Running if annotated => {
+                if !skip_hibernating {
+                    annotations.push((LIFECYCLE_STATE, Some("hibernating".into())));
+                }
+                self.vk = Vk::Pushing;
+            }
+            Vk::Pushing => {
+                let mut tags = self.registry.0.lock();
+                tags.next_digest += 1;
+                tags.tag = Some(format!("sha256:{:04}", tags.next_digest));
+                self.vk = Vk::Pushed;
+            }
+            Vk::Pushed => {
+                annotations.push((VM_ID, None));
+                annotations.push((LIFECYCLE_STATE, Some("hibernated".into())));
+                container = Some(false);
+                self.vk = Vk::Removed;
+            }
+            Vk::Removed if !annotated => {
+                let mut tags = self.registry.0.lock();
+                if tags.tag.is_some() {
+                    annotations.push((VM_ID, Some(format!("id-{}", self.next_vmid))));
+                    annotations.push((LIFECYCLE_STATE, Some("ready".into())));
+                    container = Some(true);
+                    self.next_vmid += 1;
+                    tags.discarded = false;
+                    self.vk = Vk::Running;
+                } else {
+                    if !tags.discarded {
+                        self.violations.push("S1: VM lost: no tag to restore it from".into());
+                    }
+                    self.vk = Vk::Lost;
+                }
+            }
+            _ => {}
+        }
+        self.registry.0.lock().needed = matches!(self.vk, Vk::Pushed | Vk::Removed);
+        if annotations.is_empty() && container.is_none() {
+            return;
+        }
+        let mut store = self.store.lock();
+        let mut pod = store.pod.clone();
+        for (key, value) in annotations {
+            match value {
+                Some(v) => pod["metadata"]["annotations"][key] = json!(v),
+                None => drop(pod["metadata"]["annotations"].as_object_mut().map(|a| a.remove(key))),
+            }
+        }
+        if let Some(yes) = container {
+            pod["status"] = running(yes);
+        }
+        store.pod = store.stamp(pod);
+    }
+
+    /// One pass of the real `reconcile`, on a cache `cr_lag` versions behind the CR and
+    /// `pod_lag` behind the pod; the fence closes during its `cut`th request.
+    pub async fn pass(&mut self, cr_lag: usize, pod_lag: usize, cut: Option<usize>) {
+        let cr = self.crs[self.crs.len() - 1 - cr_lag.min(self.crs.len() - 1)].clone();
+        let pod = self.pods[self.pods.len() - 1 - pod_lag.min(self.pods.len() - 1)].clone();
+        let (Some(cr), Ok(pod)) = (cr, serde_json::from_value(pod)) else {
+            return; // the cache shows no CR: there is nothing to reconcile
+        };
+        let cr = match serde_json::from_value::<CocoonHibernation>(cr) {
+            Ok(cr) => cr,
+            Err(e) => return self.violations.push(format!("harness: the CR: {e}")),
+        };
+        let ctx = self.context(SharedCache::from_objects(vec![cr.clone()], vec![pod]));
+        self.store.lock().cut_fence_at(cut);
+        let pass = tokio::time::timeout(Duration::from_secs(10), reconcile(Arc::new(cr), ctx));
+        match pass.await {
+            Err(_) => self.violations.push("harness: the pass hangs".into()),
+            Ok(Err(crate::error::Error::Kube(e))) if !matches!(e, kube::Error::Api(_)) => {
+                self.violations.push(format!("harness: {e}"))
+            }
+            Ok(result) => self.log.push(format!("  -> {result:?}")),
+        }
+        self.store.lock().cut_fence_at(None);
+        // Events still in flight go out before the world moves on.
+        tokio::task::yield_now().await;
+    }
+
+    /// A context on `cache`, with the per-CR memories of the last pass's.
+    fn context(&mut self, cache: SharedCache) -> Arc<Context> {
+        let ctx = crate::controller::context(
+            self.client.clone(),
+            cache,
+            self.registry.clone(),
+            Metrics::new(),
+            self.settings.clone(),
+            None,
+            self.fence.clone(),
+        );
+        if let Some(old) = self.last.take() {
+            *ctx.superseded.lock() = std::mem::take(&mut *old.superseded.lock());
+            *ctx.superseded_pods.lock() = std::mem::take(&mut *old.superseded_pods.lock());
+            *ctx.failures.lock() = std::mem::take(&mut *old.failures.lock());
+            *ctx.refusals.lock() = std::mem::take(&mut *old.refusals.lock());
+        }
+        self.last = Some(ctx.clone());
+        ctx
+    }
+
+    /// After every step: records new versions for the caches, and checks the invariants.
+    pub fn observe(&mut self) {
+        let (cr, pod, unexpected) = {
+            let mut store = self.store.lock();
+            let unexpected = std::mem::take(&mut store.unexpected);
+            (store.cr.clone(), store.pod.clone(), unexpected)
+        };
+        self.violations
+            .extend(unexpected.into_iter().map(|u| format!("harness: {u}")));
+        self.violations
+            .append(&mut std::mem::take(&mut self.registry.0.lock().violations));
+        let discarded = self.registry.0.lock().discarded;
+        if let Some(cr) = self.cr()
+            && self.vk == Vk::Removed
+            && !discarded
+            && !cr.is_deleting()
+            && cr.phase() == Some(crate::api::Phase::Active)
+        {
+            self.violations
+                .push("W2: the CR is Active while vk has removed the VM".into());
+        }
+        if self.crs.last() != Some(&cr) {
+            self.crs.push(cr);
+        }
+        if self.pods.last() != Some(&pod) {
+            self.pods.push(pod);
+        }
+    }
+}
+
+fn now(offset: i64) -> String {
+    shifted(jiff::Timestamp::now(), offset)
+}
+
+fn shifted(at: jiff::Timestamp, seconds: i64) -> String {
+    let at = at
+        .checked_add(jiff::SignedDuration::from_secs(seconds))
+        .unwrap_or(at);
+    at.strftime("%Y-%m-%dT%H:%M:%SZ").to_string()
+}
