@@ -61,7 +61,13 @@ impl Store {
         doc
     }
 
-    fn handle(&mut self, method: &Method, path: &str, ct: &str, body: Value) -> (StatusCode, Value) {
+    fn handle(
+        &mut self,
+        method: &Method,
+        path: &str,
+        ct: &str,
+        body: Value,
+    ) -> (StatusCode, Value) {
         if path.contains("/events") {
             return (StatusCode::OK, json!({}));
         }
@@ -102,7 +108,9 @@ impl Store {
             Ok(next) => next,
             Err(e) => return e,
         };
-        let finalizers = next["metadata"]["finalizers"].as_array().map_or(0, Vec::len);
+        let finalizers = next["metadata"]["finalizers"]
+            .as_array()
+            .map_or(0, Vec::len);
         let deleting = !next["metadata"]["deletionTimestamp"].is_null();
         self.cr = (!deleting || finalizers > 0).then(|| next.clone());
         (StatusCode::OK, next)
@@ -137,11 +145,7 @@ impl Store {
 
     /// A write that changed nothing keeps the resourceVersion, as the apiserver's does.
     fn changed(&mut self, old: &Value, next: Value) -> Value {
-        if *old == next {
-            next
-        } else {
-            self.stamp(next)
-        }
+        if *old == next { next } else { self.stamp(next) }
     }
 
     fn pod_list(&self) -> Value {
