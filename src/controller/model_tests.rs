@@ -4,7 +4,8 @@
 //! cache and a hostile vk-cocoon (`world`). The invariants come from vk's truth:
 //! - S1, S7, W2, G1: no tag delete while the tag is, or is about to be, the VM's only copy
 //!   (pushed, the VM not yet removed, or removed), and so no VM that vk cannot restore;
-//! - W2: no CR `Active` while vk has removed its VM and not restored it.
+//! - W2: no CR `Active` while vk has removed its VM and not restored it;
+//! - S1: no DELETE reaches the registry while the fence is closed.
 //!
 //! A user deleting the CR of a round in flight discards its snapshot (S6); the checks
 //! leave that round alone.

@@ -43,6 +43,8 @@ pub(super) struct Tags {
     discarded: bool,
     pub deletes: usize,
     pub violations: Vec<String>,
+    /// The product's fence: no DELETE may reach the registry while it is closed (S1).
+    fence: Option<Fence>,
 }
 
 #[derive(Clone, Default)]
@@ -70,6 +72,14 @@ impl SnapshotStore for Registry {
             let mut tags = self.0.lock();
             if tags.tag.as_deref() != Some(digest) {
                 return Ok(DeleteOutcome::Absent);
+            }
+            if tags
+                .fence
+                .as_ref()
+                .is_some_and(|f| f.valid_until().is_none())
+            {
+                let v = format!("S1: DELETE {vm}:hibernate@{digest} with the fence closed");
+                tags.violations.push(v);
             }
             if tags.needed && !tags.discarded {
                 let v = format!("S1: deleted {vm}:hibernate@{digest}, the VM's only copy");
@@ -124,10 +134,12 @@ impl World {
         let fence = Fence::unfenced();
         let store = Arc::new(Mutex::new(Store::new(pod(), fence.clone())));
         let pod = store.lock().pod.clone();
+        let registry = Registry::default();
+        registry.0.lock().fence = Some(fence.clone());
         World {
             client: apiserver::client(store.clone()),
             store,
-            registry: Registry::default(),
+            registry,
             fence,
             settings,
             last: None,
