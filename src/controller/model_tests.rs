@@ -11,6 +11,7 @@
 //! leave that round alone.
 
 mod apiserver;
+mod registry;
 mod world;
 
 use super::plan::Settings;
@@ -42,6 +43,8 @@ enum Step {
     Fence {
         open: bool,
     },
+    /// G1: a pod of another name for the hibernated VM, which vk restores from the tag.
+    Replace,
 }
 
 /// Mostly a current cache; sometimes a few versions behind; sometimes far behind, as a
@@ -61,6 +64,7 @@ fn step() -> impl Strategy<Value = Step> {
         1 => Just(Step::Delete),
         1 => any::<bool>().prop_map(|hibernate| Step::Create { hibernate }),
         1 => any::<bool>().prop_map(|open| Step::Fence { open }),
+        1 => Just(Step::Replace),
     ]
 }
 
@@ -79,6 +83,7 @@ async fn apply(w: &mut World, step: &Step) {
         Step::Delete => w.delete(),
         Step::Create { hibernate } => w.create(hibernate),
         Step::Fence { open } => w.fence(open),
+        Step::Replace => w.replace(),
     }
     w.observe();
 }
@@ -222,4 +227,41 @@ fn s7_a_pod_cache_from_before_the_hibernate_deletes_nothing() {
         1,
         "W2: deleted once the VM ran again"
     );
+}
+
+/// SPEC G1 S6 (issue 33, a replacement pod): the operator recreates a hibernated VM's pod
+/// under another name, which vk restores from the tag; the CR is deleted while the cache
+/// has not seen that pod yet. The fresh pod list finds it: the tag stays, and vk restores
+/// the VM from it.
+#[test]
+fn g1_deleting_the_cr_keeps_a_tag_a_replacement_pod_restores_from() {
+    let before_the_replacement = Step::Pass {
+        cr_lag: 0,
+        pod_lag: 1,
+        cut: None,
+    };
+    let w = run(&[
+        PASS,
+        PASS,
+        VK,
+        VK,
+        RM,
+        PASS,
+        Step::Replace,
+        Step::Delete,
+        before_the_replacement,
+    ]);
+    assert!(
+        w.violations.is_empty(),
+        "{:?}\n{}",
+        w.violations,
+        w.log.join("\n")
+    );
+    assert!(
+        w.cr().is_none(),
+        "G2: the finalizer went: {}",
+        w.log.join("\n")
+    );
+    assert_eq!(w.vk, Vk::Running, "restored in the replacement pod");
+    assert_eq!(w.registry.0.lock().deletes, 0);
 }

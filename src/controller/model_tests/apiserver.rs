@@ -24,6 +24,8 @@ const MERGE_PATCH: &str = "application/merge-patch+json";
 pub(super) struct Store {
     pub cr: Option<Value>,
     pub pod: Value,
+    /// G1: a pod of another name the operator created for the same VM.
+    pub replacement: Option<Value>,
     rv: u64,
     fence: Fence,
     /// Requests (events aside) since the pass began, and at which one the fence closes.
@@ -37,6 +39,7 @@ impl Store {
         let mut store = Store {
             cr: None,
             pod,
+            replacement: None,
             rv: 1,
             fence,
             requests: 0,
@@ -149,10 +152,16 @@ impl Store {
     }
 
     fn pod_list(&self) -> Value {
-        let item = json!({"apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata",
-            "metadata": self.pod["metadata"]});
+        let items: Vec<Value> = [Some(&self.pod), self.replacement.as_ref()]
+            .into_iter()
+            .flatten()
+            .map(|pod| {
+                json!({"apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata",
+                "metadata": pod["metadata"]})
+            })
+            .collect();
         json!({"apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadataList",
-            "metadata": {}, "items": [item]})
+            "metadata": {}, "items": items})
     }
 }
 

@@ -3,6 +3,7 @@
 //! the product against is vk's: whether the VM still runs, or lives only in its tag.
 
 use super::apiserver::{self, Store};
+use super::registry::Registry;
 use crate::api::CocoonHibernation;
 use crate::api::annotations::{
     COCOONSET_GENERATION, HIBERNATE, LIFECYCLE_OBSERVED_GENERATION, LIFECYCLE_STATE, VM_ID, VM_NAME,
@@ -11,7 +12,6 @@ use crate::cache::SharedCache;
 use crate::controller::{Context, plan::Settings, reconcile::reconcile};
 use crate::leader::Fence;
 use crate::metrics::Metrics;
-use crate::registry::{DeleteOutcome, Fut, RegistryError, SnapshotStore};
 use parking_lot::Mutex;
 use serde_json::{Value, json};
 use std::sync::Arc;
@@ -32,66 +32,6 @@ pub(super) enum Vk {
     Lost,
 }
 
-/// The registry's one tag, and what vk's truth says of it.
-#[derive(Default)]
-pub(super) struct Tags {
-    pub tag: Option<String>,
-    next_digest: u32,
-    /// The tag is (or is about to be) the VM's only copy.
-    needed: bool,
-    /// The user deleted the CR of a round in flight: S6 allows discarding its snapshot.
-    discarded: bool,
-    pub deletes: usize,
-    pub violations: Vec<String>,
-    /// The product's fence: no DELETE may reach the registry while it is closed (S1).
-    fence: Option<Fence>,
-}
-
-#[derive(Clone, Default)]
-pub(super) struct Registry(pub Arc<Mutex<Tags>>);
-
-impl SnapshotStore for Registry {
-    fn snapshot_digest<'a>(&'a self, _vm: &'a str) -> Fut<'a, Option<String>> {
-        Box::pin(async move { Ok(self.0.lock().tag.clone()) })
-    }
-
-    fn delete_snapshot_before<'a>(
-        &'a self,
-        vm: &'a str,
-        digest: &'a str,
-        at: tokio::time::Instant,
-    ) -> Fut<'a, DeleteOutcome> {
-        Box::pin(async move {
-            if tokio::time::Instant::now() >= at {
-                let after = Duration::ZERO;
-                return Err(RegistryError::Timeout {
-                    operation: "delete",
-                    after,
-                });
-            }
-            let mut tags = self.0.lock();
-            if tags.tag.as_deref() != Some(digest) {
-                return Ok(DeleteOutcome::Absent);
-            }
-            if tags
-                .fence
-                .as_ref()
-                .is_some_and(|f| f.valid_until().is_none())
-            {
-                let v = format!("S1: DELETE {vm}:hibernate@{digest} with the fence closed");
-                tags.violations.push(v);
-            }
-            if tags.needed && !tags.discarded {
-                let v = format!("S1: deleted {vm}:hibernate@{digest}, the VM's only copy");
-                tags.violations.push(v);
-            }
-            tags.tag = None;
-            tags.deletes += 1;
-            Ok(DeleteOutcome::Deleted)
-        })
-    }
-}
-
 pub(super) struct World {
     pub store: Arc<Mutex<Store>>,
     pub registry: Registry,
@@ -101,12 +41,15 @@ pub(super) struct World {
     /// The last pass's context: the next one keeps its per-CR memories, as one process would.
     last: Option<Arc<Context>>,
     pub vk: Vk,
+    /// vk runs the VM in the replacement pod from now on (G1).
+    replaced: bool,
     next_vmid: u32,
     next_uid: u32,
-    /// Every version of the CR (None: gone) and of the pod, oldest first: a lagging cache
-    /// (or another replica's, after a failover) shows one of the last few.
+    /// Every version of the CR (None: gone) and of the pods (the CR's, a replacement),
+    /// oldest first: a lagging cache (or another replica's, after a failover) shows one of
+    /// the last few.
     crs: Vec<Option<Value>>,
-    pods: Vec<Value>,
+    pods: Vec<(Value, Option<Value>)>,
     pub violations: Vec<String>,
     pub log: Vec<String>,
 }
@@ -144,10 +87,11 @@ impl World {
             settings,
             last: None,
             vk: Vk::Running,
+            replaced: false,
             next_vmid: 2,
             next_uid: 1,
             crs: vec![None],
-            pods: vec![pod],
+            pods: vec![(pod, None)],
             violations: Vec::new(),
             log: Vec::new(),
         }
@@ -198,7 +142,8 @@ impl World {
         let Some(mut cr) = store.cr.clone() else {
             return;
         };
-        if cr["metadata"]["deletionTimestamp"].is_null() && (annotated || self.vk != Vk::Running) {
+        let in_flight = annotated || self.vk != Vk::Running;
+        if cr["metadata"]["deletionTimestamp"].is_null() && in_flight && !self.replaced {
             self.registry.0.lock().discarded = true;
         }
         if cr["metadata"]["finalizers"]
@@ -242,11 +187,34 @@ impl World {
         }
     }
 
+    /// An annotation of the pod vk runs the VM in.
     fn annotation(&self, key: &str) -> Option<String> {
         let store = self.store.lock();
-        store.pod["metadata"]["annotations"][key]
+        let pod = match &store.replacement {
+            Some(pod) if self.replaced => pod,
+            _ => &store.pod,
+        };
+        pod["metadata"]["annotations"][key]
             .as_str()
             .map(str::to_owned)
+    }
+
+    /// G1: the operator frees the node of a hibernated VM and creates a pod of another name
+    /// for it, which vk restores from the tag; from now on that pod holds the tag, whatever
+    /// becomes of the CR.
+    pub fn replace(&mut self) {
+        let mut store = self.store.lock();
+        let mut tags = self.registry.0.lock();
+        if self.vk != Vk::Removed || tags.tag.is_none() || store.replacement.is_some() {
+            return;
+        }
+        tags.discarded = false;
+        self.replaced = true;
+        let pod = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {
+            "name": "web-0-b", "namespace": "ns", "uid": "pod-uid-b",
+            "annotations": {VM_NAME: "vm-a", COCOONSET_GENERATION: "1"}},
+            "status": running(false)});
+        store.replacement = Some(store.stamp(pod));
     }
 
     /// A hostile vk-cocoon's next step: on some rounds it never reports `hibernating`; it
@@ -301,7 +269,8 @@ impl World {
             return;
         }
         let mut store = self.store.lock();
-        let mut pod = store.pod.clone();
+        let replacement = store.replacement.clone().filter(|_| self.replaced);
+        let mut pod = replacement.unwrap_or_else(|| store.pod.clone());
         for (key, value) in annotations {
             match value {
                 Some(v) => pod["metadata"]["annotations"][key] = json!(v),
@@ -315,22 +284,33 @@ impl World {
         if let Some(yes) = container {
             pod["status"] = running(yes);
         }
-        store.pod = store.stamp(pod);
+        let pod = store.stamp(pod);
+        if self.replaced {
+            store.replacement = Some(pod);
+        } else {
+            store.pod = pod;
+        }
     }
 
     /// One pass of the real `reconcile`, on a cache `cr_lag` versions behind the CR and
     /// `pod_lag` behind the pod; the fence closes during its `cut`th request.
     pub async fn pass(&mut self, cr_lag: usize, pod_lag: usize, cut: Option<usize>) {
         let cr = self.crs[self.crs.len() - 1 - cr_lag.min(self.crs.len() - 1)].clone();
-        let pod = self.pods[self.pods.len() - 1 - pod_lag.min(self.pods.len() - 1)].clone();
-        let (Some(cr), Ok(pod)) = (cr, serde_json::from_value(pod)) else {
+        let (pod, replacement) =
+            self.pods[self.pods.len() - 1 - pod_lag.min(self.pods.len() - 1)].clone();
+        let pods: Result<Vec<_>, _> = [Some(pod), replacement]
+            .into_iter()
+            .flatten()
+            .map(serde_json::from_value)
+            .collect();
+        let (Some(cr), Ok(pods)) = (cr, pods) else {
             return; // the cache shows no CR: there is nothing to reconcile
         };
         let cr = match serde_json::from_value::<CocoonHibernation>(cr) {
             Ok(cr) => cr,
             Err(e) => return self.violations.push(format!("harness: the CR: {e}")),
         };
-        let ctx = self.context(SharedCache::from_objects(vec![cr.clone()], vec![pod]));
+        let ctx = self.context(SharedCache::from_objects(vec![cr.clone()], pods));
         self.store.lock().cut_fence_at(cut);
         let pass = tokio::time::timeout(Duration::from_secs(10), reconcile(Arc::new(cr), ctx));
         match pass.await {
@@ -371,7 +351,8 @@ impl World {
         let (cr, pod, unexpected) = {
             let mut store = self.store.lock();
             let unexpected = std::mem::take(&mut store.unexpected);
-            (store.cr.clone(), store.pod.clone(), unexpected)
+            let pods = (store.pod.clone(), store.replacement.clone());
+            (store.cr.clone(), pods, unexpected)
         };
         self.violations
             .extend(unexpected.into_iter().map(|u| format!("harness: {u}")));
