@@ -67,7 +67,7 @@ fn step() -> impl Strategy<Value = Step> {
         1 => Just(Step::Delete),
         1 => any::<bool>().prop_map(|hibernate| Step::Create { hibernate }),
         1 => any::<bool>().prop_map(|open| Step::Fence { open }),
-        1 => Just(Step::Replace),
+        2 => Just(Step::Replace),
     ]
 }
 
@@ -131,7 +131,7 @@ fn run_on(monotone: bool, steps: &[Step]) -> World {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 320, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
 
     /// SPEC S1 W2 S7 G1: the real effect layer, under a hostile vk, a cache showing any
     /// recent version (a failover, a restart), a fence that closes mid-pass, timeouts,
