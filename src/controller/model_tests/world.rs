@@ -1,4 +1,4 @@
-//! The model test's world: the registry, a hostile vk-cocoon, the user, time, the fence and
+//! The model test's world: a hostile vk-cocoon, the user, the operator, time, the fence and
 //! the cache, around the real `reconcile` and an in-memory apiserver. The truth it checks
 //! the product against is vk's: whether the VM still runs, or lives only in its tag.
 
@@ -370,7 +370,8 @@ impl World {
         self.violations
             .append(&mut std::mem::take(&mut self.registry.0.lock().violations));
         let discarded = self.registry.0.lock().discarded;
-        // Checked on one replica's cache only: see `kept_for_hibernate`.
+        // On one replica's cache only: one older than what the status was planned from (a
+        // failover) can still show a false Active for a while (see the module of the tests).
         if let Some(cr) = self.cr()
             && self.monotone.is_some()
             && self.vk == Vk::Removed
