@@ -24,6 +24,8 @@ pub use term::run;
 
 #[cfg(test)]
 mod mock_tests;
+#[cfg(test)]
+mod model_tests;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -1,0 +1,290 @@
+//! The effect layer itself under random worlds (issue 33): the real `reconcile`, with its
+//! fence, fresh reads and own-write memories, against an in-memory apiserver
+//! (`apiserver`), a registry that knows whether its tag is the VM's only copy, a lagging
+//! cache and a hostile vk-cocoon (`world`). The invariants come from vk's truth:
+//! - S1, S7, W2, G1: no tag delete while the tag is, or is about to be, the VM's only copy
+//!   (pushed, the VM not yet removed, or removed), and so no VM that vk cannot restore;
+//! - S1: no DELETE reaches the registry while the fence is closed;
+//! - W2, on one replica's cache (which never goes back, S4): no CR `Active` while vk has
+//!   removed its VM and not restored it. A cache older than what the CR's status was
+//!   planned from (a failover, a restart) can still make a CR Active or Hibernated for a
+//!   while on a stale round's pod (issue 33's report); the tag stays safe there.
+//!
+//! A user deleting the CR of a round in flight discards its snapshot (S6); the checks
+//! leave that round alone.
+
+mod apiserver;
+mod registry;
+mod world;
+
+use super::plan::Settings;
+use proptest::prelude::*;
+use world::{Vk, World};
+
+#[derive(Clone, Debug)]
+enum Step {
+    /// One pass on a cache `cr_lag` / `pod_lag` versions behind; the fence closes during
+    /// the pass's `cut`th apiserver request.
+    Pass {
+        cr_lag: usize,
+        pod_lag: usize,
+        cut: Option<usize>,
+    },
+    /// vk-cocoon's next step; a round it starts does not report `hibernating` if set.
+    Vk {
+        skip_hibernating: bool,
+    },
+    /// vk-cocoon removes the VM it pushed (slow: this step is rarer than the others).
+    VkRemoves,
+    /// An hour passes: any transition in flight times out.
+    Tick,
+    Flip,
+    Delete,
+    Create {
+        hibernate: bool,
+    },
+    Fence {
+        open: bool,
+    },
+    /// G1: a pod of another name for the hibernated VM, which vk restores from the tag.
+    Replace,
+}
+
+/// Mostly a current cache; sometimes a few versions behind; sometimes far behind, as a
+/// replica whose cache lagged shows after a failover.
+fn lag() -> impl Strategy<Value = usize> {
+    prop_oneof![6 => Just(0usize), 2 => 1..4usize, 1 => 4..16usize]
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    let pass = (lag(), lag(), prop::option::weighted(0.15, 1..6usize));
+    prop_oneof![
+        8 => pass.prop_map(|(cr_lag, pod_lag, cut)| Step::Pass { cr_lag, pod_lag, cut }),
+        5 => prop::bool::weighted(0.6).prop_map(|skip_hibernating| Step::Vk { skip_hibernating }),
+        2 => Just(Step::VkRemoves),
+        2 => Just(Step::Tick),
+        3 => Just(Step::Flip),
+        1 => Just(Step::Delete),
+        1 => any::<bool>().prop_map(|hibernate| Step::Create { hibernate }),
+        1 => any::<bool>().prop_map(|open| Step::Fence { open }),
+        2 => Just(Step::Replace),
+    ]
+}
+
+async fn apply(w: &mut World, step: &Step) {
+    w.log.push(format!("{step:?}"));
+    match *step {
+        Step::Pass {
+            cr_lag,
+            pod_lag,
+            cut,
+        } => w.pass(cr_lag, pod_lag, cut).await,
+        Step::Vk { skip_hibernating } => w.vk_step(skip_hibernating, false),
+        Step::VkRemoves => w.vk_step(false, true),
+        Step::Tick => w.tick(),
+        Step::Flip => w.flip(),
+        Step::Delete => w.delete(),
+        Step::Create { hibernate } => w.create(hibernate),
+        Step::Fence { open } => w.fence(open),
+        Step::Replace => w.replace(),
+    }
+    w.observe();
+}
+
+/// Runs `steps` from a CR with desire Hibernate on a running VM, then lets the world go on
+/// without faults for a while, so a VM removed late is restored (or found lost). The cache
+/// shows any recent version of each object.
+fn run(steps: &[Step]) -> World {
+    run_on(false, steps)
+}
+
+/// As `run`, on one replica's `monotone` cache, which also checks the CR's phase.
+fn run_on(monotone: bool, steps: &[Step]) -> World {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .expect("a runtime");
+    runtime.block_on(async {
+        let mut w = World::new(Settings::default(), monotone);
+        w.create(true);
+        w.observe();
+        let calm = [
+            Step::Fence { open: true },
+            Step::Pass {
+                cr_lag: 0,
+                pod_lag: 0,
+                cut: None,
+            },
+            Step::Vk {
+                skip_hibernating: false,
+            },
+            Step::VkRemoves,
+        ];
+        for step in steps.iter().chain(calm.iter().cycle().take(4 * 8)) {
+            apply(&mut w, step).await;
+            if !w.violations.is_empty() {
+                break;
+            }
+        }
+        w
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+    /// SPEC S1 W2 S7 G1: the real effect layer, under a hostile vk, a cache showing any
+    /// recent version (a failover, a restart), a fence that closes mid-pass, timeouts,
+    /// flips, deletions and replacement pods, never deletes a tag that is the VM's only copy
+    /// (no VM is lost), nor sends a DELETE with the fence closed.
+    #[test]
+    fn s1_w2_s7_g1_reconcile_keeps_the_only_copy_under_a_hostile_vk(
+        steps in prop::collection::vec(step(), 1..90)
+    ) {
+        let w = run(&steps);
+        prop_assert!(w.violations.is_empty(), "{:?}\n{}", w.violations, w.log.join("\n"));
+    }
+
+    /// SPEC W2 S1 S7 G1: the same on one replica's lagging cache (S4: never going back),
+    /// where besides no CR is ever Active while vk has removed its VM.
+    #[test]
+    fn w2_s1_s7_g1_no_active_on_a_removed_vm_under_a_hostile_vk(
+        steps in prop::collection::vec(step(), 1..90)
+    ) {
+        let w = run_on(true, &steps);
+        prop_assert!(w.violations.is_empty(), "{:?}\n{}", w.violations, w.log.join("\n"));
+    }
+}
+
+const PASS: Step = Step::Pass {
+    cr_lag: 0,
+    pod_lag: 0,
+    cut: None,
+};
+const VK: Step = Step::Vk {
+    skip_hibernating: false,
+};
+const RM: Step = Step::VkRemoves;
+
+fn phase(w: &World) -> Option<crate::api::Phase> {
+    w.cr().and_then(|cr| cr.phase())
+}
+
+/// SPEC H3 W2: the harness is sound: through the in-memory apiserver the real reconcile
+/// hibernates (the VM only in its tag) and wakes (the tag deleted once the VM runs again).
+#[test]
+fn h3_w2_the_model_hibernates_and_wakes_through_reconcile() {
+    let w = run(&[PASS, PASS, VK, VK, RM, PASS]);
+    assert_eq!(
+        (phase(&w), w.vk),
+        (Some(crate::api::Phase::Hibernated), Vk::Removed),
+        "{}",
+        w.log.join("\n")
+    );
+    assert!(w.registry.0.lock().tag.is_some());
+
+    let w = run(&[PASS, PASS, VK, VK, RM, PASS, Step::Flip, PASS, VK, PASS]);
+    assert!(w.violations.is_empty(), "{:?}", w.violations);
+    assert_eq!(
+        (phase(&w), w.vk),
+        (Some(crate::api::Phase::Active), Vk::Running),
+        "{}",
+        w.log.join("\n")
+    );
+    assert_eq!(w.registry.0.lock().deletes, 1, "W2: the tag deleted");
+}
+
+/// SPEC W2 S7 (issue 33, a slow vk): vk never reports `hibernating`, the hibernate times out,
+/// the desire flips to Wake while vk has pushed but not removed the VM. The pod still shows
+/// the old VMID, running: no delete, no Active, until vk removed and restored the VM.
+#[test]
+fn w2_a_timed_out_hibernate_woken_before_vk_removes_the_vm_keeps_the_tag() {
+    let skip = Step::Vk {
+        skip_hibernating: true,
+    };
+    let w = run_on(
+        true,
+        &[
+            PASS,
+            PASS,
+            skip,
+            PASS,
+            Step::Tick,
+            PASS,
+            Step::Flip,
+            PASS,
+            VK,
+            PASS,
+            PASS,
+        ],
+    );
+    assert!(
+        w.violations.is_empty(),
+        "{:?}\n{}",
+        w.violations,
+        w.log.join("\n")
+    );
+    assert_eq!(w.vk, Vk::Running, "{}", w.log.join("\n"));
+    assert_eq!(phase(&w), Some(crate::api::Phase::Active));
+}
+
+/// SPEC S7 W2: a pass on a far-lagging pod cache (a failover to a replica whose cache still
+/// shows the VM running from before its hibernate) plans the end of the wake; the fresh pod
+/// read shows vk has not restored the VM, so nothing is deleted and the wake goes on.
+#[test]
+fn s7_a_pod_cache_from_before_the_hibernate_deletes_nothing() {
+    let far_behind = Step::Pass {
+        cr_lag: 0,
+        pod_lag: 15,
+        cut: None,
+    };
+    let w = run(&[PASS, PASS, VK, VK, RM, PASS, Step::Flip, PASS, far_behind]);
+    assert!(
+        w.violations.is_empty(),
+        "{:?}\n{}",
+        w.violations,
+        w.log.join("\n")
+    );
+    assert_eq!(
+        w.registry.0.lock().deletes,
+        1,
+        "W2: deleted once the VM ran again"
+    );
+}
+
+/// SPEC G1 S6 (issue 33, a replacement pod): the operator recreates a hibernated VM's pod
+/// under another name, which vk restores from the tag; the CR is deleted while the cache
+/// has not seen that pod yet. The fresh pod list finds it: the tag stays, and vk restores
+/// the VM from it.
+#[test]
+fn g1_deleting_the_cr_keeps_a_tag_a_replacement_pod_restores_from() {
+    let before_the_replacement = Step::Pass {
+        cr_lag: 0,
+        pod_lag: 1,
+        cut: None,
+    };
+    let w = run(&[
+        PASS,
+        PASS,
+        VK,
+        VK,
+        RM,
+        PASS,
+        Step::Replace,
+        Step::Delete,
+        before_the_replacement,
+    ]);
+    assert!(
+        w.violations.is_empty(),
+        "{:?}\n{}",
+        w.violations,
+        w.log.join("\n")
+    );
+    assert!(
+        w.cr().is_none(),
+        "G2: the finalizer went: {}",
+        w.log.join("\n")
+    );
+    assert_eq!(w.vk, Vk::Running, "restored in the replacement pod");
+    assert_eq!(w.registry.0.lock().deletes, 0);
+}
