@@ -252,6 +252,83 @@ fn s7_a_pod_cache_from_before_the_hibernate_deletes_nothing() {
     );
 }
 
+/// One pass on a pod cache `lag` versions behind.
+fn pod_lag(lag: usize) -> Step {
+    Step::Pass {
+        cr_lag: 0,
+        pod_lag: lag,
+        cut: None,
+    }
+}
+
+/// SPEC H3 W2 S7 (found by the any-version property): a pod cache from the previous round
+/// (vk `hibernated`, the old tag there) must not complete this round's hibernate, nor
+/// drop the VMID recorded for it, so the next wake cannot end before vk acted. Before
+/// transitions ended on the fresh pod, the CR went Hibernated on the old view and then
+/// Active while vk had removed the VM.
+#[test]
+fn h3_w2_s7_a_pod_cache_from_the_previous_round_ends_no_transition() {
+    let skip = Step::Vk {
+        skip_hibernating: true,
+    };
+    let w = run(&[
+        PASS,
+        PASS,
+        VK,
+        VK,
+        RM,
+        PASS,
+        Step::Flip,
+        PASS,
+        Step::Tick,
+        PASS,
+        VK,
+        Step::Flip,
+        PASS,
+        skip,
+        pod_lag(2),
+        Step::Flip,
+        PASS,
+        PASS,
+        VK,
+        RM,
+    ]);
+    assert!(
+        w.violations.is_empty(),
+        "{:?}\n{}",
+        w.violations,
+        w.log.join("\n")
+    );
+}
+
+/// SPEC D1 W2 S7 (found by the any-version property): a wake that ends while the desire
+/// is Hibernate again keeps the tag, so it makes no delete and no fresh read for one; it
+/// must still not end on a stale pod view that shows the VM running.
+#[test]
+fn d1_w2_s7_a_wake_kept_for_hibernate_ends_only_on_the_fresh_pod() {
+    let skip = Step::Vk {
+        skip_hibernating: true,
+    };
+    let w = run(&[
+        PASS,
+        PASS,
+        skip,
+        VK,
+        RM,
+        PASS,
+        Step::Flip,
+        PASS,
+        Step::Flip,
+        pod_lag(3),
+    ]);
+    assert!(
+        w.violations.is_empty(),
+        "{:?}\n{}",
+        w.violations,
+        w.log.join("\n")
+    );
+}
+
 /// SPEC G1 S6 (issue 33, a replacement pod): the operator recreates a hibernated VM's pod
 /// under another name, which vk restores from the tag; the CR is deleted while the cache
 /// has not seen that pod yet. The fresh pod list finds it: the tag stays, and vk restores

@@ -73,12 +73,15 @@ async fn reconcile_inner(cr: Arc<CocoonHibernation>, ctx: &Context) -> Result<Ac
         vm_holders.iter().map(Arc::as_ref),
     );
 
+    let mut probe = Probe::NotProbed;
+    let mut digest = None;
+    let mut now = now;
     let mut plan = plan::plan(
         &cr,
         view.as_ref(),
         &owner,
-        &Probe::NotProbed,
-        now,
+        &probe,
+        now.clone(),
         &ctx.settings,
     );
     if plan.needs_probe {
@@ -88,9 +91,8 @@ async fn reconcile_inner(cr: Arc<CocoonHibernation>, ctx: &Context) -> Result<Ac
         };
         let slot_wait = asked.elapsed();
         // The timeouts are judged at the probe's time, after any wait for the slot.
-        let now = Time(jiff::Timestamp::now());
-        let mut digest = None;
-        let probe = match ctx
+        now = Time(jiff::Timestamp::now());
+        probe = match ctx
             .registry
             .snapshot_digest(pod_vm.unwrap_or_default())
             .await
@@ -107,8 +109,34 @@ async fn reconcile_inner(cr: Arc<CocoonHibernation>, ctx: &Context) -> Result<Ac
             probe_ms = (asked.elapsed() - slot_wait).as_millis(),
             "probed"
         );
-        plan = plan::plan(&cr, view.as_ref(), &owner, &probe, now, &ctx.settings);
-        plan::record_digest(&mut plan, digest);
+        plan = plan::plan(
+            &cr,
+            view.as_ref(),
+            &owner,
+            &probe,
+            now.clone(),
+            &ctx.settings,
+        );
+        plan::record_digest(&mut plan, digest.clone());
+    }
+    // S7 for every ending: a transition that ends without a tag delete (whose own fresh
+    // read covers it) ends only if the pod as the apiserver shows it now ends it too. A
+    // lagging pod cache (a failover, a relist) may show a round vk has not done.
+    let ends = plan.finished.filter(|f| f.ending == plan::Ending::Done);
+    if ends.is_some() && !plan.delete_first {
+        let pods: Api<PodSlice> = Api::namespaced(ctx.client.clone(), &ns);
+        let fresh = pods.get_opt(&pod_name).await?;
+        let fresh_view = fresh.as_ref().map(PodView::from_pod);
+        if fresh_view != view {
+            let mut again =
+                plan::plan(&cr, fresh_view.as_ref(), &owner, &probe, now, &ctx.settings);
+            plan::record_digest(&mut again, digest);
+            if again.finished != plan.finished {
+                tracing::info!(cr = %key(&cr), "fresh read: the pod does not end the transition yet");
+                return Ok(ctx.defer(Deferral::StalePod));
+            }
+            return execute(&cr, fresh.as_ref(), again, &api, ctx).await;
+        }
     }
     execute(&cr, pod.as_deref(), plan, &api, ctx).await
 }

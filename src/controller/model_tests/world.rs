@@ -370,10 +370,9 @@ impl World {
         self.violations
             .append(&mut std::mem::take(&mut self.registry.0.lock().violations));
         let discarded = self.registry.0.lock().discarded;
-        // On one replica's cache only: one older than what the status was planned from (a
-        // failover) can still show a false Active for a while (see the module of the tests).
+        // W2, S7: on any cache, since a transition ends only on the pod as the apiserver
+        // shows it (a lagging cache once gave a false Active here).
         if let Some(cr) = self.cr()
-            && self.monotone.is_some()
             && self.vk == Vk::Removed
             && !discarded
             && !cr.is_deleting()
