@@ -776,21 +776,42 @@ impl World {
                     }
                     short.push(i);
                 }
-                // The hibernates time out (2 s) while vk still works on their VMs.
-                tokio::time::sleep(Duration::from_secs(3)).await;
+                // The hibernates time out (2 s) while vk still works on their VMs. Each is
+                // woken only once vk has begun on it (`hibernating` or the VM removed): a
+                // request vk dropped without a word leaves the pod on its old VMID, which
+                // W2 rightly never takes for a wake (the CR then waits, by design).
                 for &i in &short {
                     let name = pod_name(i);
-                    let timed_out =
-                        self.crs
-                            .get_opt(&name)
-                            .await
-                            .ok()
-                            .flatten()
-                            .is_some_and(|cr| {
-                                cr.status.and_then(|s| s.last_failure).is_some_and(|f| {
-                                    f.reason == conditions::REASON_HIBERNATE_TIMED_OUT
-                                })
-                            });
+                    let until = Instant::now() + Duration::from_secs(20);
+                    let mut begun = false;
+                    let mut timed_out = false;
+                    while Instant::now() < until && !(begun && timed_out) {
+                        let pod = self.pods.get_opt(&name).await.ok().flatten();
+                        begun = pod.is_some_and(|p| {
+                            let v = PodView::of(&p);
+                            v.vm_id.is_none()
+                                || matches!(
+                                    v.lifecycle_state.as_deref(),
+                                    Some("hibernating" | "hibernated")
+                                )
+                        });
+                        timed_out =
+                            self.crs
+                                .get_opt(&name)
+                                .await
+                                .ok()
+                                .flatten()
+                                .is_some_and(|cr| {
+                                    cr.status.and_then(|s| s.last_failure).is_some_and(|f| {
+                                        f.reason == conditions::REASON_HIBERNATE_TIMED_OUT
+                                    })
+                                });
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                    }
+                    if !begun {
+                        // Left to hibernate: it completes once vk gets to it.
+                        continue;
+                    }
                     if timed_out {
                         self.faults.add("cr.hibernate_timed_out_then_woken", 1);
                     }
