@@ -424,6 +424,18 @@ impl World {
         self.drive.lock().unwrap()[i].busy = false;
     }
 
+    /// Deletes a pod, retried; one already gone is deleted.
+    async fn delete_pod(&self, name: &str, budget: Duration) -> Result<(), String> {
+        retry(budget, || async {
+            match self.pods.delete(name, &DeleteParams::default()).await {
+                Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+                other => other.map(|_| ()),
+            }
+        })
+        .await
+        .map_err(|e| format!("delete pod {name}: {e}"))
+    }
+
     /// G1: the CocoonSet operator frees a hibernated pod's node: it deletes the pod and
     /// creates a replacement under another name, which vk restores from the tag, and the
     /// CR is deleted meanwhile. The tag must outlive the CR: the replacement names the VM.
@@ -449,18 +461,29 @@ impl World {
         }
         self.mark(&format!("replace {name} by {replacement}"));
         self.faults.add("operator.replace_pod", 1);
+        // Each step is retried through the apiserver restarts and faults of the run; a
+        // create whose answer was lost may have landed, a delete may have gone already.
+        let budget = Duration::from_secs(120);
         let steps = async {
-            self.pods
-                .delete(&name, &DeleteParams::default())
-                .await
-                .map_err(|e| format!("delete pod {name}: {e}"))?;
-            vk_sim::create_replacement_pod(&self.client, &self.ns, &replacement, &vm)
-                .await
-                .map_err(|e| format!("create {replacement}: {e}"))?;
-            self.crs
-                .delete(&name, &DeleteParams::default())
-                .await
-                .map_err(|e| format!("delete CR {name}: {e}"))?;
+            self.delete_pod(&name, budget).await?;
+            retry(budget, || async {
+                match vk_sim::create_replacement_pod(&self.client, &self.ns, &replacement, &vm)
+                    .await
+                {
+                    Err(e) if e.to_string().contains("already exists") => Ok(()),
+                    other => other.map(|_| ()),
+                }
+            })
+            .await
+            .map_err(|e| format!("create {replacement}: {e}"))?;
+            retry(budget, || async {
+                match self.crs.delete(&name, &DeleteParams::default()).await {
+                    Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+                    other => other.map(|_| ()),
+                }
+            })
+            .await
+            .map_err(|e| format!("delete CR {name}: {e}"))?;
             let gone_by = Instant::now() + Duration::from_secs(600);
             while self.seen(&name).is_some() {
                 if Instant::now() > gone_by {
@@ -469,7 +492,11 @@ impl World {
                 tokio::time::sleep(Duration::from_millis(200)).await;
             }
             // G1: the CR is gone; the replacement still names the VM, so the tag stays.
-            match vk_sim::snapshot_digest(&self.cluster.registry, &vm).await {
+            match retry(budget, || {
+                vk_sim::snapshot_digest(&self.cluster.registry, &vm)
+            })
+            .await
+            {
                 Ok(Some(_)) => {}
                 Ok(None) => self.replaced_lost.lock().unwrap().push(format!(
                     "{vm}: tag deleted with CR {name} while pod {replacement} named the VM"
@@ -488,13 +515,15 @@ impl World {
                 }
                 tokio::time::sleep(Duration::from_millis(300)).await;
             }
-            self.pods
-                .delete(&replacement, &DeleteParams::default())
-                .await
-                .map_err(|e| format!("delete {replacement}: {e}"))?;
-            vk_sim::create_vm_pod(&self.client, &self.ns, &name, &vm)
-                .await
-                .map_err(|e| format!("recreate pod {name}: {e}"))?;
+            self.delete_pod(&replacement, budget).await?;
+            retry(budget, || async {
+                match vk_sim::create_vm_pod(&self.client, &self.ns, &name, &vm).await {
+                    Err(e) if e.to_string().contains("already exists") => Ok(()),
+                    other => other.map(|_| ()),
+                }
+            })
+            .await
+            .map_err(|e| format!("recreate pod {name}: {e}"))?;
             self.create_cr(i, Desire::Wake).await
         };
         if let Err(e) = steps.await {
