@@ -442,7 +442,8 @@ impl Sim {
                     .as_ref()
                     .and_then(|a| a.get(WAKE_DROPS_TAG_ANNOTATION))
                     .map(String::as_str);
-                let restored_from = if self.knobs.drops_tag(vm, annotation) {
+                // A replacement's restore leaves the tag to the product (G1, the audit).
+                let restored_from = if !replacement && self.knobs.drops_tag(vm, annotation) {
                     snapshot_digest(&self.registry, vm).await?
                 } else {
                     None
