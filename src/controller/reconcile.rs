@@ -76,14 +76,12 @@ async fn reconcile_inner(cr: Arc<CocoonHibernation>, ctx: &Context) -> Result<Ac
     let mut probe = Probe::NotProbed;
     let mut digest = None;
     let mut now = now;
-    let mut plan = plan::plan(
-        &cr,
-        view.as_ref(),
-        &owner,
-        &probe,
-        now.clone(),
-        &ctx.settings,
-    );
+    let plan_on = |view: Option<&PodView>, probe: &Probe, now: &Time, digest: &Option<String>| {
+        let mut plan = plan::plan(&cr, view, &owner, probe, now.clone(), &ctx.settings);
+        plan::record_digest(&mut plan, digest.clone());
+        plan
+    };
+    let mut plan = plan_on(view.as_ref(), &probe, &now, &digest);
     if plan.needs_probe {
         let asked = std::time::Instant::now();
         let Some(_slot) = ctx.registry_slot().await else {
@@ -109,15 +107,7 @@ async fn reconcile_inner(cr: Arc<CocoonHibernation>, ctx: &Context) -> Result<Ac
             probe_ms = (asked.elapsed() - slot_wait).as_millis(),
             "probed"
         );
-        plan = plan::plan(
-            &cr,
-            view.as_ref(),
-            &owner,
-            &probe,
-            now.clone(),
-            &ctx.settings,
-        );
-        plan::record_digest(&mut plan, digest.clone());
+        plan = plan_on(view.as_ref(), &probe, &now, &digest);
     }
     // S7 for every ending: a transition that ends without a tag delete (whose own fresh
     // read covers it) ends only if the pod as the apiserver shows it now ends it too. A
@@ -128,9 +118,7 @@ async fn reconcile_inner(cr: Arc<CocoonHibernation>, ctx: &Context) -> Result<Ac
         let fresh = pods.get_opt(&pod_name).await?;
         let fresh_view = fresh.as_ref().map(PodView::from_pod);
         if fresh_view != view {
-            let mut again =
-                plan::plan(&cr, fresh_view.as_ref(), &owner, &probe, now, &ctx.settings);
-            plan::record_digest(&mut again, digest);
+            let again = plan_on(fresh_view.as_ref(), &probe, &now, &digest);
             if again.finished != plan.finished {
                 tracing::info!(cr = %key(&cr), "fresh read: the pod does not end the transition yet");
                 return Ok(ctx.defer(Deferral::StalePod));

@@ -125,33 +125,13 @@ pub async fn create_vm_pod_on(
 ) -> Result<Pod, SimError> {
     let api: Api<Pod> = Api::namespaced(client.clone(), namespace);
     let vm_id = new_vm_id();
-    let pod = Pod {
-        metadata: ObjectMeta {
-            name: Some(pod_name.to_owned()),
-            annotations: Some(
-                [
-                    (VM_NAME, vm_name),
-                    (COCOONSET_GENERATION, "1"),
-                    (VM_ID, vm_id.as_str()),
-                    (LIFECYCLE_STATE, STATE_READY),
-                ]
-                .into_iter()
-                .map(|(k, v)| (k.to_owned(), v.to_owned()))
-                .collect(),
-            ),
-            ..Default::default()
-        },
-        spec: Some(PodSpec {
-            containers: vec![Container {
-                name: "vm".into(),
-                image: Some("cocoon/vm:test".into()),
-                ..Default::default()
-            }],
-            node_name: node.map(str::to_owned),
-            ..Default::default()
-        }),
-        ..Default::default()
-    };
+    let annotations = [
+        (VM_NAME, vm_name),
+        (COCOONSET_GENERATION, "1"),
+        (VM_ID, vm_id.as_str()),
+        (LIFECYCLE_STATE, STATE_READY),
+    ];
+    let pod = vm_pod(pod_name, &annotations, node);
     let created = api.create(&PostParams::default(), &pod).await?;
     let running = api
         .patch_status(
@@ -174,13 +154,23 @@ pub async fn create_replacement_pod(
     vm_name: &str,
 ) -> Result<Pod, SimError> {
     let api: Api<Pod> = Api::namespaced(client.clone(), namespace);
-    let pod = Pod {
+    let pod = vm_pod(
+        pod_name,
+        &[(VM_NAME, vm_name), (COCOONSET_GENERATION, "1")],
+        None,
+    );
+    Ok(api.create(&PostParams::default(), &pod).await?)
+}
+
+/// A pod with one container `vm` and these annotations, bound to `node` when given.
+fn vm_pod(name: &str, annotations: &[(&str, &str)], node: Option<&str>) -> Pod {
+    Pod {
         metadata: ObjectMeta {
-            name: Some(pod_name.to_owned()),
+            name: Some(name.to_owned()),
             annotations: Some(
-                [(VM_NAME, vm_name), (COCOONSET_GENERATION, "1")]
-                    .into_iter()
-                    .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                annotations
+                    .iter()
+                    .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
                     .collect(),
             ),
             ..Default::default()
@@ -191,9 +181,9 @@ pub async fn create_replacement_pod(
                 image: Some("cocoon/vm:test".into()),
                 ..Default::default()
             }],
+            node_name: node.map(str::to_owned),
             ..Default::default()
         }),
         ..Default::default()
-    };
-    Ok(api.create(&PostParams::default(), &pod).await?)
+    }
 }
