@@ -150,17 +150,11 @@ mod tests {
     }
 
     fn id(cluster: &str, release: &str) -> InstallId {
-        InstallId {
-            cluster: cluster.into(),
-            release: release.into(),
-        }
+        InstallId::new(cluster, release)
     }
 
     fn marker(of: &InstallId) -> Marker {
-        Marker {
-            tag: of.tag(),
-            install: Some(of.clone()),
-        }
+        of.marker()
     }
 
     /// S10: the base comes from the install; a flag that differs is refused, not used.

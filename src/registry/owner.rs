@@ -39,6 +39,21 @@ impl std::fmt::Display for InstallId {
 }
 
 impl InstallId {
+    pub fn new(cluster: &str, release: &str) -> Self {
+        InstallId {
+            cluster: cluster.into(),
+            release: release.into(),
+        }
+    }
+
+    /// The marker this install writes.
+    pub fn marker(&self) -> Marker {
+        Marker {
+            tag: self.tag(),
+            install: Some(self.clone()),
+        }
+    }
+
     /// The install's marker tag: a digest of its identity, so it is a valid tag whatever
     /// the names, and the same on every replica and every start.
     pub fn tag(&self) -> String {
@@ -174,17 +189,11 @@ mod tests {
     use super::*;
 
     fn id(cluster: &str, release: &str) -> InstallId {
-        InstallId {
-            cluster: cluster.into(),
-            release: release.into(),
-        }
+        InstallId::new(cluster, release)
     }
 
     fn marker(of: &InstallId) -> Marker {
-        Marker {
-            tag: of.tag(),
-            install: Some(of.clone()),
-        }
+        of.marker()
     }
 
     /// S10: a base is ours only while every marker on it is ours; any other install's
