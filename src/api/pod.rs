@@ -7,6 +7,46 @@ use kube::api::ObjectMeta;
 use serde::{Deserialize, Deserializer};
 use std::collections::BTreeMap;
 
+/// A pod's place and the VM it names (`vm.cocoonstack.io/name`, empty read as none).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NamedVm {
+    pub namespace: String,
+    pub name: String,
+    pub vm: Option<String>,
+    pub deleting: bool,
+}
+
+/// Pods per page of [`list_vm_names`]; only their metadata is read.
+const VM_NAME_PAGE: u32 = 500;
+
+/// Every pod `api` lists, read from the apiserver (metadata only, in pages), with the VM it
+/// names: G1's fresh read before a deletion's delete, and the orphan audit's claims.
+pub async fn list_vm_names(api: &kube::Api<Pod>) -> kube::Result<Vec<NamedVm>> {
+    let mut params = kube::api::ListParams::default().limit(VM_NAME_PAGE);
+    let mut pods = Vec::new();
+    loop {
+        let page = api.list_metadata(&params).await?;
+        pods.extend(page.items.iter().map(|pod| {
+            let m = &pod.metadata;
+            NamedVm {
+                namespace: m.namespace.clone().unwrap_or_default(),
+                name: m.name.clone().unwrap_or_default(),
+                vm: m
+                    .annotations
+                    .as_ref()
+                    .and_then(|a| a.get(super::annotations::VM_NAME))
+                    .filter(|v| !v.is_empty())
+                    .cloned(),
+                deleting: m.deletion_timestamp.is_some(),
+            }
+        }));
+        match page.metadata.continue_.filter(|c| !c.is_empty()) {
+            Some(token) => params = params.continue_token(&token),
+            None => return Ok(pods),
+        }
+    }
+}
+
 /// A Pod as the cache keeps it and as pod patches answer (issue 8, memory). It is decoded
 /// straight from the apiserver's JSON, skipping the spec and reducing the container
 /// statuses to one flag, so no k8s-openapi `Pod` (about 2 KB of struct before any string,

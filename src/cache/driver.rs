@@ -200,43 +200,25 @@ impl EventHandler {
     /// (the store keeps its copy); a list gets the newer of its copy and the store's.
     fn keep_newer_cr(&mut self, ev: watcher::Event<CocoonHibernation>, key: &Key, version: &str) {
         tracing::warn!(cr = ?key, version, "an older copy of the CR than the cache holds; kept the newer");
-        let watcher::Event::InitApply(cr) = ev else {
-            return;
-        };
-        let held = self.cache.cr(&key.0, &key.1);
-        let held_version = held.as_ref().and_then(|c| c.resource_version());
-        let listed = match (
-            self.cr_versions
-                .pick_for_list(key, version, held_version.as_deref()),
-            held,
-        ) {
-            (Pick::Store, Some(held)) => (*held).clone(),
-            _ => cr,
-        };
-        self.writers
-            .crs
-            .apply_watcher_event(&watcher::Event::InitApply(listed));
+        if let watcher::Event::InitApply(cr) = ev {
+            let held = self.cache.cr(&key.0, &key.1);
+            let listed = newer_copy(&mut self.cr_versions, key, version, cr, held);
+            self.writers
+                .crs
+                .apply_watcher_event(&watcher::Event::InitApply(listed));
+        }
     }
 
     /// S4: as [`Self::keep_newer_cr`], for a pod.
     fn keep_newer_pod(&mut self, ev: watcher::Event<PodSlice>, key: &Key, version: &str) {
         tracing::warn!(pod = ?key, version, "an older copy of the pod than the cache holds; kept the newer");
-        let watcher::Event::InitApply(pod) = ev else {
-            return;
-        };
-        let held = self.cache.pod(&key.0, &key.1);
-        let held_version = held.as_ref().and_then(|p| p.resource_version());
-        let listed = match (
-            self.pod_versions
-                .pick_for_list(key, version, held_version.as_deref()),
-            held,
-        ) {
-            (Pick::Store, Some(held)) => (*held).clone(),
-            _ => pod,
-        };
-        self.writers
-            .pods
-            .apply_watcher_event(&watcher::Event::InitApply(listed));
+        if let watcher::Event::InitApply(pod) = ev {
+            let held = self.cache.pod(&key.0, &key.1);
+            let listed = newer_copy(&mut self.pod_versions, key, version, pod, held);
+            self.writers
+                .pods
+                .apply_watcher_event(&watcher::Event::InitApply(listed));
+        }
     }
 
     /// S2: a CR that is gone may have been the one others on its pod or VM deferred to.
@@ -327,4 +309,23 @@ impl EventHandler {
 
 pub(super) fn pod_key(pod: &PodSlice) -> Key {
     (pod.namespace().unwrap_or_default(), pod.name_any())
+}
+
+/// S4: of a listed copy older than the version taken and the store's copy `held`, the one a
+/// list leaves in the store.
+fn newer_copy<K: kube::Resource + Clone>(
+    versions: &mut Versions,
+    key: &Key,
+    version: &str,
+    listed: K,
+    held: Option<std::sync::Arc<K>>,
+) -> K {
+    let held_version = held.as_ref().and_then(|h| h.resource_version());
+    match (
+        versions.pick_for_list(key, version, held_version.as_deref()),
+        held,
+    ) {
+        (Pick::Store, Some(held)) => (*held).clone(),
+        _ => listed,
+    }
 }

@@ -6,13 +6,12 @@ use super::effects::{event, key, write_status};
 use super::error_policy::Deferral;
 use super::plan::{self, Debt, DeleteResult};
 use crate::api::CocoonHibernation;
-use crate::api::annotations::{PodView, VM_NAME};
-use crate::api::pod::PodSlice;
+use crate::api::annotations::PodView;
+use crate::api::pod::{PodSlice, list_vm_names};
 use crate::error::{Error, Result};
 use crate::registry::{DeleteOutcome, RegistryError};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::api::ListParams;
 use kube::runtime::controller::Action;
 use kube::{Api, Resource, ResourceExt};
 use std::time::Duration;
@@ -147,11 +146,8 @@ pub(super) async fn fenced_delete(
     })
 }
 
-/// Pods per page of G1's fresh read; only their metadata is read.
-const POD_PAGE: u32 = 500;
-
 /// G1: a live pod other than `cr`'s own that names `vm`, listed from the apiserver in the
-/// namespace the product watches (metadata only, in pages), as the orphan audit counts it.
+/// namespace the product watches, as the orphan audit counts it.
 async fn fresh_pod_holding(
     cr: &CocoonHibernation,
     vm: &str,
@@ -163,30 +159,10 @@ async fn fresh_pod_holding(
     } else {
         Api::namespaced(ctx.client.clone(), namespace)
     };
-    let mut params = ListParams::default().limit(POD_PAGE);
-    loop {
-        let page = api.list_metadata(&params).await?;
-        let named = page
-            .items
-            .iter()
-            .filter(|p| p.metadata.deletion_timestamp.is_none())
-            .map(|p| {
-                let m = &p.metadata;
-                let vm_name = m.annotations.as_ref().and_then(|a| a.get(VM_NAME));
-                (
-                    m.namespace.as_deref().unwrap_or_default(),
-                    m.name.as_deref().unwrap_or_default(),
-                    vm_name.map(String::as_str),
-                )
-            });
-        if let Some(holder) = plan::pod_holding(cr, vm, named) {
-            return Ok(Some(holder));
-        }
-        match page.metadata.continue_.filter(|c| !c.is_empty()) {
-            Some(token) => params = params.continue_token(&token),
-            None => return Ok(None),
-        }
-    }
+    let pods = list_vm_names(&api).await?;
+    let live = pods.iter().filter(|p| !p.deleting);
+    let named = live.map(|p| (p.namespace.as_str(), p.name.as_str(), p.vm.as_deref()));
+    Ok(plan::pod_holding(cr, vm, named))
 }
 
 /// S1: the lease is not fresh, so the tag stays.

@@ -165,6 +165,29 @@ const VK: Step = Step::Vk {
     skip_hibernating: false,
 };
 const RM: Step = Step::VkRemoves;
+/// A vk step whose round does not report `hibernating`.
+const SKIP: Step = Step::Vk {
+    skip_hibernating: true,
+};
+
+/// One pass on a pod cache `lag` versions behind.
+fn pod_lag(lag: usize) -> Step {
+    Step::Pass {
+        cr_lag: 0,
+        pod_lag: lag,
+        cut: None,
+    }
+}
+
+/// No violation, else the violations and the run's log.
+fn assert_clean(w: &World) {
+    assert!(
+        w.violations.is_empty(),
+        "{:?}\n{}",
+        w.violations,
+        w.log.join("\n")
+    );
+}
 
 fn phase(w: &World) -> Option<crate::api::Phase> {
     w.cr().and_then(|cr| cr.phase())
@@ -199,15 +222,12 @@ fn h3_w2_the_model_hibernates_and_wakes_through_reconcile() {
 /// the old VMID, running: no delete, no Active, until vk removed and restored the VM.
 #[test]
 fn w2_a_timed_out_hibernate_woken_before_vk_removes_the_vm_keeps_the_tag() {
-    let skip = Step::Vk {
-        skip_hibernating: true,
-    };
     let w = run_on(
         true,
         &[
             PASS,
             PASS,
-            skip,
+            SKIP,
             PASS,
             Step::Tick,
             PASS,
@@ -218,12 +238,7 @@ fn w2_a_timed_out_hibernate_woken_before_vk_removes_the_vm_keeps_the_tag() {
             PASS,
         ],
     );
-    assert!(
-        w.violations.is_empty(),
-        "{:?}\n{}",
-        w.violations,
-        w.log.join("\n")
-    );
+    assert_clean(&w);
     assert_eq!(w.vk, Vk::Running, "{}", w.log.join("\n"));
     assert_eq!(phase(&w), Some(crate::api::Phase::Active));
 }
@@ -233,32 +248,14 @@ fn w2_a_timed_out_hibernate_woken_before_vk_removes_the_vm_keeps_the_tag() {
 /// read shows vk has not restored the VM, so nothing is deleted and the wake goes on.
 #[test]
 fn s7_a_pod_cache_from_before_the_hibernate_deletes_nothing() {
-    let far_behind = Step::Pass {
-        cr_lag: 0,
-        pod_lag: 15,
-        cut: None,
-    };
+    let far_behind = pod_lag(15);
     let w = run(&[PASS, PASS, VK, VK, RM, PASS, Step::Flip, PASS, far_behind]);
-    assert!(
-        w.violations.is_empty(),
-        "{:?}\n{}",
-        w.violations,
-        w.log.join("\n")
-    );
+    assert_clean(&w);
     assert_eq!(
         w.registry.0.lock().deletes,
         1,
         "W2: deleted once the VM ran again"
     );
-}
-
-/// One pass on a pod cache `lag` versions behind.
-fn pod_lag(lag: usize) -> Step {
-    Step::Pass {
-        cr_lag: 0,
-        pod_lag: lag,
-        cut: None,
-    }
 }
 
 /// SPEC H3 W2 S7 (found by the any-version property): a pod cache from the previous round
@@ -268,9 +265,6 @@ fn pod_lag(lag: usize) -> Step {
 /// Active while vk had removed the VM.
 #[test]
 fn h3_w2_s7_a_pod_cache_from_the_previous_round_ends_no_transition() {
-    let skip = Step::Vk {
-        skip_hibernating: true,
-    };
     let w = run(&[
         PASS,
         PASS,
@@ -285,7 +279,7 @@ fn h3_w2_s7_a_pod_cache_from_the_previous_round_ends_no_transition() {
         VK,
         Step::Flip,
         PASS,
-        skip,
+        SKIP,
         pod_lag(2),
         Step::Flip,
         PASS,
@@ -293,12 +287,7 @@ fn h3_w2_s7_a_pod_cache_from_the_previous_round_ends_no_transition() {
         VK,
         RM,
     ]);
-    assert!(
-        w.violations.is_empty(),
-        "{:?}\n{}",
-        w.violations,
-        w.log.join("\n")
-    );
+    assert_clean(&w);
 }
 
 /// SPEC D1 W2 S7 (found by the any-version property): a wake that ends while the desire
@@ -306,13 +295,10 @@ fn h3_w2_s7_a_pod_cache_from_the_previous_round_ends_no_transition() {
 /// must still not end on a stale pod view that shows the VM running.
 #[test]
 fn d1_w2_s7_a_wake_kept_for_hibernate_ends_only_on_the_fresh_pod() {
-    let skip = Step::Vk {
-        skip_hibernating: true,
-    };
     let w = run(&[
         PASS,
         PASS,
-        skip,
+        SKIP,
         VK,
         RM,
         PASS,
@@ -321,12 +307,7 @@ fn d1_w2_s7_a_wake_kept_for_hibernate_ends_only_on_the_fresh_pod() {
         Step::Flip,
         pod_lag(3),
     ]);
-    assert!(
-        w.violations.is_empty(),
-        "{:?}\n{}",
-        w.violations,
-        w.log.join("\n")
-    );
+    assert_clean(&w);
 }
 
 /// SPEC G1 S6 (issue 33, a replacement pod): the operator recreates a hibernated VM's pod
@@ -335,11 +316,7 @@ fn d1_w2_s7_a_wake_kept_for_hibernate_ends_only_on_the_fresh_pod() {
 /// the VM from it.
 #[test]
 fn g1_deleting_the_cr_keeps_a_tag_a_replacement_pod_restores_from() {
-    let before_the_replacement = Step::Pass {
-        cr_lag: 0,
-        pod_lag: 1,
-        cut: None,
-    };
+    let before_the_replacement = pod_lag(1);
     let w = run(&[
         PASS,
         PASS,
@@ -351,12 +328,7 @@ fn g1_deleting_the_cr_keeps_a_tag_a_replacement_pod_restores_from() {
         Step::Delete,
         before_the_replacement,
     ]);
-    assert!(
-        w.violations.is_empty(),
-        "{:?}\n{}",
-        w.violations,
-        w.log.join("\n")
-    );
+    assert_clean(&w);
     assert!(
         w.cr().is_none(),
         "G2: the finalizer went: {}",

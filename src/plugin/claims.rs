@@ -5,13 +5,9 @@ use super::audit::{Claims, PodVm};
 use super::error::PluginError;
 use super::resources;
 use super::view::CrView;
-use crate::api::annotations::VM_NAME;
-use k8s_openapi::api::core::v1::Pod;
+use crate::api::pod::list_vm_names;
 use kube::Api;
 use kube::api::ListParams;
-
-/// Pods per list page; only their metadata is read.
-const POD_PAGE: u32 = 500;
 
 pub async fn gather(client: &kube::Client) -> Result<Claims, PluginError> {
     let crs: Vec<CrView> = resources::all_crs(client)
@@ -27,30 +23,15 @@ pub async fn gather(client: &kube::Client) -> Result<Claims, PluginError> {
 }
 
 async fn pod_vms(client: &kube::Client) -> Result<Vec<PodVm>, PluginError> {
-    let api: Api<Pod> = Api::all(client.clone());
-    let mut params = ListParams::default().limit(POD_PAGE);
-    let mut pods = Vec::new();
-    loop {
-        let page = api
-            .list_metadata(&params)
-            .await
-            .map_err(|e| PluginError::api("listing pods in every namespace", e))?;
-        pods.extend(page.items.iter().map(|pod| {
-            PodVm {
-                namespace: pod.metadata.namespace.clone().unwrap_or_default(),
-                name: pod.metadata.name.clone().unwrap_or_default(),
-                vm: pod
-                    .metadata
-                    .annotations
-                    .as_ref()
-                    .and_then(|a| a.get(VM_NAME))
-                    .filter(|v| !v.is_empty())
-                    .cloned(),
-            }
-        }));
-        match page.metadata.continue_.filter(|c| !c.is_empty()) {
-            Some(token) => params = params.continue_token(&token),
-            None => return Ok(pods),
-        }
-    }
+    let pods = list_vm_names(&Api::all(client.clone()))
+        .await
+        .map_err(|e| PluginError::api("listing pods in every namespace", e))?;
+    Ok(pods
+        .into_iter()
+        .map(|p| PodVm {
+            namespace: p.namespace,
+            name: p.name,
+            vm: p.vm,
+        })
+        .collect())
 }
