@@ -148,7 +148,9 @@ mod tests {
         let cfg = args(&["--registry-username", "u"])
             .config_with_password(pw.clone())
             .unwrap();
-        assert!(matches!(cfg.auth, RegistryAuth::Basic(ref u, ref p) if u == "u" && p == "s3cr3t-pw"));
+        assert!(
+            matches!(cfg.auth, RegistryAuth::Basic(ref u, ref p) if u == "u" && p == "s3cr3t-pw")
+        );
         let err = args(&[]).config_with_password(pw).unwrap_err();
         assert!(err.to_string().contains(PASSWORD_ENV), "{err}");
         let printed = format!("{:?}", args(&["--registry-username", "u"]));
