@@ -654,12 +654,27 @@ mod tests {
         let listed: Vec<&str> = LIMITS.iter().map(|l| l.flag).collect();
         assert_eq!(bounded, listed);
         let command = <Cli as clap::CommandFactory>::command();
-        for flag in listed {
+        for flag in &listed {
             let long = flag.trim_start_matches("--");
             assert!(
                 command.get_arguments().any(|a| a.get_long() == Some(long)),
                 "{flag} is no flag"
             );
+        }
+        // A new duration flag (a default such as `5s`) needs its bounds here too.
+        for arg in command.get_arguments().filter(|a| !a.is_hide_set()) {
+            let default = arg.get_default_values().first();
+            let default = default.map(|d| d.to_string_lossy().into_owned());
+            let duration = default.is_some_and(|d| {
+                d.chars().any(|c| c.is_ascii_alphabetic()) && parse_duration(&d).is_ok()
+            });
+            if let (true, Some(long)) = (duration, arg.get_long()) {
+                let flag = format!("--{long}");
+                assert!(
+                    listed.contains(&flag.as_str()),
+                    "{flag} has no LIMITS entry"
+                );
+            }
         }
     }
 
