@@ -107,6 +107,31 @@ fn p3_every_flag_has_a_row_in_the_configuration_table() {
     );
 }
 
+/// SPEC P3: each bounded flag's row states the binary's own range (config::LIMITS).
+#[test]
+fn p3_each_flags_row_states_its_range() {
+    use cocoon_hibernation::config::{Bound, LIMITS, format_duration};
+    let install = doc("docs/install.md");
+    let table = rows(&section(&install, "## Configuration"));
+    for limit in LIMITS {
+        let range = match limit.bound {
+            Bound::Integer { min, max } => format!("{min}–{max}"),
+            Bound::Duration { min, max } => {
+                format!("{}–{}", format_duration(min), format_duration(max))
+            }
+        };
+        let row = table
+            .iter()
+            .find(|r| spans(r[0]).contains(&limit.flag))
+            .unwrap_or_else(|| panic!("no row for {}", limit.flag));
+        assert!(
+            row.last().is_some_and(|m| m.contains(&range)),
+            "install.md's row for {} does not state its range {range}",
+            limit.flag
+        );
+    }
+}
+
 /// SPEC P3: every visible subcommand is named in install.md.
 #[test]
 fn p3_every_subcommand_is_documented() {
