@@ -7,6 +7,10 @@
 #                   `promtool test rules` proves every alert; every dashboard query parses
 #   4. lint         helm lint --strict, both TLS modes; every ClusterRole rule has a comment;
 #                   the chart's default values are refused, naming vmIdentityPolicy (S3)
+#   4b. value-limits every sample of the binary's flag bounds (`cocoon-hibernation
+#                   value-limits --samples`): helm template refuses each value the binary
+#                   refuses (0s timeouts, a 1s stall limit, past a maximum) and renders
+#                   each one it accepts (the bounds, 1h30m)
 #   5. kubeconform  helm template (every values file) | kubeconform -strict, offline schemas
 #   6. dry-run      the CRD applied for real (dry run only if one is installed), the rest
 #                   `kubectl apply --server-side --dry-run=server`; the self-signed
@@ -114,14 +118,19 @@ field() { sed -n "s|^ *$1: *||p" "$2" | head -n 1; }
 FULL=(-f "$VALUES/full.yaml")
 OPTIONAL=(--set serviceMonitor.enabled=true --set prometheusRule.enabled=true --set grafanaDashboard.enabled=true)
 
-crd_drift() {
-  local crd="$WORK/crd.yaml"
+# cocoon ARGS...: the binary under test (COCOON_BIN, else cargo run).
+cocoon() {
   if [[ -n "${COCOON_BIN:-}" ]]; then
     [[ -x "$COCOON_BIN" ]] || die "COCOON_BIN=$COCOON_BIN is not executable"
-    "$COCOON_BIN" crd >"$crd"
+    "$COCOON_BIN" "$@"
   else
-    (cd "$ROOT" && cargo run -q --locked -- crd) >"$crd"
+    (cd "$ROOT" && cargo run -q --locked -- "$@")
   fi
+}
+
+crd_drift() {
+  local crd="$WORK/crd.yaml"
+  cocoon crd >"$crd"
   [[ -s "$crd" ]] || die "'cocoon-hibernation crd' printed nothing"
   diff -u "$crd" "$CRD_FILE" ||
     die "the chart's CRD differs from 'cocoon-hibernation crd'; regenerate it:
@@ -180,6 +189,30 @@ lint() {
        cr && /^ *- apiGroups:/ && prev !~ /^ *#/ { print "uncommented rule at line " NR; bad = 1 }
        { prev = $0 } END { exit bad }' "$CHART/templates/rbac.yaml" ||
     die "every ClusterRole rule in templates/rbac.yaml needs a comment saying what it is for"
+}
+
+# P3: the chart refuses exactly the samples the binary refuses (its unit tests prove the
+# binary's side on the same samples: config::tests::p3_the_binary_enforces_every_limit_on_the_charts_samples).
+value_limits() {
+  cocoon value-limits --samples >"$WORK/samples.tsv"
+  local value kind verdict sample set n=0 bad=0
+  while IFS=$'\t' read -r value kind verdict sample; do
+    [[ "$kind" == string ]] && set=--set-string || set=--set
+    if helm template "$RELEASE" "$CHART" --namespace "$NS" --kube-version "$KUBE_VERSION" \
+      --set registry.base="$REGISTRY_BASE" "${WRITERS[@]}" "$set" "$value=$sample" \
+      >/dev/null 2>"$WORK/sample.err"; then
+      [[ "$verdict" == accepted ]] || { log "$value=$sample rendered; the binary refuses it"; bad=$((bad + 1)); }
+    else
+      [[ "$verdict" == refused ]] || { log "$value=$sample refused: $(tail -n 1 "$WORK/sample.err")"; bad=$((bad + 1)); }
+      # Refused for the value itself, not for something else.
+      [[ "$verdict" != refused ]] || grep -q "${value##*.}" "$WORK/sample.err" ||
+        { log "$value=$sample refused without naming it: $(cat "$WORK/sample.err")"; bad=$((bad + 1)); }
+    fi
+    n=$((n + 1))
+  done <"$WORK/samples.tsv"
+  ((n >= 30)) || die "only $n samples from 'cocoon-hibernation value-limits --samples'"
+  ((bad == 0)) || die "$bad of $n value samples disagree with the binary (above)"
+  log "$n value samples: the chart refuses exactly what the binary refuses"
 }
 
 schemas() {
@@ -356,6 +389,7 @@ step crd-drift crd_drift
 step unittest unittest
 step alerts alerts
 step lint lint
+step value-limits value_limits
 step kubeconform validate
 step dry-run dry_run
 step upgrade upgrade

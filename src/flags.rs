@@ -2,6 +2,14 @@
 
 use std::time::Duration;
 
+/// The duration form the chart's values take, as the CRD's timeouts do: whole seconds, or
+/// digits and a unit (`ms`, `s`, `m`, `h`) repeated, such as `90s` or `1h30m`.
+/// [`parse_duration`] reads all of it, so the chart never passes a form the binary
+/// refuses, and its templates can add the parts up to check the flag's bounds.
+pub const CHART_DURATION_PATTERN: &str = r"^([0-9]+|([0-9]+(ms|s|m|h))+)$";
+/// The longest duration string the chart takes (the CRD's limit too).
+pub const CHART_DURATION_MAX_LENGTH: u64 = 32;
+
 /// Accepts humantime durations (`90s`, `3m`, `1h30m`, `250ms`) or plain seconds.
 /// Out-of-range values are errors, never a wrapped-around number.
 pub fn parse_duration(raw: &str) -> Result<Duration, String> {

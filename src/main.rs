@@ -23,6 +23,14 @@ fn main() -> ExitCode {
             }
         };
     }
+    if let Some(Command::ValueLimits { samples }) = cli.command {
+        if samples {
+            print!("{}", cocoon_hibernation::config::value_samples_tsv());
+        } else {
+            print!("{}", cocoon_hibernation::config::value_limits_yaml());
+        }
+        return ExitCode::SUCCESS;
+    }
     let args = cli.server_args();
     if let Err(e) = args.validate() {
         eprintln!("error: {e}");

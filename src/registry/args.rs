@@ -6,7 +6,7 @@ use clap::Args;
 use std::path::PathBuf;
 use std::time::Duration;
 
-#[derive(Args, Clone)]
+#[derive(Args, Clone, Debug)]
 pub struct RegistryArgs {
     /// Registry and path prefix holding snapshots: host[:port][/prefix]. Repository = <base>/<vm>.
     #[arg(long, env = "COCOON_REGISTRY_BASE")]
@@ -17,11 +17,10 @@ pub struct RegistryArgs {
     /// Docker config.json holding credentials for the registry host.
     #[arg(long, env = "COCOON_REGISTRY_DOCKER_CONFIG")]
     pub registry_docker_config: Option<PathBuf>,
-    /// Basic-auth user; the password comes from COCOON_REGISTRY_PASSWORD.
+    /// Basic-auth user; the password comes from the environment variable
+    /// COCOON_REGISTRY_PASSWORD only (a flag would show it in `ps` and the pod spec).
     #[arg(long, env = "COCOON_REGISTRY_USERNAME")]
     pub registry_username: Option<String>,
-    #[arg(long, env = "COCOON_REGISTRY_PASSWORD", hide_env_values = true)]
-    pub registry_password: Option<String>,
     /// File holding a bearer token.
     #[arg(long, env = "COCOON_REGISTRY_TOKEN_FILE")]
     pub registry_token_file: Option<PathBuf>,
@@ -33,30 +32,28 @@ pub struct RegistryArgs {
     pub registry_timeout: Duration,
 }
 
-// P3: the password never reaches Debug output, so it cannot reach a log.
-impl std::fmt::Debug for RegistryArgs {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RegistryArgs")
-            .field("registry_base", &self.registry_base)
-            .field("registry_plain_http", &self.registry_plain_http)
-            .field("registry_docker_config", &self.registry_docker_config)
-            .field("registry_username", &self.registry_username)
-            .field(
-                "registry_password",
-                &self.registry_password.as_ref().map(|_| "<redacted>"),
-            )
-            .field("registry_token_file", &self.registry_token_file)
-            .field("registry_ca_file", &self.registry_ca_file)
-            .field("registry_timeout", &self.registry_timeout)
-            .finish()
-    }
-}
+/// P3: the basic-auth password's only source. No flag carries a secret: a flag's value
+/// shows in `ps`, in the pod spec and in shell history.
+pub const PASSWORD_ENV: &str = "COCOON_REGISTRY_PASSWORD";
 
 impl RegistryArgs {
-    /// The client config these flags name; reads the credential files (P3). An error
-    /// names the flag whose file could not be read.
+    /// The client config these flags name; reads the credential files and the password
+    /// variable (P3). An error names the flag whose file could not be read.
     pub fn config(&self) -> Result<RegistryConfig, RegistryError> {
+        self.config_with_password(std::env::var(PASSWORD_ENV).ok())
+    }
+
+    /// `config()` with the password given, so tests need not change the environment.
+    pub fn config_with_password(
+        &self,
+        password: Option<String>,
+    ) -> Result<RegistryConfig, RegistryError> {
         let args = self;
+        if password.is_some() && args.registry_username.is_none() {
+            return Err(RegistryError::InvalidConfig(format!(
+                "{PASSWORD_ENV} is set but --registry-username is not"
+            )));
+        }
         let base = args
             .registry_base
             .clone()
@@ -66,10 +63,7 @@ impl RegistryArgs {
             .to_owned();
         let host = base.split('/').next().unwrap_or_default().to_owned();
         let auth = if let Some(user) = &args.registry_username {
-            RegistryAuth::Basic(
-                user.clone(),
-                args.registry_password.clone().unwrap_or_default(),
-            )
+            RegistryAuth::Basic(user.clone(), password.unwrap_or_default())
         } else if let Some(path) = &args.registry_docker_config {
             let raw = read("--registry-docker-config", path)?;
             auth_from_docker_config(&raw, &host)?
@@ -140,6 +134,27 @@ mod tests {
             .unwrap();
         assert_eq!(cfg.base, "reg.example:5000/snapshots");
         assert!(matches!(cfg.auth, RegistryAuth::Basic(ref username, _) if username == "alice"));
+    }
+
+    /// SPEC P3: the password comes from COCOON_REGISTRY_PASSWORD, never a flag; set
+    /// without a user it is an error, not silently unused.
+    #[test]
+    fn p3_password_comes_only_from_the_environment() {
+        let mut all = vec!["x", "--registry-base", "r:5000"];
+        all.extend(["--registry-username", "u", "--registry-password", "pw"]);
+        let e = Flags::try_parse_from(all).err().unwrap();
+        assert_eq!(e.kind(), clap::error::ErrorKind::UnknownArgument);
+        let pw = Some("s3cr3t-pw".to_owned());
+        let cfg = args(&["--registry-username", "u"])
+            .config_with_password(pw.clone())
+            .unwrap();
+        assert!(
+            matches!(cfg.auth, RegistryAuth::Basic(ref u, ref p) if u == "u" && p == "s3cr3t-pw")
+        );
+        let err = args(&[]).config_with_password(pw).unwrap_err();
+        assert!(err.to_string().contains(PASSWORD_ENV), "{err}");
+        let printed = format!("{:?}", args(&["--registry-username", "u"]));
+        assert!(!printed.contains("s3cr3t-pw"), "{printed}");
     }
 
     /// SPEC P3: an unreadable file is a clear error naming the flag, not a panic.

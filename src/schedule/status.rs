@@ -6,6 +6,16 @@ use super::spec::{CocoonHibernationSchedule, CocoonHibernationScheduleStatus};
 use crate::api::{Condition, Desire, Time};
 use jiff::Timestamp;
 
+// The schedule's Ready reasons (K8).
+/// `spec.suspend` is set: nothing is written.
+pub const REASON_SUSPENDED: &str = "Suspended";
+/// Some writes wait for a transition to end or for `maxInFlight`.
+pub const REASON_APPLYING: &str = "Applying";
+/// Every managed pod has the calendar's desire.
+pub const REASON_APPLIED: &str = "Applied";
+/// The spec is not a calendar (admission was bypassed or the webhook was down).
+pub const REASON_INVALID_SPEC: &str = "InvalidSpec";
+
 /// At most this many conflicts are listed; `conflicting` counts them all.
 const CONFLICTS_LISTED: usize = 20;
 
@@ -18,17 +28,17 @@ pub fn of(
 ) -> CocoonHibernationScheduleStatus {
     let (reason, message) = if s.spec.suspend {
         (
-            "Suspended",
+            REASON_SUSPENDED,
             "spec.suspend is set: nothing is written".to_owned(),
         )
     } else if plan.pending {
         (
-            "Applying",
+            REASON_APPLYING,
             "some writes wait for a transition to end or for maxInFlight".to_owned(),
         )
     } else {
         (
-            "Applied",
+            REASON_APPLIED,
             "every managed pod has the desire of the calendar".to_owned(),
         )
     };
@@ -61,7 +71,7 @@ pub fn of(
 pub fn invalid(s: &CocoonHibernationSchedule, message: &str) -> CocoonHibernationScheduleStatus {
     let mut st = s.status.clone().unwrap_or_default();
     st.observed_generation = s.metadata.generation;
-    st.conditions = vec![ready(s, false, "InvalidSpec", message.to_owned())];
+    st.conditions = vec![ready(s, false, REASON_INVALID_SPEC, message.to_owned())];
     st
 }
 

@@ -4,6 +4,8 @@
 
 mod api_tap;
 mod chart_crd;
+mod chart_values;
+mod docs_sync;
 mod fuzz_regressions;
 mod plan_properties;
 mod plan_rules;
