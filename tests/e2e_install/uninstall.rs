@@ -20,7 +20,7 @@ use serde_json::json;
 
 use crate::shell::sh;
 use crate::steps::{fleet, leader, settle, settle_fleet};
-use crate::world::{Result, World, wait_for};
+use crate::world::{Result, World, settled, wait_for};
 
 const DOCS: &str = include_str!("../../docs/install.md");
 
@@ -188,15 +188,41 @@ pub async fn with_schedules(world: &Arc<World>) -> Result<()> {
     .await?;
     scheduled(world, OFFICE[0], "office", Phase::Active).await?;
 
-    // Every tag that must survive: the fleet past path (a), the archive, the override.
+    // Every CR of the namespace as the docs' list shows it, settled: earlier steps left
+    // some of their own (the round trip's, the RBAC step's), which the steps cover too.
+    wait_for("every CR settled", Duration::from_secs(180), || async {
+        let phases = world.phases().await?;
+        Ok(phases
+            .values()
+            .all(|(d, p)| p.is_some() && *p == settled(*d)))
+    })
+    .await?;
+    let phases = world.phases().await?;
+    let every: Vec<String> = phases.keys().cloned().collect();
+    let path_a: Vec<String> = fleet[..PATH_A_COUNT].to_vec();
+    let mut active = Vec::new();
+    // Every tag that must survive: each Hibernated CR's but path (a)'s.
     let mut kept: BTreeMap<String, String> = BTreeMap::new();
+    for (n, (_, phase)) in &phases {
+        if path_a.contains(n) {
+            continue;
+        }
+        match phase {
+            Some(Phase::Active) => active.push(n.clone()),
+            _ => {
+                kept.insert(n.clone(), digest(world, n).await?);
+            }
+        }
+    }
     for n in fleet[PATH_A_COUNT..]
         .iter()
         .map(String::as_str)
         .chain(ARCHIVE)
         .chain([OFFICE[1]])
     {
-        kept.insert(n.to_owned(), digest(world, n).await?);
+        if !kept.contains_key(n) {
+            return Err(format!("{n}: not Hibernated before the uninstall").into());
+        }
     }
 
     // 1. Schedules, with the controller running.
@@ -220,10 +246,10 @@ pub async fn with_schedules(world: &Arc<World>) -> Result<()> {
     }
 
     // 2. The CRs: Active ones, path (a) for a few, path (b) for the rest.
-    for n in [OFFICE[0], OFFICE[2]] {
+    for n in &active {
         sh(world, &fill(ACTIVE, &ns, n), Duration::from_secs(150)).await?;
     }
-    for n in &fleet[..PATH_A_COUNT] {
+    for n in &path_a {
         sh(world, &fill(PATH_A, &ns, n), Duration::from_secs(780)).await?;
         if world.tag(n).await?.is_some() {
             return Err(format!("{n}: tag left after path (a) (W2)").into());
@@ -258,18 +284,14 @@ pub async fn with_schedules(world: &Arc<World>) -> Result<()> {
         }
     }
     println!(
-        "  all {} tags kept with their digests; {PATH_A_COUNT} VMs woken by path (a)",
-        kept.len()
+        "  all {} tags kept with their digests; {} CRs Active, {PATH_A_COUNT} woken by path (a)",
+        kept.len(),
+        active.len()
     );
 
     // Reinstall: the CRDs come back with the chart; a Wake CR wakes each kept VM.
     world.helm_install(&[])?;
     leader(world).await?;
-    let every: Vec<String> = fleet
-        .iter()
-        .cloned()
-        .chain(ARCHIVE.iter().chain(&OFFICE).map(|s| (*s).to_owned()))
-        .collect();
     for n in &every {
         world.create_cr(n, Desire::Wake, false).await?;
     }
