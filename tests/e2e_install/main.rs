@@ -102,7 +102,7 @@ async fn run(tally: &mut Tally) -> world::Result<()> {
     .await?;
     steps::step(
         "a namespace editor and viewer run the plugin through the aggregated roles (P5)",
-        rbac::users(&world),
+        rbac::p5_users(&world),
     )
     .await?;
     steps::step(
@@ -117,7 +117,7 @@ async fn run(tally: &mut Tally) -> world::Result<()> {
     .await?;
     steps::step(
         "uninstall with schedules by the documented steps keeps every snapshot; reinstall wakes them (S6, K4, V7)",
-        uninstall::with_schedules(&world),
+        uninstall::s6_k4_uninstall_with_schedules(&world),
     )
     .await?;
     steps::step(

@@ -123,7 +123,7 @@ fn expect_refused(ran: &Ran, what: &str, what_failed: &str) -> Result<()> {
     Ok(())
 }
 
-pub async fn users(world: &Arc<World>) -> Result<()> {
+pub async fn p5_users(world: &Arc<World>) -> Result<()> {
     world.vm_pod(POD).await?;
     bind(world, EDITOR, "edit").await?;
     bind(world, VIEWER, "view").await?;

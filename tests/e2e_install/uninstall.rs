@@ -126,7 +126,7 @@ async fn digest(world: &World, pod: &str) -> Result<String> {
         .ok_or_else(|| format!("{pod}: Hibernated without a tag"))?)
 }
 
-pub async fn with_schedules(world: &Arc<World>) -> Result<()> {
+pub async fn s6_k4_uninstall_with_schedules(world: &Arc<World>) -> Result<()> {
     for block in [SCHEDULES, ACTIVE, PATH_A, CRDS] {
         documented(block)?;
     }
