@@ -8,7 +8,10 @@
 mod fence;
 mod load;
 mod node;
+mod rbac;
+mod shell;
 mod steps;
+mod uninstall;
 mod world;
 
 use std::process::ExitCode;
@@ -98,6 +101,11 @@ async fn run(tally: &mut Tally) -> world::Result<()> {
     )
     .await?;
     steps::step(
+        "a namespace editor and viewer run the plugin through the aggregated roles (P5)",
+        rbac::p5_users(&world),
+    )
+    .await?;
+    steps::step(
         "upgrade rolls both pods under load",
         steps::upgrade(&world, tally),
     )
@@ -108,8 +116,8 @@ async fn run(tally: &mut Tally) -> world::Result<()> {
     )
     .await?;
     steps::step(
-        "uninstall keeps every snapshot; reinstall adopts and wakes (G1, V7)",
-        steps::uninstall_reinstall(&world),
+        "uninstall with schedules by the documented steps keeps every snapshot; reinstall wakes them (S6, K4, V7)",
+        uninstall::s6_k4_uninstall_with_schedules(&world),
     )
     .await?;
     steps::step(

@@ -7,8 +7,7 @@ use std::time::{Duration, Instant};
 
 use cocoon_hibernation::api::{Desire, Phase};
 use futures::{StreamExt, TryStreamExt, stream};
-use kube::api::{DeleteParams, Patch, PatchParams};
-use serde_json::json;
+use kube::api::DeleteParams;
 
 use crate::Tally;
 use crate::fence;
@@ -34,11 +33,11 @@ pub async fn step<F: Future<Output = Result<()>>>(name: &str, f: F) -> Result<()
     }
 }
 
-fn fleet() -> Vec<String> {
+pub(crate) fn fleet() -> Vec<String> {
     (0..FLEET).map(|i| format!("fleet-{i:02}")).collect()
 }
 
-async fn leader(world: &World) -> Result<String> {
+pub(crate) async fn leader(world: &World) -> Result<String> {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let live = names(world.live_product_pods().await?);
@@ -100,7 +99,7 @@ pub async fn security(world: &World) -> Result<()> {
     Ok(())
 }
 
-async fn settle(world: &World, pod: &str, phase: Phase) -> Result<()> {
+pub(crate) async fn settle(world: &World, pod: &str, phase: Phase) -> Result<()> {
     wait_for(
         &format!("{pod} {phase:?}"),
         Duration::from_secs(60),
@@ -130,7 +129,7 @@ pub async fn round_trip(world: &World) -> Result<()> {
 
 /// Waits until every fleet CR is settled for its desire; counts those that are not, and
 /// Hibernated ones without their tag, as lost.
-async fn settle_fleet(world: &World) -> Result<usize> {
+pub(crate) async fn settle_fleet(world: &World) -> Result<usize> {
     let names = fleet();
     let _ = wait_for("the fleet settled", SETTLE, || async {
         let phases = world.phases().await?;
@@ -304,91 +303,6 @@ pub async fn failover(world: &Arc<World>, tally: &mut Tally) -> Result<()> {
     if !late.is_empty() {
         return Err(format!("S1: DELETEs from {old} after its fence: {late:?}").into());
     }
-    Ok(())
-}
-
-pub async fn uninstall_reinstall(world: &Arc<World>) -> Result<()> {
-    let fleet = fleet();
-    for n in &fleet {
-        world.set_desire(n, Desire::Hibernate).await?;
-    }
-    if settle_fleet(world).await? != 0 {
-        return Err("the fleet did not hibernate".into());
-    }
-    let mut tags = Vec::new();
-    for n in &fleet {
-        tags.push(
-            world
-                .tag(n)
-                .await?
-                .ok_or_else(|| format!("{n}: Hibernated without a tag"))?,
-        );
-    }
-    world.helm(&[
-        "uninstall",
-        crate::world::RELEASE,
-        "-n",
-        crate::world::RELEASE_NS,
-        "--wait",
-    ])?;
-    wait_for(
-        "the product's pods gone",
-        Duration::from_secs(90),
-        || async {
-            Ok(world
-                .product_pods()
-                .list(&Default::default())
-                .await?
-                .items
-                .is_empty())
-        },
-    )
-    .await?;
-    // Path (b) of docs/install.md for five of them: drop the finalizer, delete the CR.
-    let unfinalize = json!([{ "op": "remove", "path": "/metadata/finalizers" }]);
-    for n in &fleet[..5] {
-        world
-            .crs()
-            .patch(
-                n,
-                &PatchParams::default(),
-                &Patch::<()>::Json(serde_json::from_value(unfinalize.clone())?),
-            )
-            .await?;
-        world.crs().delete(n, &DeleteParams::default()).await?;
-    }
-    tokio::time::sleep(Duration::from_secs(5)).await;
-    for (n, want) in fleet.iter().zip(&tags) {
-        match world.tag(n).await? {
-            Some(d) if &d == want => {}
-            other => return Err(format!("{n}: tag {other:?} after uninstall, want {want}").into()),
-        }
-    }
-    println!("  all {} tags kept after helm uninstall", fleet.len());
-    world.helm_install(&[])?;
-    leader(world).await?;
-    for n in &fleet[..5] {
-        world.create_cr(n, Desire::Wake, false).await?;
-    }
-    for n in &fleet[5..] {
-        world.set_desire(n, Desire::Wake).await?;
-    }
-    if settle_fleet(world).await? != 0 {
-        return Err("the fleet did not wake after the reinstall".into());
-    }
-    wait_for(
-        "every tag deleted after its wake (W2)",
-        Duration::from_secs(60),
-        || async {
-            for n in &fleet {
-                if world.tag(n).await?.is_some() {
-                    return Ok(false);
-                }
-            }
-            Ok(true)
-        },
-    )
-    .await?;
     Ok(())
 }
 

@@ -27,6 +27,8 @@ pub const LEASE_DURATION: Duration = Duration::from_secs(15);
 pub struct World {
     pub client: kube::Client,
     pub helm: PathBuf,
+    /// The cluster's own kubectl (`COCOON_BIN_DIR`), for the documented commands.
+    pub kubectl: PathBuf,
     pub chart: PathBuf,
     pub values: PathBuf,
     pub registry: String,
@@ -98,6 +100,7 @@ impl World {
         let world = World {
             client,
             helm: PathBuf::from(required("COCOON_HELM")?),
+            kubectl: PathBuf::from(get("COCOON_BIN_DIR")?).join("kubectl"),
             chart,
             values,
             registry,
