@@ -14,7 +14,7 @@ release:
 image:
 	bash hack/image.sh
 
-# The kubectl plugin (release), copied to PLUGIN_DIR (default ~/.cache/cocoon-hibernation/bin);
+# The kubectl plugin (release), copied to PLUGIN_DIR (default ~/.cache/cocoon-hibernation/plugin);
 # prints where it is and the line that puts it on PATH.
 .PHONY: plugin plugin-dist
 plugin:

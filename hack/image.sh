@@ -86,6 +86,19 @@ tls_verify() {
   esac
 }
 
+# image_holds_plugin REF PLUGIN: the built image has PLUGIN, byte for byte, at the path
+# the docs name (docs/install.md, "kubectl plugin").
+image_holds_plugin() {
+  local ref="$1" plugin="$2" ctr mnt ok=0
+  ctr="$(bah from --pull=never --signature-policy "$POLICY" "$ref")" || die "buildah from $ref failed"
+  mnt="$(bah mount "$ctr")" || die "buildah mount $ctr failed"
+  cmp -s "$mnt/usr/local/bin/kubectl-cocoon" "$plugin" && [[ -x "$mnt/usr/local/bin/kubectl-cocoon" ]] || ok=1
+  bah umount "$ctr" >/dev/null || true
+  bah rm "$ctr" >/dev/null || true
+  ((ok == 0)) || die "$ref has no /usr/local/bin/kubectl-cocoon, or not the one staged"
+  log "$ref holds the kubectl plugin at /usr/local/bin/kubectl-cocoon"
+}
+
 # build_and_push NAME REPO TAG DOCKERFILE CONTEXT [buildah build args...]: the reference
 # pushed goes to $IMAGE_DIR/<ref file>: ref for the product, pause-ref for pause.
 build_and_push() {
@@ -100,6 +113,7 @@ build_and_push() {
   bah build --quiet --isolation chroot --pull=never --identity-label=false \
     --signature-policy "$POLICY" --timestamp "$SOURCE_DATE_EPOCH" \
     -f "$dockerfile" -t "$local_ref" "$@" "$context" >/dev/null
+  [[ "$name" == pause ]] || image_holds_plugin "$local_ref" "$context/rootfs/usr/local/bin/kubectl-cocoon"
   # The image this tag named before, if any, is garbage now (vfs keeps full copies).
   bah rmi --prune >/dev/null 2>&1 || log "warning: buildah rmi --prune failed; $BUILDAH_DIR may grow"
   # The layer's content: what the rootfs holds (buildah reports sizes only rounded, as text).
