@@ -15,7 +15,7 @@ usage() {
 usage: hack/plugin.sh [build [DIR] | dist [DIR] | krew-test | --help]
 
   build [DIR]  (make plugin) the release kubectl-cocoon, copied into DIR
-               (default \$PLUGIN_DIR, else $CACHE_ROOT/bin); prints where it is and the
+               (default \$PLUGIN_DIR, else $CACHE_ROOT/plugin); prints where it is and the
                line that puts it on PATH.
   dist [DIR]   (make plugin-dist) DIR (default $CACHE_ROOT/plugin-dist) gets
                kubectl-cocoon_v<version>_linux_amd64.tar.gz and cocoon.yaml, the krew
@@ -38,7 +38,7 @@ release_bin() {
 }
 
 build() {
-  local dir="${1:-${PLUGIN_DIR:-$CACHE_ROOT/bin}}"
+  local dir="${1:-${PLUGIN_DIR:-$CACHE_ROOT/plugin}}"
   release_bin
   mkdir -p "$dir"
   dir="$(cd "$dir" && pwd)"
