@@ -103,7 +103,6 @@ pub fn warn(line: &str) {
 pub struct Progress {
     term: Term,
     tty: bool,
-    width: usize,
     shown: Option<State>,
     latest: Option<CrView>,
     /// A redrawable line is on screen (tty only).
@@ -115,8 +114,6 @@ impl Progress {
         let term = Term::stdout();
         Self {
             tty: term.is_term(),
-            // One column short: a line filling the last column wraps on some terminals.
-            width: usize::from(width(&term)) - 1,
             term,
             shown: None,
             latest: None,
@@ -150,9 +147,12 @@ impl Progress {
 
     fn draw(&mut self, now: Timestamp) {
         if let Some(cr) = &self.latest {
+            // Read at every draw: the terminal may be resized during a wait. One column
+            // short: a line filling the last column wraps on some terminals.
+            let columns = usize::from(width(&self.term)).saturating_sub(1);
             // Cleared and rewritten in place; a closed terminal is not worth a panic.
             let _ = self.term.clear_line();
-            let _ = self.term.write_str(&fit(&live_line(cr, now), self.width));
+            let _ = self.term.write_str(&fit(&live_line(cr, now), columns));
             let _ = self.term.flush();
             self.open = true;
         }
