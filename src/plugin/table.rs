@@ -42,13 +42,18 @@ pub fn age(since: Option<jiff::Timestamp>, now: jiff::Timestamp) -> String {
         .map_or_else(|| "<unknown>".to_string(), human_duration)
 }
 
+/// The fewest columns a fitted table leaves its last column.
+const MIN_LAST: usize = 10;
+
 /// How a table is laid out.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Layout {
     /// Every cell whole, as `kubectl get` prints to a pipe: what scripts read.
     Plain,
     /// A terminal this many columns wide: the last column is cut, with `…`, so that each
-    /// row stays one line; the other columns keep their full width.
+    /// row stays one line; the other columns keep their full width. When they alone leave
+    /// the last column less than `MIN_LAST` columns, the table is printed as `Plain`
+    /// (the terminal wraps it, as it wraps `kubectl get`) rather than cut to nothing.
     Fit(u16),
 }
 
@@ -71,10 +76,20 @@ pub fn render(header: &[&str], rows: &[Vec<String>], layout: Layout) -> String {
         table.add_row(one_line(r.iter().map(|c| clean(c)).collect()));
     }
     let last = header.len().saturating_sub(1);
-    if let Layout::Fit(width) = layout {
-        table
-            .set_content_arrangement(ContentArrangement::Dynamic)
-            .set_width(width);
+    // What the columns before the last take, each with its three spaces.
+    let fixed: usize = table
+        .column_max_content_widths()
+        .iter()
+        .take(last)
+        .map(|w| usize::from(*w) + 3)
+        .sum();
+    match layout {
+        Layout::Fit(width) if fixed + MIN_LAST <= usize::from(width) => {
+            table
+                .set_content_arrangement(ContentArrangement::Dynamic)
+                .set_width(width);
+        }
+        _ => {}
     }
     for column in table.column_iter_mut() {
         if column.index == last {
@@ -191,7 +206,7 @@ mod tests {
     #[test]
     fn fitted_tables_cut_the_last_column_between_characters() {
         let rows = wide_rows();
-        for width in 24..=60u16 {
+        for width in 32..=60u16 {
             let text = render(&["NAME", "PHASE", "MESSAGE"], &rows, Layout::Fit(width));
             let lines: Vec<&str> = text.lines().collect();
             assert_eq!(lines.len(), 4, "width {width}:\n{text}");
@@ -215,12 +230,20 @@ mod tests {
                 }
             }
         }
-        // Five columns left for MESSAGE hold 完了 and the mark; six cannot hold half of し,
-        // so they hold the same; seven hold it whole.
+        // Fewer than ten columns left for MESSAGE: printed whole, as to a pipe.
+        for width in [20, 30] {
+            assert_eq!(
+                render(&["NAME", "PHASE", "MESSAGE"], &rows, Layout::Fit(width)),
+                render(&["NAME", "PHASE", "MESSAGE"], &rows, Layout::Plain),
+                "width {width}"
+            );
+        }
+        // Ten columns left for MESSAGE: し would need two more with the mark, so one stays
+        // blank rather than hold half of it; eleven hold it; the mark always fits.
         for (width, first, third) in [
-            (27, "完了…", "待機…"),
-            (28, "完了…", "待機…"),
-            (29, "完了し…", "待機中…"),
+            (32, "完了しま…", "待機中 🕒…"),
+            (33, "完了しまし…", "待機中 🕒…"),
+            (34, "完了しまし…", "待機中 🕒…"),
         ] {
             let text = render(&["NAME", "PHASE", "MESSAGE"], &rows, Layout::Fit(width));
             let lines: Vec<&str> = text.lines().collect();
