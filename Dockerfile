@@ -1,6 +1,7 @@
 # cocoon-hibernation: webhook + controller + admin endpoints in one binary.
 # Built by `make image` (hack/image.sh), which compiles the release binary on the host,
-# stages a minimal root filesystem (the binary, the shared libraries `ldd` names with
+# stages a minimal root filesystem (the binary, the kubectl plugin at
+# /usr/local/bin/kubectl-cocoon for users to copy out, the shared libraries `ldd` names with
 # their loader, Debian's CA bundle, passwd/group with user 65532, an empty /tmp) into a
 # context directory and builds this file there with buildah. No base image: nothing is
 # pulled, and the image holds only what the process uses.

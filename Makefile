@@ -14,6 +14,16 @@ release:
 image:
 	bash hack/image.sh
 
+# The kubectl plugin (release), copied to PLUGIN_DIR (default ~/.cache/cocoon-hibernation/plugin);
+# prints where it is and the line that puts it on PATH.
+.PHONY: plugin plugin-dist
+plugin:
+	bash hack/plugin.sh build $(PLUGIN_DIR)
+
+# The plugin's release tarball (linux/amd64) and its krew manifest with the tarball's sha256.
+plugin-dist:
+	bash hack/plugin.sh dist
+
 crd:
 	@cargo run --quiet --locked -- crd
 

@@ -21,7 +21,9 @@
 #                   CRDs Helm installed
 #   8. image-rootfs `hack/image.sh --help`; the root filesystem `make image` stages for the
 #                   Dockerfile holds the binary, its libraries and loader (the binary
-#                   prints the CRD with only those), the CA bundle, user 65532 and /tmp
+#                   prints the CRD with only those), the CA bundle, user 65532 and /tmp,
+#                   and the kubectl plugin at /usr/local/bin/kubectl-cocoon (it prints its
+#                   help with only those libraries)
 # Prints one summary line: `check-chart: PASS ...` or `check-chart: FAIL ...`.
 #
 # Needs KUBECONFIG for a reachable kube-apiserver (e.g. from hack/cluster-up.sh), python3
@@ -297,11 +299,11 @@ image_rootfs() {
   bash "$ROOT/hack/image.sh" --help | grep -q '^usage: hack/image.sh' || die "hack/image.sh --help printed no usage"
   local bin="${COCOON_BIN:-}" r="$WORK/image/rootfs" loader libdirs f
   if [[ -z "$bin" ]]; then
-    (cd "$ROOT" && cargo build -q --locked --bin cocoon-hibernation)
+    (cd "$ROOT" && cargo build -q --locked --bin cocoon-hibernation --bin kubectl-cocoon)
     bin="${CARGO_TARGET_DIR:-$ROOT/target}/debug/cocoon-hibernation"
   fi
   IMAGE_BIN="$bin" bash "$ROOT/hack/image.sh" stage "$WORK/image"
-  for f in cocoon-hibernation etc/ssl/certs/ca-certificates.crt etc/passwd etc/group; do
+  for f in cocoon-hibernation usr/local/bin/kubectl-cocoon etc/ssl/certs/ca-certificates.crt etc/passwd etc/group; do
     [[ -s "$r/$f" ]] || die "the staged rootfs has no /$f"
   done
   [[ -d "$r/tmp" ]] || die "the staged rootfs has no /tmp"
@@ -312,12 +314,18 @@ image_rootfs() {
   libdirs="$(find "$r" -name '*.so*' -printf '%h\n' | sort -u | paste -sd:)"
   # Every library resolves inside the rootfs, then the binary runs on them.
   "$loader" --inhibit-cache --library-path "$libdirs" --list "$r/cocoon-hibernation" >"$WORK/image/ldd.txt"
+  "$loader" --inhibit-cache --library-path "$libdirs" --list "$r/usr/local/bin/kubectl-cocoon" >>"$WORK/image/ldd.txt"
   if awk '$2 == "=>" && index($3, "/") == 1' "$WORK/image/ldd.txt" | grep -v " => $r/"; then
     die "a library resolved outside the staged rootfs (above)"
   fi
   "$loader" --inhibit-cache --library-path "$libdirs" "$r/cocoon-hibernation" crd >"$WORK/image/crd.yaml"
   diff -q "$WORK/image/crd.yaml" "$CRD_FILE" >/dev/null ||
     die "the staged binary's 'crd' differs from the chart's CRD"
+  # The plugin users copy out of the image (docs/install.md) runs on the same libraries.
+  "$loader" --inhibit-cache --library-path "$libdirs" "$r/usr/local/bin/kubectl-cocoon" --help \
+    >"$WORK/image/plugin-help.txt" || die "the staged kubectl-cocoon --help failed"
+  grep -q '^Usage: kubectl cocoon ' "$WORK/image/plugin-help.txt" ||
+    die "the staged kubectl-cocoon printed no usage: $(head -c 500 "$WORK/image/plugin-help.txt")"
   log "staged rootfs: $(du -sh "$r" | cut -f1), $(wc -l <"$WORK/image/ldd.txt") objects loaded from it"
 }
 

@@ -12,8 +12,8 @@ usage() {
   cat <<EOF
 usage: hack/image.sh [build | pause | stage DIR | --help]
 
-  build (default)  cargo build --release --bin cocoon-hibernation, stage a minimal root
-                   filesystem and build ./Dockerfile from it with buildah (FROM scratch);
+  build (default)  cargo build --release (the server and the kubectl plugin), stage a
+                   minimal root filesystem and build ./Dockerfile from it with buildah (FROM scratch);
                    push it when a registry is known. Writes the pushed reference to
                    $IMAGE_DIR/ref.
   pause            the node harness's pause image (Debian's busybox-static,
@@ -33,6 +33,8 @@ Environment:
   IMAGE_TAG        tag (default the Cargo version, plus -<short rev>-dirty when the tree
                    has uncommitted changes)
   IMAGE_BIN        stage this binary instead of building the release binary
+  IMAGE_PLUGIN_BIN with IMAGE_BIN, the kubectl-cocoon to stage (default: the one beside
+                   IMAGE_BIN); the image holds it as /usr/local/bin/kubectl-cocoon
   SOURCE_DATE_EPOCH  image and file timestamps (default: the HEAD commit's time), so the
                    same binary gives the same digest
 Needs buildah (apt-get install buildah), run as root. Storage (driver vfs) lives in
@@ -84,6 +86,19 @@ tls_verify() {
   esac
 }
 
+# image_holds_plugin REF PLUGIN: the built image has PLUGIN, byte for byte, at the path
+# the docs name (docs/install.md, "kubectl plugin").
+image_holds_plugin() {
+  local ref="$1" plugin="$2" ctr mnt ok=0
+  ctr="$(bah from --pull=never --signature-policy "$POLICY" "$ref")" || die "buildah from $ref failed"
+  mnt="$(bah mount "$ctr")" || die "buildah mount $ctr failed"
+  cmp -s "$mnt/usr/local/bin/kubectl-cocoon" "$plugin" && [[ -x "$mnt/usr/local/bin/kubectl-cocoon" ]] || ok=1
+  bah umount "$ctr" >/dev/null || true
+  bah rm "$ctr" >/dev/null || true
+  ((ok == 0)) || die "$ref has no /usr/local/bin/kubectl-cocoon, or not the one staged"
+  log "$ref holds the kubectl plugin at /usr/local/bin/kubectl-cocoon"
+}
+
 # build_and_push NAME REPO TAG DOCKERFILE CONTEXT [buildah build args...]: the reference
 # pushed goes to $IMAGE_DIR/<ref file>: ref for the product, pause-ref for pause.
 build_and_push() {
@@ -98,6 +113,7 @@ build_and_push() {
   bah build --quiet --isolation chroot --pull=never --identity-label=false \
     --signature-policy "$POLICY" --timestamp "$SOURCE_DATE_EPOCH" \
     -f "$dockerfile" -t "$local_ref" "$@" "$context" >/dev/null
+  [[ "$name" == pause ]] || image_holds_plugin "$local_ref" "$context/rootfs/usr/local/bin/kubectl-cocoon"
   # The image this tag named before, if any, is garbage now (vfs keeps full copies).
   bah rmi --prune >/dev/null 2>&1 || log "warning: buildah rmi --prune failed; $BUILDAH_DIR may grow"
   # The layer's content: what the rootfs holds (buildah reports sizes only rounded, as text).
@@ -121,19 +137,22 @@ build_and_push() {
   echo "image: $ref size_mb=$size"
 }
 
-# stage_rootfs BIN DIR: DIR/rootfs holds BIN as /cocoon-hibernation and what it needs.
+# stage_rootfs BIN PLUGIN DIR: DIR/rootfs holds BIN as /cocoon-hibernation, PLUGIN as
+# /usr/local/bin/kubectl-cocoon (for users to copy out: docs/install.md), and what they need.
 stage_rootfs() {
-  local bin="$1" rootfs="$2/rootfs" lib
+  local bin="$1" plugin="$2" rootfs="$3/rootfs" lib
   [[ -x "$bin" ]] || die "not an executable: $bin"
+  [[ -x "$plugin" ]] || die "not an executable: $plugin (the kubectl plugin)"
   rm -rf "$rootfs"
   mkdir -p "$rootfs/etc/ssl/certs" "$rootfs/tmp"
   chmod 1777 "$rootfs/tmp" # the chart mounts an emptyDir here; without it, a writable /tmp
   install -m 0755 "$bin" "$rootfs/cocoon-hibernation"
+  install -D -m 0755 "$plugin" "$rootfs/usr/local/bin/kubectl-cocoon"
   # Every library at the path the binary asks for, the loader included (lines `x => /path`
   # and `/lib64/ld-linux-x86-64.so.2 (0x..)`; linux-vdso has no file).
   while read -r lib; do
     install -D -m 0755 "$(readlink -f "$lib")" "$rootfs$lib"
-  done < <(ldd "$bin" | awk '$2 == "=>" && $3 ~ /^\// { print $3 } $1 ~ /^\// { print $1 }')
+  done < <({ ldd "$bin"; ldd "$plugin"; } | awk '$2 == "=>" && $3 ~ /^\// { print $3 } $1 ~ /^\// { print $1 }' | sort -u)
   compgen -G "$rootfs/lib*/ld-linux*" >/dev/null || die "ldd named no dynamic loader for $bin"
   local ca=/etc/ssl/certs/ca-certificates.crt
   [[ -s "$ca" ]] || die "$ca missing: apt-get install -y ca-certificates"
@@ -148,14 +167,19 @@ stage_rootfs() {
 
 cargo_version() { sed -n 's/^version = "\(.*\)"$/\1/p' "$ROOT/Cargo.toml" | head -n 1; }
 
-# product_bin: sets BIN to IMAGE_BIN, or to the release binary, built (incrementally).
+# product_bin: sets BIN and PLUGIN to IMAGE_BIN and IMAGE_PLUGIN_BIN (or the plugin
+# beside IMAGE_BIN), or to the release binaries, built (incrementally).
 product_bin() {
   BIN="${IMAGE_BIN:-}"
-  [[ -z "$BIN" ]] || return 0
+  if [[ -n "$BIN" ]]; then
+    PLUGIN="${IMAGE_PLUGIN_BIN:-$(dirname "$BIN")/kubectl-cocoon}"
+    return 0
+  fi
   local t=$SECONDS
   log "cargo build --release (CARGO_TARGET_DIR=$CARGO_TARGET_DIR)"
-  (cd "$ROOT" && cargo build --release --locked --bin cocoon-hibernation)
+  (cd "$ROOT" && cargo build --release --locked --bin cocoon-hibernation --bin kubectl-cocoon)
   BIN="$CARGO_TARGET_DIR/release/cocoon-hibernation"
+  PLUGIN="$CARGO_TARGET_DIR/release/kubectl-cocoon"
   log "release binary ready in $((SECONDS - t))s"
 }
 
@@ -163,7 +187,7 @@ build_product() {
   buildah_setup
   local version rev tag repo registry
   product_bin
-  stage_rootfs "$BIN" "$IMAGE_DIR/context"
+  stage_rootfs "$BIN" "$PLUGIN" "$IMAGE_DIR/context"
   version="$(cargo_version)"
   [[ -n "$version" ]] || die "no version in Cargo.toml"
   rev="$(git -C "$ROOT" rev-parse HEAD 2>/dev/null || echo unknown)"
@@ -205,7 +229,7 @@ case "${1:-build}" in
   stage)
     [[ -n "${2:-}" ]] || die "usage: hack/image.sh stage DIR"
     product_bin
-    stage_rootfs "$BIN" "$2"
+    stage_rootfs "$BIN" "$PLUGIN" "$2"
     ;;
   -h | --help | help) usage ;;
   *)

@@ -29,7 +29,9 @@ step "cargo build"
 cargo build --locked --all-targets --test soak --test e2e_install
 # The install suite's image binary, built here rather than beside the tests: a 2-core
 # machine cannot compile and keep the tests' second-scale timeouts at the same time.
-cargo build --locked --release --bin cocoon-hibernation
+cargo build --locked --release --bin cocoon-hibernation --bin kubectl-cocoon
+step "the kubectl plugin through krew (offline)"
+bash hack/plugin.sh krew-test
 
 step "certs/ tooling"
 bash certs/test.sh

@@ -15,8 +15,9 @@ find orphaned snapshots.
 
 A CocoonHibernation (short name `ch`) asks cocoon-hibernation to hibernate or wake one
 pod's VM. This plugin creates it (named after the pod), changes its desire, waits for
-the result and shows its status. Install it by copying `kubectl-cocoon` into a directory
-on your PATH; kubectl then runs it as `kubectl cocoon`.
+the result and shows its status. kubectl runs it as `kubectl cocoon` once `kubectl-cocoon`
+is on your PATH: `make plugin`, `kubectl krew install`, or a copy of
+/usr/local/bin/kubectl-cocoon from the cocoon-hibernation image (docs/install.md).
 
 It uses your kubeconfig like kubectl: --kubeconfig or $KUBECONFIG, the current context
 or --context, and the context's namespace unless -n is given.";

@@ -10,7 +10,7 @@ use super::connect::Connection;
 use super::error::PluginError;
 use super::install;
 use super::table::render;
-use super::terminal::{say, warn};
+use super::terminal::{say, table_layout, warn};
 use crate::metrics::Metrics;
 use crate::ownership::cluster_id;
 use crate::registry::{DeleteOutcome, RegistryClient, SnapshotStore};
@@ -46,7 +46,12 @@ pub async fn run(conn: &Connection, args: &OrphansArgs) -> Result<(), PluginErro
         ));
         return Ok(());
     }
-    say(render(&["VM", "SNAPSHOT", "DIGEST", "NOTE"], &rows(&found)).trim_end());
+    say(render(
+        &["VM", "SNAPSHOT", "DIGEST", "NOTE"],
+        &rows(&found),
+        table_layout(),
+    )
+    .trim_end());
     say(&format!(
         "{} orphaned snapshot tag(s) of {} under {base}.",
         found.len(),

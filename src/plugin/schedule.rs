@@ -6,7 +6,7 @@ use super::connect::Connection;
 use super::error::PluginError;
 use super::resources;
 use super::table::{age, render};
-use super::terminal::say;
+use super::terminal::{say, table_layout};
 use crate::schedule::CocoonHibernationSchedule;
 use crate::schedule::plan::{OVERRIDE_UNTIL, SCHEDULE_DESIRE, SCHEDULE_LABEL};
 use crate::schedule::spec;
@@ -50,7 +50,8 @@ pub async fn run(conn: &Connection, args: &ScheduleArgs) -> Result<(), PluginErr
             &[
                 "SCHEDULE", "POD", "DESIRE", "PHASE", "SLEEPS", "WAKES", "NOTE"
             ],
-            &rows
+            &rows,
+            table_layout()
         )
     );
     Ok(())

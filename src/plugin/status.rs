@@ -5,7 +5,7 @@ use super::connect::Connection;
 use super::error::PluginError;
 use super::resources;
 use super::table::{age, render};
-use super::terminal::say;
+use super::terminal::{say, table_layout};
 use super::view::CrView;
 use jiff::Timestamp;
 use kube::api::ListParams;
@@ -42,7 +42,7 @@ pub async fn run(conn: &Connection, args: &StatusArgs) -> Result<(), PluginError
     crs.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
     let wide = args.output == Some(Output::Wide);
     let (header, rows) = table(&crs, Timestamp::now(), args.all_namespaces, wide);
-    say(render(&header, &rows).trim_end());
+    say(render(&header, &rows, table_layout()).trim_end());
     Ok(())
 }
 

@@ -1,10 +1,11 @@
 //! Progress of a `--wait`: on a terminal one line, redrawn in place as the phase, the
 //! reason or the time in it changes; elsewhere (a pipe, a CI log) one plain line per change.
 
-use super::table::age;
+use super::table::{Layout, age};
 use super::view::CrView;
+use console::Term;
 use jiff::Timestamp;
-use std::io::{IsTerminal, Write};
+use std::io::Write;
 
 /// What a progress line shows; a new line is printed only when this changes.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -56,15 +57,33 @@ fn plain_line(cr: &CrView, now: Timestamp) -> String {
     line
 }
 
-/// Cuts `line` to `width` characters, marking the cut, so a redraw never wraps.
+/// Cuts `line` to `width` terminal columns, marking the cut, so a redraw never wraps.
+/// console measures wide characters (CJK, emoji) as two columns and cuts between
+/// characters.
 fn fit(line: &str, width: usize) -> String {
     let flat: String = line.split_whitespace().collect::<Vec<_>>().join(" ");
-    if flat.chars().count() <= width {
-        return flat;
+    console::truncate_str(&flat, width, "…").into_owned()
+}
+
+/// The terminal's width in columns: what the terminal says, else `$COLUMNS`, else 80.
+/// terminal_size is not used: console asks the same ioctl of the stream it writes to.
+fn width(term: &Term) -> u16 {
+    let columns = || std::env::var("COLUMNS").ok()?.parse::<u16>().ok();
+    term.size_checked()
+        .map(|(_, w)| w)
+        .or_else(columns)
+        .filter(|w| *w >= 20)
+        .unwrap_or(80)
+}
+
+/// How a table goes to stdout: fitted to a terminal, whole to a pipe (scripts).
+pub fn table_layout() -> Layout {
+    let term = Term::stdout();
+    if term.is_term() {
+        Layout::Fit(width(&term))
+    } else {
+        Layout::Plain
     }
-    let mut cut: String = flat.chars().take(width.saturating_sub(1)).collect();
-    cut.push('…');
-    cut
 }
 
 /// A line on stdout. A closed pipe (`| head`) is not an error worth a panic.
@@ -77,13 +96,13 @@ pub fn warn(line: &str) {
     let _ = writeln!(std::io::stderr().lock(), "{line}");
 }
 
-/// Hand-written rather than `indicatif`: one line, redrawn with a carriage return and an
-/// erase, and plain lines when stdout is not a terminal. indicatif's spinner would bring
-/// its own draw thread and rate limits to a line that changes only on a watch event or a
-/// one-second tick, and its non-terminal mode prints nothing, where a CI log needs lines.
+/// On console's `Term` rather than `indicatif`: one line, cleared and rewritten, and plain
+/// lines when stdout is not a terminal. indicatif's spinner would bring its own draw
+/// thread and rate limits to a line that changes only on a watch event or a one-second
+/// tick, and its non-terminal mode prints nothing, where a CI log needs lines.
 pub struct Progress {
+    term: Term,
     tty: bool,
-    width: usize,
     shown: Option<State>,
     latest: Option<CrView>,
     /// A redrawable line is on screen (tty only).
@@ -92,14 +111,10 @@ pub struct Progress {
 
 impl Progress {
     pub fn new() -> Self {
-        let width = std::env::var("COLUMNS")
-            .ok()
-            .and_then(|c| c.parse::<usize>().ok())
-            .filter(|w| *w >= 20)
-            .unwrap_or(80);
+        let term = Term::stdout();
         Self {
-            tty: std::io::stdout().is_terminal(),
-            width: width - 1,
+            tty: term.is_term(),
+            term,
             shown: None,
             latest: None,
             open: false,
@@ -132,10 +147,13 @@ impl Progress {
 
     fn draw(&mut self, now: Timestamp) {
         if let Some(cr) = &self.latest {
-            let mut out = std::io::stdout().lock();
-            // Carriage return and erase-line: the line is rewritten in place.
-            let _ = write!(out, "\r\x1b[2K{}", fit(&live_line(cr, now), self.width));
-            let _ = out.flush();
+            // Read at every draw: the terminal may be resized during a wait. One column
+            // short: a line filling the last column wraps on some terminals.
+            let columns = usize::from(width(&self.term)).saturating_sub(1);
+            // Cleared and rewritten in place; a closed terminal is not worth a panic.
+            let _ = self.term.clear_line();
+            let _ = self.term.write_str(&fit(&live_line(cr, now), columns));
+            let _ = self.term.flush();
             self.open = true;
         }
     }
@@ -201,5 +219,24 @@ mod tests {
         assert_eq!(fit("a\nb", 10), "a b");
         assert_eq!(fit("0123456789abc", 10), "012345678…");
         assert_eq!(fit("0123456789abc", 10).chars().count(), 10);
+    }
+
+    /// Wide characters count two columns, and a cut never leaves half of one: a 2-column
+    /// character that does not fit whole is left out.
+    #[rstest::rstest]
+    #[case("東京-0: Hibernating 完了", 10, "東京-0: H…")]
+    #[case("東京-0: Hibernating 完了", 7, "東京-0…")]
+    #[case("東京東京東京", 6, "東京…")]
+    #[case("東京東京東京", 7, "東京東…")]
+    #[case("web-🐱: 待機中 🕒", 20, "web-🐱: 待機中 🕒")]
+    #[case("🐱🐱🐱🐱", 6, "🐱🐱…")]
+    fn a_redrawn_line_is_cut_by_terminal_columns(
+        #[case] line: &str,
+        #[case] width: usize,
+        #[case] want: &str,
+    ) {
+        let got = fit(line, width);
+        assert_eq!(got, want);
+        assert!(unicode_width::UnicodeWidthStr::width(got.as_str()) <= width);
     }
 }
