@@ -211,3 +211,39 @@ fn k8_every_schedule_reason_is_in_the_troubleshooting_tables() {
     let documented = documented_reasons(&ops, "### A schedule's Ready reasons");
     assert_eq!(written, documented, "operations.md's schedule reasons");
 }
+
+/// The full install commands in the docs name an image that exists: the chart's default
+/// repository is not published, so a command keeping it never starts (P5).
+#[test]
+fn p5_every_documented_install_command_names_the_image() {
+    let mut commands = 0;
+    for rel in ["docs/install.md", "docs/operations.md", "README.md"] {
+        let text = doc(rel);
+        let lines: Vec<&str> = text.lines().collect();
+        for (i, line) in lines.iter().enumerate() {
+            if !line
+                .trim_start()
+                .starts_with("helm install cocoon-hibernation ")
+            {
+                continue;
+            }
+            commands += 1;
+            // The command runs on while its lines end with a backslash.
+            let command: Vec<&str> = lines[i..]
+                .iter()
+                .take_while(|l| !l.trim().is_empty() && !l.starts_with("```"))
+                .copied()
+                .collect();
+            let command = command.join("\n");
+            assert!(
+                command.contains("image.repository="),
+                "{rel} line {}: the install command keeps the unpublished default image:\n{command}",
+                i + 1
+            );
+        }
+    }
+    assert!(
+        commands >= 2,
+        "found {commands} full install commands in the docs"
+    );
+}
