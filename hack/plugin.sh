@@ -64,11 +64,12 @@ dist() {
   rm -rf "$stage"
   mkdir -p "$stage"
   install -m 0755 "$BIN" "$stage/kubectl-cocoon"
+  install -m 0644 "$ROOT/LICENSE" "$stage/LICENSE"
   tarball="$out/kubectl-cocoon_${version}_linux_amd64.tar.gz"
   # Same binary, same bytes: fixed order, owner and times, no gzip name or time.
   epoch="$(git -C "$ROOT" log -1 --format=%ct 2>/dev/null || echo 0)"
   tar -C "$stage" --sort=name --mtime="@$epoch" --owner=0 --group=0 --numeric-owner \
-    -cf - kubectl-cocoon | gzip -n -9 >"$tarball"
+    -cf - LICENSE kubectl-cocoon | gzip -n -9 >"$tarball"
   rm -rf "$stage"
   sha="$(sha256sum "$tarball" | cut -d' ' -f1)"
   sed -e "s/@VERSION@/$version/g" -e "s/@SHA256@/$sha/" "$ROOT/krew/cocoon.yaml" >"$out/cocoon.yaml"
