@@ -31,6 +31,14 @@ install-test:
 soak:
 	bash hack/soak.sh
 
+# The e2e suite and the chart checks against the oldest Kubernetes minor docs/install.md
+# claims and against make test's version, each on a control plane of its own (COMPAT_VERSIONS
+# to pick others); one result line per version. Not in `test` nor .ci/run: a cold build of
+# another kube-apiserver does not fit CI's 90 minutes.
+.PHONY: compat
+compat:
+	bash hack/compat.sh
+
 # System benchmark on the local control plane (release build; several minutes). Not in `test`.
 bench:
 	bash hack/bench.sh $(BENCH_ARGS)
