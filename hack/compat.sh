@@ -62,7 +62,7 @@ run_version() {
 
   log "$v: e2e suite (log $log_file)"
   local rc=0
-  COCOON_CLUSTER_ENV="$env_file" cargo test --locked --test e2e --test e2e_alone \
+  COCOON_CLUSTER_ENV="$env_file" cargo test --locked --no-fail-fast --test e2e --test e2e_alone \
     -- --test-threads="${COCOON_TEST_THREADS:-4}" >>"$log_file" 2>&1 || rc=$?
   local passed failed
   read -r passed failed < <(awk '/^test result:/ {p += $4; f += $6} END {print p + 0, f + 0}' "$log_file")
