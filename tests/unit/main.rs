@@ -4,6 +4,7 @@
 
 mod api_tap;
 mod chart_crd;
+mod compat_claim;
 mod fuzz_regressions;
 mod plan_properties;
 mod plan_rules;
