@@ -41,6 +41,14 @@ install-test:
 soak:
 	bash hack/soak.sh
 
+# The e2e suite and the chart checks against the oldest Kubernetes minor docs/install.md
+# claims and against make test's version, each on a control plane of its own (COMPAT_VERSIONS
+# to pick others); one result line per version. ~6 min per version, plus ~20 min to build
+# another kube-apiserver once. Not in `test` nor .ci/run: it does not fit CI's 90 minutes.
+.PHONY: compat
+compat:
+	bash hack/compat.sh
+
 # System benchmark on the local control plane (release build; several minutes). Not in `test`.
 bench:
 	bash hack/bench.sh $(BENCH_ARGS)

@@ -530,9 +530,16 @@ async fn e2e_s4_change_seen_only_through_a_relist_converges() {
 /// (the flipped CR), so kube emits `Init` again and the retried list shows that CR as
 /// the cut attempt did. Before the fix nothing then triggered the CR. Every streamed
 /// list the product asked for is a consistent read (no going back in time).
+///
+/// An apiserver that refuses streamed lists (WatchList off: its default before v1.32 and
+/// in v1.33, so v1.30 under `make compat`) has no streamed path: there the test proves
+/// the fallback instead, see [`s4_refused_streamed_lists_fall_back_to_pages`].
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn e2e_s4_a_streamed_relist_cut_short_still_converges() {
     let (cluster, client, ns) = fresh_namespace("s4-cut").await;
+    if !apiserver_streams_lists(&client, &ns).await {
+        return s4_refused_streamed_lists_fall_back_to_pages(cluster, client, ns).await;
+    }
     let tap = product_tap(cluster).await;
     let dir = tempfile::tempdir().unwrap();
     let mut opts = ProductOptions::new(&ns, &cluster.registry);
@@ -593,6 +600,92 @@ async fn e2e_s4_a_streamed_relist_cut_short_still_converges() {
             && e["user"]["username"].as_str() != Some(product_user.as_str())
     });
     assert_eq!(others, 0, "S4: nothing else touched the CR after the flip");
+}
+
+/// Whether the apiserver streams lists (`sendInitialEvents`): true when it answers an
+/// empty streamed list with the end bookmark, false when it refuses the parameter because
+/// its WatchList feature is off. Any other answer panics (an apiserver that ignores the
+/// parameter predates v1.27, older than any supported).
+async fn apiserver_streams_lists(client: &kube::Client, ns: &str) -> bool {
+    use futures::StreamExt;
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client.clone(), ns);
+    let params = WatchParams {
+        label_selector: Some("cocoonset.cocoonstack.io/list-probe=none".into()),
+        timeout: Some(5),
+        bookmarks: true,
+        send_initial_events: true,
+        ..WatchParams::default()
+    };
+    match pods.watch(&params, "").await {
+        Err(kube::Error::Api(e)) if e.code == 422 && e.message.contains("WatchList") => false,
+        Err(e) => panic!("a streamed list was neither answered nor refused: {e}"),
+        Ok(events) => {
+            let first = events.boxed().next().await;
+            match first {
+                Some(Ok(WatchEvent::Bookmark(b)))
+                    if b.metadata.annotations.get("k8s.io/initial-events-end")
+                        == Some(&"true".to_owned()) =>
+                {
+                    true
+                }
+                other => panic!("a streamed list ended without its bookmark: {other:?}"),
+            }
+        }
+    }
+}
+
+/// S4 where the apiserver refuses streamed lists: the product (`--initial-list auto`, the
+/// default) lists by pages, asks for no streamed list beyond its one refused probe, and a
+/// desire flip it learns only through a relist (its resumed CR watch told 410 Gone) still
+/// converges.
+async fn s4_refused_streamed_lists_fall_back_to_pages(
+    cluster: &'static cluster::Cluster,
+    client: kube::Client,
+    ns: String,
+) {
+    let tap = product_tap(cluster).await;
+    let dir = tempfile::tempdir().unwrap();
+    let opts = ProductOptions::new(&ns, &cluster.registry);
+    let opts = via(cluster, opts, &tap.url(), dir.path()).await;
+    let p = Product::start(cluster, &opts).await;
+    let _sim = quick_sim(cluster, &client, &ns);
+    let crs: Api<CocoonHibernation> = Api::namespaced(client.clone(), &ns);
+    hibernate_new_vm(&client, &ns, &crs, "r-0", &format!("vm-{ns}")).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+
+    tap.freeze_informers();
+    tap.cut_cr_relist();
+    product::set_desire(&crs, "r-0", Desire::Wake).await;
+    tap.thaw();
+    wait_phase(
+        &crs,
+        "r-0",
+        Phase::Active,
+        LONG,
+        &mut vec![Phase::Hibernated],
+    )
+    .await;
+    let (gone, cut_lists, whole) = tap.cr_relists();
+    assert_eq!(gone, 1, "the resumed CR watch was told 410 Gone");
+    assert_eq!(
+        (cut_lists, whole),
+        (0, 0),
+        "no streamed CR list was asked for"
+    );
+    let streamed: Vec<_> = tap
+        .calls()
+        .into_iter()
+        .filter(|c| c.query.split('&').any(|kv| kv == "sendInitialEvents=true"))
+        .collect();
+    assert!(
+        matches!(streamed.as_slice(), [probe] if probe.kind == api_tap::Kind::PodWatch && probe.status == 422),
+        "one streamed list, the refused probe: {streamed:?}"
+    );
+    let log = p.log_text();
+    assert!(
+        log.contains("caches list by paged LISTs"),
+        "the product should list by pages; log:\n{log}"
+    );
 }
 
 // ---------------------------------------------------------------------------------------
