@@ -26,7 +26,7 @@ test:
 # The tests that need no cluster (lib, bins, tests/unit): what a bare `cargo test` runs.
 test-unit:
 	bash hack/prereqs.sh unit
-	cargo test --locked
+	cargo test --locked -- --test-threads=4
 
 # The install suite alone: the chart installed with helm on a real node (kubelet,
 # containerd, CNI) from the image `make image` builds; upgrade, failover and uninstall
