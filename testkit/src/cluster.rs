@@ -62,7 +62,7 @@ fn run_cluster_up() -> PathBuf {
     let (env_file, started) = cluster_up();
     let state_dir = env_file.parent().unwrap_or(&env_file).display().to_string();
     let how = if started {
-        "started"
+        "started a"
     } else {
         "reused the running"
     };
