@@ -42,8 +42,11 @@ if [[ "$what" != unit && -z "${KUBEBUILDER_ASSETS:-}" ]]; then
   go_version="${go_version#go}"
   [[ -n "$go_version" ]] ||
     die "Go >= $GO_MIN is needed (the first run builds kube-apiserver, etcd and helm) and go is not on PATH. Install it from go.dev/dl"
-  version_ge "$go_version" "$GO_MIN" ||
-    die "Go >= $GO_MIN is needed; go on PATH is $go_version (Debian's is older). Install it from go.dev/dl"
+  # Go >= 1.21 with GOTOOLCHAIN=auto fetches the toolchain a go.mod asks for by itself.
+  go_auto=0
+  [[ "$(go env GOTOOLCHAIN 2>/dev/null)" == *auto ]] && version_ge "$go_version" 1.21 && go_auto=1
+  ((go_auto)) || version_ge "$go_version" "$GO_MIN" ||
+    die "Go >= $GO_MIN is needed; go on PATH is $go_version (Debian's is older). Install it from go.dev/dl, or set GOTOOLCHAIN=auto"
 fi
 
 pkgs=()
