@@ -14,8 +14,8 @@ LOG_TAG=prereqs
 # shellcheck source=hack/lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
-# Cargo.toml's rust-version.
-RUST_MIN=1.91
+RUST_MIN="$(sed -n 's/^rust-version = "\(.*\)"$/\1/p' "$HACK_DIR/../Cargo.toml")"
+[[ -n "$RUST_MIN" ]] || die "Cargo.toml names no rust-version"
 # The highest `go` directive of what the first run builds: promtool v0.316.0 (make test's
 # chart checks) says 1.26.7; etcd v3.6.16 and helm v3.21.4 say 1.26.0.
 GO_MIN=1.26.7
