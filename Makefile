@@ -1,7 +1,7 @@
 # Two commands matter: `make demo` runs the product locally, `make test` runs every test.
 export CARGO_TARGET_DIR ?= $(HOME)/.cache/cocoon-hibernation/target
 
-.PHONY: build release image crd test install-test soak bench fuzz fuzz-cmin demo demo-down cluster-up cluster-down chart-check fmt lint
+.PHONY: build release image crd test test-unit install-test soak bench fuzz fuzz-cmin demo demo-down cluster-up cluster-down chart-check fmt lint
 
 build:
 	cargo build --locked
@@ -27,13 +27,22 @@ plugin-dist:
 crd:
 	@cargo run --quiet --locked -- crd
 
+# Each of the two commands first installs its Debian packages when run as root, or prints
+# the apt-get line and stops (hack/prereqs.sh).
 test:
+	bash hack/prereqs.sh test
 	bash hack/test.sh
+
+# The tests that need no cluster (lib, bins, tests/unit): what a bare `cargo test` runs.
+test-unit:
+	bash hack/prereqs.sh unit
+	cargo test --locked -- --test-threads=4
 
 # The install suite alone: the chart installed with helm on a real node (kubelet,
 # containerd, CNI) from the image `make image` builds; upgrade, failover and uninstall
 # under load. Needs root. Also part of `test`.
 install-test:
+	bash hack/prereqs.sh node
 	bash hack/install-test.sh
 
 # The randomized soak with its own control plane (1,000 CRs by default; SOAK_CRS, SOAK_SEED,
@@ -65,6 +74,7 @@ fuzz-cmin:
 # `make demo NODE=1`: on a real node instead, with the image and the Helm chart
 # (hack/demo-node.sh; needs root). `make demo-down` stops either.
 demo:
+	bash hack/prereqs.sh $(if $(NODE),node,demo)
 	bash hack/$(if $(NODE),demo-node.sh,demo.sh) up
 
 demo-down:
@@ -82,5 +92,7 @@ chart-check:
 fmt:
 	cargo fmt --all
 
+# The test = false targets are not in --all-targets, and naming them beside it adds nothing.
 lint:
 	cargo clippy --locked --all-targets -- -D warnings
+	cargo clippy --locked --test e2e --test e2e_alone --test soak --test e2e_install -- -D warnings

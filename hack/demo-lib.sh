@@ -95,3 +95,25 @@ $node_line
       image: cocoon/vm:demo
 YAML
 }
+
+# demo_procs PIDFILE...: sets DEMO_PROCS ("name (pid), …" of those still running, or
+# "nothing") and DEMO_RSS_MB (their resident memory), so the demo can say what it leaves
+# running and what `make demo-down` stopped.
+demo_procs() {
+  local f pid rss kb=0 list=()
+  for f in "$@"; do
+    [[ -f "$f" ]] || continue
+    pid="$(cat "$f" 2>/dev/null || true)"
+    [[ "$pid" =~ ^[0-9]+$ ]] && kill -0 "$pid" 2>/dev/null || continue
+    rss="$(ps -o rss= -p "$pid" 2>/dev/null || true)"
+    kb=$((kb + ${rss:-0}))
+    list+=("$(basename "$f" .pid) ($pid)")
+  done
+  DEMO_PROCS="nothing"
+  if ((${#list[@]})); then
+    DEMO_PROCS="$(printf '%s, ' "${list[@]}")"
+    DEMO_PROCS="${DEMO_PROCS%, }"
+  fi
+  # shellcheck disable=SC2034 # read by the scripts that source this file
+  DEMO_RSS_MB=$((kb / 1024))
+}

@@ -58,9 +58,13 @@ simulator_alive() {
 }
 say "6/6  hibernating it (desire: Hibernate), then waking it (desire: Wake)"
 demo_round_trip simulator_alive "$KUBECTL -n $RELEASE_NS logs deploy/$RELEASE"
+demo_procs "$NODE_DIR"/*.pid "$DEMO_DIR/$SIMULATOR.pid"
 cat <<EOF
 
-The demo runs on a real node and is still running. Try it yourself:
+The demo runs on a real node and keeps running until you stop it (about $DEMO_RSS_MB MB of
+memory plus the pods; the bridge ${COCOON_NODE_BRIDGE:-cocoon0} and one NAT rule on this host, see hack/README.md):
+  $DEMO_PROCS
+Try it yourself:
   export KUBECONFIG=$KUBECONFIG
   alias kubectl=$KUBECTL
   kubectl -n $RELEASE_NS get pods,lease                  # two replicas; the Lease names the leader

@@ -24,6 +24,7 @@ mkdir -p "$DEMO_DIR"
 STATE_DIR="$DEMO_DIR" # where lib.sh's start_daemon/stop_daemon keep pid files and logs
 
 if [[ "${1:-up}" == "down" ]]; then
+  demo_procs "$DEMO_DIR"/*.pid "$CLUSTER_DIR"/*.pid "$DEMO_DIR/node-cluster"/*.pid
   stop_daemon "$SIMULATOR"
   stop_daemon "$SERVER"
   [[ -d "$CLUSTER_DIR" ]] && bash "$HACK_DIR/cluster-down.sh" "$CLUSTER_DIR"
@@ -32,7 +33,11 @@ if [[ "${1:-up}" == "down" ]]; then
   # The webhook certificate goes with the cluster's CA that signed it; the next
   # `make demo` issues a new one.
   rm -f "$DEMO_DIR/ports" "$DEMO_DIR/tls.crt" "$DEMO_DIR/tls.key"
-  say "demo stopped (logs kept in $DEMO_DIR)"
+  if [[ "$DEMO_PROCS" == nothing ]]; then
+    say "nothing of the demo was running (logs kept in $DEMO_DIR)"
+  else
+    say "demo stopped: $DEMO_PROCS; nothing of it runs now (logs kept in $DEMO_DIR)"
+  fi
   exit 0
 fi
 [[ "${1:-up}" == "up" ]] || die "usage: hack/demo.sh [up|down]"
@@ -138,9 +143,12 @@ demo_fresh_pod
 
 say "6/6  hibernating it (CocoonHibernation desire: Hibernate), then waking it (desire: Wake)"
 demo_round_trip "alive $SERVER" "$DEMO_DIR/$SERVER.log"
+demo_procs "$CLUSTER_DIR"/*.pid "$DEMO_DIR/$SERVER.pid" "$DEMO_DIR/$SIMULATOR.pid"
 cat <<EOF
 
-The demo is up and still running. Try it yourself:
+The demo is up and keeps running until you stop it (about $DEMO_RSS_MB MB of memory, on loopback):
+  $DEMO_PROCS
+Try it yourself:
   export KUBECONFIG=$KUBECONFIG
   alias kubectl=$KUBECTL
   kubectl -n $NS patch ch $POD --type merge -p '{"spec":{"desire":"Hibernate"}}'

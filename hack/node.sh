@@ -120,6 +120,9 @@ cgroupDriver: cgroupfs
 cgroupsPerQOS: false
 enforceNodeAllocatable: []
 failSwapOn: false
+# No KUBE-FIREWALL or canary chains in the host's iptables: nothing here needs them, and
+# they would outlive the node (cluster-down.sh removes only the harness's own NAT chain).
+makeIPTablesUtilChains: false
 containerRuntimeEndpoint: unix://$(node_sock)
 address: $NODE_IP
 port: $KUBELET_PORT

@@ -7,7 +7,7 @@
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
-use std::io::{Read, Seek, SeekFrom};
+use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::OnceLock;
@@ -56,7 +56,27 @@ pub fn cluster() -> &'static Cluster {
     })
 }
 
+/// Runs `hack/cluster-up.sh` and says, past libtest's output capture, that the control
+/// plane stays up after the tests and how to stop it: nothing else would tell the user.
 fn run_cluster_up() -> PathBuf {
+    let (env_file, started) = cluster_up();
+    let state_dir = env_file.parent().unwrap_or(&env_file).display().to_string();
+    let how = if started {
+        "started a"
+    } else {
+        "reused the running"
+    };
+    let _ = writeln!(
+        std::io::stderr(),
+        "testkit: COCOON_CLUSTER_ENV is unset, so this test {how} local control plane in \
+         {state_dir} (etcd, kube-apiserver, a registry; about 500 MB). It keeps running for \
+         the next test run; stop it with: bash hack/cluster-down.sh {state_dir}"
+    );
+    env_file
+}
+
+/// The env file's path, and whether the script started the control plane (else reused it).
+fn cluster_up() -> (PathBuf, bool) {
     let script = crate::repo_root().join("hack/cluster-up.sh");
     let out = Command::new("bash")
         .arg(&script)
@@ -65,9 +85,9 @@ fn run_cluster_up() -> PathBuf {
     let stderr = String::from_utf8_lossy(&out.stderr);
     if !out.status.success() {
         panic!(
-            "{} failed ({}). It needs: Go >= 1.24 (first build of kube-apiserver/etcd, or set \
-             KUBEBUILDER_ASSETS to a dir with kube-apiserver, etcd, kubectl), and \
-             `apt-get install -y docker-registry openssl curl util-linux`.\n--- its output ---\n{stderr}{}",
+            "{} failed ({}). It needs: Go >= 1.26 (first build of kube-apiserver/etcd, or set \
+             KUBEBUILDER_ASSETS to a dir with kube-apiserver, etcd, kubectl) and the Debian \
+             packages `bash hack/prereqs.sh demo` installs or names.\n--- its output ---\n{stderr}{}",
             script.display(),
             out.status,
             String::from_utf8_lossy(&out.stdout),
@@ -80,7 +100,9 @@ fn run_cluster_up() -> PathBuf {
         !last.is_empty(),
         "cluster-up.sh printed no env file path\n{stderr}"
     );
-    PathBuf::from(last)
+    // hack/cluster-up.sh's own words for "not reused".
+    let started = stderr.contains("starting a fresh cluster");
+    (PathBuf::from(last), started)
 }
 
 /// Parses `KEY=value` lines; quotes around a value are stripped.
