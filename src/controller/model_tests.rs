@@ -337,3 +337,38 @@ fn g1_deleting_the_cr_keeps_a_tag_a_replacement_pod_restores_from() {
     assert_eq!(w.vk, Vk::Running, "restored in the replacement pod");
     assert_eq!(w.registry.0.lock().deletes, 0);
 }
+
+/// SPEC W2 S7 (found by the any-version property): a pass on a pod cache from the last
+/// round (its hibernate annotation still there, the old VMID) enters Hibernating and
+/// records that old VMID; the next pass sets the annotation on the VM vk restored since.
+/// The record must follow the VMID that patch tested, or a later wake ends at once on the
+/// restored VM "with a fresh VMID" while vk is still taking it away.
+#[test]
+fn w2_s7_the_recorded_vmid_is_the_one_the_hibernate_annotation_was_set_on() {
+    use Step::{Flip, Tick};
+    // Round 1: a hibernate that times out, woken while vk pushes; vk removes the VM and
+    // restores it on VMID id-2 while the desire is Hibernate again.
+    let round_1 = [
+        Flip, Flip, Flip, Flip, PASS, PASS, Flip, Tick, VK, PASS, PASS, VK, Flip,
+    ];
+    let restored = [RM, VK, PASS];
+    // Entered on a pod cache from round 1 (annotation set, VMID id-1); the next pass sets
+    // the annotation on id-2. A timeout, a wake while vk pushes, and vk removes the VM.
+    let stale_round = pod_lag(3);
+    let round_2 = [
+        stale_round,
+        Flip,
+        PASS,
+        Flip,
+        Flip,
+        Flip,
+        Flip,
+        Tick,
+        PASS,
+        SKIP,
+        PASS,
+    ];
+    let steps: Vec<Step> = [&round_1[..], &restored, &round_2, &[PASS, VK, RM]].concat();
+    let w = run(&steps);
+    assert_clean(&w);
+}

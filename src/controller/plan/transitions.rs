@@ -23,6 +23,9 @@ impl Pass<'_> {
     ) -> Plan {
         if !view.hibernate_requested {
             self.plan.pod_patch = Some(PodPatch::SetHibernate); // H1
+            // W2: the patch `test`s this VMID, so it is the one the request may take away;
+            // a record taken from a stale view of an earlier round would prove a false wake.
+            self.next.pre_hibernate_vm_id = view.vm_id.clone();
         }
         match self.phase() {
             Some(Phase::Hibernated) => self.finish(None),
