@@ -21,6 +21,9 @@ cargo fmt --all -- --check
 (cd fuzz && cargo fmt -- --check)
 step "rule IDs cited by tests are defined in docs/rules.md"
 python3 hack/rule-index.py
+step "chart files changed only with a version bump and a CHANGELOG section"
+python3 hack/chart-version.py
+bash hack/chart-version-test.sh
 step "every link in README and docs resolves inside the repository"
 python3 hack/check-links.py
 step "cargo clippy --all-targets -- -D warnings"
@@ -30,6 +33,8 @@ cargo build --locked --all-targets --test soak --test e2e_install
 # The install suite's image binary, built here rather than beside the tests: a 2-core
 # machine cannot compile and keep the tests' second-scale timeouts at the same time.
 cargo build --locked --release --bin cocoon-hibernation
+# The previous release's binary for the install suite's upgrade: built once, then cached.
+bash hack/old-release.sh build
 
 step "certs/ tooling"
 bash certs/test.sh
