@@ -1,0 +1,239 @@
+//! The upgrade from the previous release (S11): the chart and image of the commit
+//! `hack/old-release.sh` pins are installed first; the suite then upgrades to this tree as
+//! docs/install.md says (CRDs with `kubectl apply --server-side --force-conflicts` on the
+//! CRDs Helm installed, then `helm upgrade --reset-then-reuse-values`), and again with
+//! `helm upgrade --reuse-values`, each under load (steps::upgrade). After each, the
+//! release's manifest must equal what the documented command renders from the same user
+//! values: a default of the new chart that `--reuse-values` dropped would differ there.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use crate::world::{RELEASE, RELEASE_NS, Result, World};
+
+/// The previous release, as hack/install-test.sh hands it over.
+pub struct OldRelease {
+    /// Short commit, for the summary line.
+    pub commit: String,
+    pub chart: PathBuf,
+    /// Only the image: the old build, pinned by digest.
+    pub image_values: PathBuf,
+}
+
+fn required(name: &str) -> Result<String> {
+    std::env::var(name).map_err(|_| {
+        format!("{name} is not set: run this suite with `make install-test` (hack/old-release.sh)")
+            .into()
+    })
+}
+
+impl OldRelease {
+    pub fn from_env(world: &World) -> Result<Self> {
+        let commit = required("COCOON_UPGRADE_FROM")?;
+        let chart = PathBuf::from(required("COCOON_OLD_CHART")?);
+        let image = required("COCOON_OLD_IMAGE_REF")?;
+        let (repo_tag, digest) = image
+            .split_once('@')
+            .ok_or_else(|| format!("COCOON_OLD_IMAGE_REF {image} has no @sha256: digest"))?;
+        let repository = match repo_tag.rsplit_once(':') {
+            Some((repo, tag)) if !tag.contains('/') => repo,
+            _ => repo_tag,
+        };
+        let image_values = world.values.with_file_name("old-image-values.yaml");
+        std::fs::write(
+            &image_values,
+            format!("image:\n  repository: {repository}\n  digest: \"{digest}\"\n"),
+        )?;
+        Ok(OldRelease {
+            commit: commit.chars().take(7).collect(),
+            chart,
+            image_values,
+        })
+    }
+
+    /// `helm install` of the old chart with the user's values and the old image.
+    pub fn install(&self, world: &World) -> Result<()> {
+        let chart = self.chart.to_string_lossy().into_owned();
+        let values = world.values.to_string_lossy().into_owned();
+        let image = self.image_values.to_string_lossy().into_owned();
+        world.helm(&[
+            "install",
+            RELEASE,
+            &chart,
+            "-n",
+            RELEASE_NS,
+            "--create-namespace",
+            "-f",
+            &values,
+            "-f",
+            &image,
+            "--wait",
+            "--timeout",
+            "180s",
+        ])?;
+        Ok(())
+    }
+}
+
+fn kubectl(args: &[&str]) -> Result<String> {
+    let bin = required("COCOON_KUBECTL")?;
+    let out = Command::new(&bin).args(args).output()?;
+    if !out.status.success() {
+        return Err(format!(
+            "kubectl {} failed: {}{}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+        .into());
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// The CRDs' field managers, one line per CRD.
+fn crd_managers() -> Result<String> {
+    kubectl(&[
+        "get",
+        "crd",
+        "cocoonhibernations.cocoonset.cocoonstack.io",
+        "cocoonhibernationschedules.cocoonset.cocoonstack.io",
+        "-o",
+        "jsonpath={range .items[*]}{.metadata.name}: {.metadata.managedFields[*].manager}{\"\\n\"}{end}",
+    ])
+}
+
+/// Step 1 of docs/install.md's upgrade, word for word, on the CRDs the old chart's
+/// `helm install` created (field manager `helm`); then the served CRDs equal crds/.
+pub fn crd_upgrade(world: &World) -> Result<()> {
+    let before = crd_managers()?;
+    println!(
+        "  CRD managers before: {}",
+        before.trim().replace('\n', "; ")
+    );
+    if before.lines().count() != 2 || !before.lines().all(|l| l.contains("helm")) {
+        return Err(format!("the old release's CRDs are not Helm's: {before}").into());
+    }
+    let crds = world.chart.join("crds");
+    let crds = crds.to_string_lossy();
+    kubectl(&["apply", "--server-side", "--force-conflicts", "-f", &crds])?;
+    // `kubectl diff` exits 0 only when the apiserver holds exactly what the files say.
+    kubectl(&["diff", "--server-side", "--force-conflicts", "-f", &crds])
+        .map_err(|e| format!("the served CRDs differ from crds/ after the upgrade: {e}"))?;
+    println!(
+        "  CRD managers after: {}",
+        crd_managers()?.trim().replace('\n', "; ")
+    );
+    Ok(())
+}
+
+fn chart(world: &World) -> String {
+    world.chart.to_string_lossy().into_owned()
+}
+
+/// Step 2 of docs/install.md's upgrade (`--reset-then-reuse-values`), with the user's
+/// values file now naming the new image.
+pub fn documented_upgrade(world: &World) -> Result<()> {
+    let (chart, values) = (chart(world), world.values.to_string_lossy().into_owned());
+    world.helm(&[
+        "upgrade",
+        RELEASE,
+        &chart,
+        "-n",
+        RELEASE_NS,
+        "--reset-then-reuse-values",
+        "-f",
+        &values,
+        "--wait",
+        "--timeout",
+        "180s",
+    ])?;
+    Ok(())
+}
+
+/// `helm upgrade --reuse-values` with `extra` (what the user changes).
+pub fn reuse_values_upgrade(world: &World, extra: &[&str]) -> Result<()> {
+    let chart = chart(world);
+    let mut args = vec![
+        "upgrade",
+        RELEASE,
+        &chart,
+        "-n",
+        RELEASE_NS,
+        "--reuse-values",
+        "--wait",
+        "--timeout",
+        "180s",
+    ];
+    args.extend_from_slice(extra);
+    world.helm(&args)?;
+    Ok(())
+}
+
+/// What `helm upgrade <flag> <extra> --dry-run=server` would install now (lookups against
+/// the apiserver, so the webhook's TLS Secret is read back as a real upgrade does).
+fn render(world: &World, flag: &str, extra: &[&str]) -> Result<String> {
+    let chart = chart(world);
+    let mut args = vec![
+        "upgrade",
+        RELEASE,
+        &chart,
+        "-n",
+        RELEASE_NS,
+        flag,
+        "--dry-run=server",
+        "-o",
+        "json",
+    ];
+    args.extend_from_slice(extra);
+    let out: serde_json::Value = serde_json::from_str(&world.helm(&args)?)?;
+    out.get("manifest")
+        .and_then(|m| m.as_str())
+        .map(str::to_owned)
+        .ok_or_else(|| "helm --dry-run=server -o json printed no manifest".into())
+}
+
+/// The lines of `got` and `want` that are not in the other, for the error.
+fn differences(got: &str, want: &str) -> String {
+    let only = |a: &str, b: &str, sign: &str| {
+        let b: std::collections::BTreeSet<&str> = b.lines().collect();
+        a.lines()
+            .filter(|l| !b.contains(l))
+            .map(|l| format!("  {sign} {l}"))
+            .collect::<Vec<_>>()
+    };
+    let mut lines = only(got, want, "-");
+    lines.extend(only(want, got, "+"));
+    lines.truncate(40);
+    lines.join("\n")
+}
+
+fn same_manifest(what: &str, got: &str, want: &str) -> Result<()> {
+    if got == want {
+        println!("  {what}: the manifest equals the documented command's render");
+        return Ok(());
+    }
+    Err(format!(
+        "{what}: a default of the new chart is not in force; \
+         (-) {what}, (+) the documented command's render:\n{}",
+        differences(got, want)
+    )
+    .into())
+}
+
+/// While the old release is installed: `--reuse-values` would render exactly what the
+/// documented `--reset-then-reuse-values` does, from the same user values (the new image).
+pub fn reuse_values_from_old_renders_defaults(world: &World) -> Result<()> {
+    let values = world.values.to_string_lossy().into_owned();
+    let extra = ["-f", values.as_str()];
+    let reuse = render(world, "--reuse-values", &extra)?;
+    let documented = render(world, "--reset-then-reuse-values", &extra)?;
+    same_manifest("--reuse-values from the old release", &reuse, &documented)
+}
+
+/// After an upgrade: the release's manifest equals the documented command's render of
+/// the release's own user values.
+pub fn defaults_in_force(world: &World, what: &str) -> Result<()> {
+    let got = world.helm(&["get", "manifest", RELEASE, "-n", RELEASE_NS])?;
+    let want = render(world, "--reset-then-reuse-values", &[])?;
+    same_manifest(what, got.trim_end(), want.trim_end())
+}
