@@ -127,8 +127,9 @@ async fn run(tally: &mut Tally) -> world::Result<()> {
     steps::step(
         "documented upgrade from the previous release under load: CRDs Helm owns, then --reset-then-reuse-values (S11)",
         steps::upgrade(&world, tally, || {
-            upgrade::crd_upgrade(&world)?;
-            upgrade::documented_upgrade(&world)
+            let doc = upgrade::Documented::read()?;
+            upgrade::crd_upgrade(&doc)?;
+            upgrade::documented_upgrade(&world, &doc)
         }),
     )
     .await?;

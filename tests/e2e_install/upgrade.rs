@@ -6,7 +6,7 @@
 //! release's manifest must equal what the documented command renders from the same user
 //! values: a default of the new chart that `--reuse-values` dropped would differ there.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use crate::world::{RELEASE, RELEASE_NS, Result, World};
@@ -77,7 +77,8 @@ impl OldRelease {
 
 fn kubectl(args: &[&str]) -> Result<String> {
     let bin = required("COCOON_KUBECTL")?;
-    let out = Command::new(&bin).args(args).output()?;
+    // In the repository: the documented command names crds/ by its relative path.
+    let out = Command::new(&bin).args(args).current_dir(repo()).output()?;
     if !out.status.success() {
         return Err(format!(
             "kubectl {} failed: {}{}",
@@ -88,6 +89,67 @@ fn kubectl(args: &[&str]) -> Result<String> {
         .into());
     }
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+fn repo() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn read(rel: &str) -> Result<String> {
+    std::fs::read_to_string(repo().join(rel)).map_err(|e| format!("{rel}: {e}").into())
+}
+
+/// The upgrade's two commands as docs/install.md writes them (its `### Upgrade` block):
+/// the suite runs these words, so the docs cannot drift from what was tested. NOTES.txt
+/// and operations.md must say the same.
+pub struct Documented {
+    pub crds: Vec<String>,
+    pub release: Vec<String>,
+}
+
+impl Documented {
+    pub fn read() -> Result<Self> {
+        let install = read("docs/install.md")?;
+        let block = install
+            .split_once("### Upgrade\n")
+            .and_then(|(_, rest)| rest.split_once("```sh\n"))
+            .and_then(|(_, rest)| rest.split_once("```"))
+            .map(|(block, _)| block)
+            .ok_or("docs/install.md has no ```sh block under ### Upgrade")?;
+        let line = |program: &str| {
+            block
+                .lines()
+                .map(str::trim)
+                .find(|l| l.starts_with(program))
+                .map(|l| l.split_whitespace().skip(1).map(str::to_owned).collect())
+                .ok_or_else(|| format!("docs/install.md's upgrade block has no {program} line"))
+        };
+        let doc = Documented {
+            crds: line("kubectl ")?,
+            release: line("helm ")?,
+        };
+        let crd_line = format!("kubectl {}", doc.crds.join(" "));
+        let flag = doc
+            .release
+            .iter()
+            .find(|a| a.ends_with("reuse-values"))
+            .ok_or("docs/install.md's helm upgrade names no values flag")?;
+        let notes = read("charts/cocoon-hibernation/templates/NOTES.txt")?;
+        let ops = read("docs/operations.md")?;
+        let ops = ops.split_whitespace().collect::<Vec<_>>().join(" ");
+        let checks = [
+            ("NOTES.txt", notes.contains(&crd_line), &crd_line),
+            ("NOTES.txt", notes.contains(flag.as_str()), flag),
+            ("docs/operations.md", ops.contains(&crd_line), &crd_line),
+            ("docs/operations.md", ops.contains(flag.as_str()), flag),
+        ];
+        for (file, ok, what) in checks {
+            if !ok {
+                return Err(format!("{file} does not say `{what}` as docs/install.md does").into());
+            }
+        }
+        Ok(doc)
+    }
 }
 
 /// The CRDs' field managers, one line per CRD.
@@ -104,7 +166,7 @@ fn crd_managers() -> Result<String> {
 
 /// Step 1 of docs/install.md's upgrade, word for word, on the CRDs the old chart's
 /// `helm install` created (field manager `helm`); then the served CRDs equal crds/.
-pub fn crd_upgrade(world: &World) -> Result<()> {
+pub fn crd_upgrade(doc: &Documented) -> Result<()> {
     let before = crd_managers()?;
     println!(
         "  CRD managers before: {}",
@@ -113,10 +175,12 @@ pub fn crd_upgrade(world: &World) -> Result<()> {
     if before.lines().count() != 2 || !before.lines().all(|l| l.contains("helm")) {
         return Err(format!("the old release's CRDs are not Helm's: {before}").into());
     }
-    let crds = world.chart.join("crds");
-    let crds = crds.to_string_lossy();
-    kubectl(&["apply", "--server-side", "--force-conflicts", "-f", &crds])?;
+    let args: Vec<&str> = doc.crds.iter().map(String::as_str).collect();
+    println!("  kubectl {}", args.join(" "));
+    kubectl(&args)?;
     // `kubectl diff` exits 0 only when the apiserver holds exactly what the files say.
+    let crds = repo().join("charts/cocoon-hibernation/crds");
+    let crds = crds.to_string_lossy();
     kubectl(&["diff", "--server-side", "--force-conflicts", "-f", &crds])
         .map_err(|e| format!("the served CRDs differ from crds/ after the upgrade: {e}"))?;
     println!(
@@ -130,23 +194,27 @@ fn chart(world: &World) -> String {
     world.chart.to_string_lossy().into_owned()
 }
 
-/// Step 2 of docs/install.md's upgrade (`--reset-then-reuse-values`), with the user's
-/// values file now naming the new image.
-pub fn documented_upgrade(world: &World) -> Result<()> {
+/// Step 2 of docs/install.md's upgrade (`--reset-then-reuse-values`) word for word, with
+/// the user's values file now naming the new image, and `--wait` for the suite.
+pub fn documented_upgrade(world: &World, doc: &Documented) -> Result<()> {
     let (chart, values) = (chart(world), world.values.to_string_lossy().into_owned());
-    world.helm(&[
-        "upgrade",
-        RELEASE,
-        &chart,
-        "-n",
-        RELEASE_NS,
-        "--reset-then-reuse-values",
-        "-f",
-        &values,
-        "--wait",
-        "--timeout",
-        "180s",
-    ])?;
+    let mut args: Vec<&str> = doc
+        .release
+        .iter()
+        .map(|a| match a.as_str() {
+            "charts/cocoon-hibernation" => chart.as_str(),
+            a => a,
+        })
+        .collect();
+    if args[..2] != ["upgrade", RELEASE] || !args.contains(&RELEASE_NS) {
+        return Err(format!(
+            "docs/install.md's helm line is not an upgrade of {RELEASE_NS}/{RELEASE}: {args:?}"
+        )
+        .into());
+    }
+    println!("  helm {} -f <values> --wait", args.join(" "));
+    args.extend_from_slice(&["-f", &values, "--wait", "--timeout", "180s"]);
+    world.helm(&args)?;
     Ok(())
 }
 
