@@ -12,8 +12,9 @@
 #                                    image.sh's: image: <repo>:<tag>@sha256:… size_mb=…
 #
 # Cache: ${COCOON_CACHE:-~/.cache/cocoon-hibernation}/old-release/<commit>/ (src/, target/,
-# and the finished binary). A cold build took 11m40s on the 2-core CI machine (others
-# compiling at the same time); a cached one takes no time. Runs unattended (CI=true, no stdin).
+# and the finished binary). The cold build took 26m13s wall (8m41s CPU) on a 2-core machine
+# busy with other builds (load ~12); a cached one takes no time. Runs unattended (CI=true,
+# no stdin).
 set -euo pipefail
 LOG_TAG=old-release
 # shellcheck source=hack/lib.sh
