@@ -89,7 +89,7 @@ case "${1:-}" in
   chart) chart "${2:-}" ;;
   image) image ;;
   *)
-    sed -n '2,16p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
+    sed -n '2,17p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
     exit 2
     ;;
 esac
