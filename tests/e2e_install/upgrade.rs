@@ -240,11 +240,14 @@ pub fn reuse_values_upgrade(world: &World, extra: &[&str]) -> Result<()> {
 /// What `helm upgrade <flag> <extra> --dry-run=server` would install now (lookups against
 /// the apiserver, so the webhook's TLS Secret is read back as a real upgrade does).
 fn render(world: &World, flag: &str, extra: &[&str]) -> Result<String> {
-    let chart = chart(world);
+    render_chart(world, &chart(world), flag, extra)
+}
+
+fn render_chart(world: &World, chart: &str, flag: &str, extra: &[&str]) -> Result<String> {
     let mut args = vec![
         "upgrade",
         RELEASE,
-        &chart,
+        chart,
         "-n",
         RELEASE_NS,
         flag,
@@ -295,7 +298,60 @@ pub fn reuse_values_from_old_renders_defaults(world: &World) -> Result<()> {
     let extra = ["-f", values.as_str()];
     let reuse = render(world, "--reuse-values", &extra)?;
     let documented = render(world, "--reset-then-reuse-values", &extra)?;
-    same_manifest("--reuse-values from the old release", &reuse, &documented)
+    same_manifest("--reuse-values from the old release", &reuse, &documented)?;
+    a_dropped_default_is_seen(world, &extra)
+}
+
+/// The comparison's own control: a copy of the new chart with one default added that no
+/// template falls back for. From the old release, `--reuse-values` renders it absent;
+/// the comparison must see that, or it could not see a real one either.
+fn a_dropped_default_is_seen(world: &World, extra: &[&str]) -> Result<()> {
+    let probe = world.values.with_file_name("probe-chart");
+    if probe.exists() {
+        std::fs::remove_dir_all(&probe)?;
+    }
+    let out = Command::new("cp")
+        .arg("-r")
+        .arg(&world.chart)
+        .arg(&probe)
+        .output()?;
+    if !out.status.success() {
+        return Err(format!(
+            "cp -r of the chart: {}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+        .into());
+    }
+    std::fs::write(
+        probe.join("templates/s11-probe.yaml"),
+        "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: s11-probe\n  namespace: {{ .Release.Namespace }}\n\
+         data:\n  value: {{ .Values.s11Probe | default \"absent\" | quote }}\n",
+    )?;
+    let values = probe.join("values.yaml");
+    let text = std::fs::read_to_string(&values)?;
+    std::fs::write(&values, format!("{text}\ns11Probe: present\n"))?;
+    let schema_path = probe.join("values.schema.json");
+    let mut schema: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&schema_path)?)?;
+    if let Some(props) = schema.get_mut("properties").and_then(|p| p.as_object_mut()) {
+        props.insert("s11Probe".into(), serde_json::json!({ "type": "string" }));
+    }
+    std::fs::write(&schema_path, serde_json::to_string(&schema)?)?;
+    let chart = probe.to_string_lossy().into_owned();
+    let reuse = render_chart(world, &chart, "--reuse-values", extra)?;
+    let documented = render_chart(world, &chart, "--reset-then-reuse-values", extra)?;
+    match same_manifest("control", &reuse, &documented) {
+        Ok(()) => {
+            Err("control: a default --reuse-values drops was not seen by the comparison".into())
+        }
+        Err(e) if e.to_string().contains("value: \"absent\"") => {
+            println!(
+                "  control: a default added by the chart and dropped by --reuse-values is seen"
+            );
+            Ok(())
+        }
+        Err(e) => Err(format!("control: the comparison saw another difference: {e}").into()),
+    }
 }
 
 /// After an upgrade: the release's manifest equals the documented command's render of
