@@ -20,6 +20,11 @@
 # Needs KUBECONFIG, helm on PATH (hack/install-tools.sh), python3, git. Optional:
 #   KUBECTL      kubectl to use (default: PATH)
 #   OLD_COMMIT   the earlier chart's commit (default 1a123bd, where the chart became 0.3.0)
+# It stays on 0.3.0 although 0.4.0 is the previous release: 0.3.0 is the chart whose
+# values lack the safety keys (and whose releases without writers had no S3 policy),
+# which is what this check is about, and it runs in seconds on the shared control plane.
+# The upgrade from 0.4.0 (hack/old-release.sh) is tested with its image, on the real
+# node, under load: the install suite (tests/e2e_install/upgrade.rs).
 #   NEW_CHART    the chart to upgrade to (default charts/cocoon-hibernation)
 set -euo pipefail
 

@@ -7,9 +7,16 @@ say() { echo "$(date -u +%H:%M:%S)  $*"; }
 # push_image: `make image` into $COCOON_REGISTRY; sets IMAGE_REPO, IMAGE_DIGEST, IMAGE_REF
 # (repo@digest) and IMAGE_MB from its last line. Its log goes to $1 (default: stderr).
 push_image() {
-  local log="${1:-/dev/stderr}" line
-  line="$(IMAGE_REGISTRY="$COCOON_REGISTRY" bash "$HACK_DIR/image.sh" build 2>"$log" | tail -n 1)" ||
-    { [[ "$log" == /dev/stderr ]] || cat "$log" >&2; die "make image failed"; }
+  local log="${1:-}" line
+  # Without a log file, stderr as it is: `2>/dev/stderr` would reopen it and, when it is a
+  # file (a CI log), truncate what was written to it so far.
+  if [[ -n "$log" ]]; then
+    line="$(IMAGE_REGISTRY="$COCOON_REGISTRY" bash "$HACK_DIR/image.sh" build 2>"$log" | tail -n 1)" ||
+      { cat "$log" >&2; die "make image failed"; }
+  else
+    line="$(IMAGE_REGISTRY="$COCOON_REGISTRY" bash "$HACK_DIR/image.sh" build | tail -n 1)" ||
+      die "make image failed"
+  fi
   local pushed='^image: ([^ @]+):[^ @]+@(sha256:[0-9a-f]{64}) size_mb=([0-9.]+)$'
   [[ "$line" =~ $pushed ]] || die "make image printed no pushed reference: $line"
   # shellcheck disable=SC2034 # read by the scripts that source this file

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # `make install-test`: the install suite (tests/e2e_install) — the chart as users install
-# it, on a real node. Builds what it needs (the node's binaries, helm, the image), starts
+# it, on a real node, first the previous release (hack/old-release.sh: its chart and
+# image), then upgraded to this tree. Builds what it needs (the node's binaries, helm,
+# both images; the old release binary once, cached by commit), starts
 # a fresh node cluster (hack/cluster-up.sh --node), runs the suite and stops the cluster
 # again. COCOON_KEEP_NODE=1 leaves the cluster running for a look around; then
 # `bash hack/cluster-down.sh --node` stops it. Needs root (network namespaces, mounts).
 # The last line is the suite's summary:
-#   install: image_mb=<n> admissions=<n> failed=<n> transitions=<n> lost=<n> handover_s=<x> takeover_s=<x>
+#   install: image_mb=<n> upgrade_from=<commit> reuse_values=ok admissions=<n> failed=<n> transitions=<n> lost=<n> handover_s=<x> takeover_s=<x>
 set -euo pipefail
 LOG_TAG=install-test
 # shellcheck source=hack/lib.sh
@@ -18,6 +20,9 @@ export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/cocoon-hibernation/tar
 t0=$SECONDS
 
 TOOLS_BIN="$(bash hack/install-tools.sh | tail -n 1)" || die "hack/install-tools.sh failed"
+# The previous release's binary (cached by commit; a cold build takes minutes), before
+# the cluster starts: its clocks should not race a compile.
+bash hack/old-release.sh build >/dev/null || die "hack/old-release.sh build failed"
 # A fresh node: what an earlier run left (releases, CRs, tags) would change what it sees.
 bash hack/cluster-down.sh --node >/dev/null 2>&1 || true
 stop_node_cluster() {
@@ -35,6 +40,15 @@ set -a
 source "$ENV_FILE"
 set +a
 
+# The previous release: its image (from the cached binary) and its chart.
+old_line="$(IMAGE_REGISTRY="$COCOON_REGISTRY" bash hack/old-release.sh image | tail -n 1)" ||
+  die "hack/old-release.sh image failed"
+[[ "$old_line" =~ ^image:\ ([^ ]+@sha256:[0-9a-f]{64})\  ]] || die "hack/old-release.sh image printed no pushed reference: $old_line"
+OLD_IMAGE_REF="${BASH_REMATCH[1]}"
+OLD_CHART="$(bash hack/old-release.sh chart "$COCOON_STATE_DIR/old-chart" | tail -n 1)"
+OLD_COMMIT="$(bash hack/old-release.sh commit)"
+log "previous release ${OLD_COMMIT:0:7}: image $OLD_IMAGE_REF, chart $OLD_CHART"
+
 # The image users build, pushed to the node's registry (containerd pulls it from there).
 push_image
 log "image $IMAGE_REF ($IMAGE_MB MB)"
@@ -43,7 +57,8 @@ log "running tests/e2e_install"
 log_file="$(mktemp)"
 set +e
 COCOON_NODE_CLUSTER_ENV="$ENV_FILE" COCOON_IMAGE_REF="$IMAGE_REF" COCOON_IMAGE_MB="$IMAGE_MB" \
-  COCOON_HELM="$TOOLS_BIN/helm" KUBECONFIG="$KUBECONFIG" \
+  COCOON_HELM="$TOOLS_BIN/helm" KUBECONFIG="$KUBECONFIG" COCOON_KUBECTL="$COCOON_BIN_DIR/kubectl" \
+  COCOON_UPGRADE_FROM="$OLD_COMMIT" COCOON_OLD_CHART="$OLD_CHART" COCOON_OLD_IMAGE_REF="$OLD_IMAGE_REF" \
   cargo test --locked --test e2e_install 2>&1 | tee "$log_file"
 status=${PIPESTATUS[0]}
 set -e

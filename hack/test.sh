@@ -21,6 +21,9 @@ cargo fmt --all -- --check
 (cd fuzz && cargo fmt -- --check)
 step "rule IDs cited by tests are defined in docs/rules.md"
 python3 hack/rule-index.py
+step "chart files changed only with a version bump and a CHANGELOG section"
+python3 hack/chart-version.py
+bash hack/chart-version-test.sh
 step "every link in README and docs resolves inside the repository"
 python3 hack/check-links.py
 # The `test = false` targets (Cargo.toml: a bare `cargo test` runs only the tests that need
@@ -37,6 +40,8 @@ cargo build --locked "${OFF_TARGETS[@]}"
 # The install suite's image binary, built here rather than beside the tests: a 2-core
 # machine cannot compile and keep the tests' second-scale timeouts at the same time.
 cargo build --locked --release --bin cocoon-hibernation --bin kubectl-cocoon
+# The previous release's binary for the install suite's upgrade: built once, then cached.
+bash hack/old-release.sh build
 step "the kubectl plugin through krew (offline)"
 bash hack/plugin.sh krew-test
 

@@ -1,9 +1,11 @@
 //! The install suite (`make install-test`): the chart as it ships, installed with helm on
 //! a real node (kubelet, containerd, CNI; `hack/cluster-up.sh --node`) from the image
-//! `make image` built, then upgraded, failed over and uninstalled under load. VM pods run
-//! on the vk-cocoon simulator's virtual node. Steps run in order and stop at the first
-//! failure; the last line sums up:
-//! `install: image_mb=.. admissions=.. failed=.. transitions=.. lost=.. handover_s=.. takeover_s=..`
+//! `make image` built, then upgraded, failed over and uninstalled under load. The release
+//! first installed is the previous one (`hack/old-release.sh`: its chart and image), which
+//! the suite upgrades to this tree by the documented command and by `--reuse-values`
+//! (upgrade.rs). VM pods run on the vk-cocoon simulator's virtual node. Steps run in order
+//! and stop at the first failure; the last line sums up:
+//! `install: image_mb=.. upgrade_from=.. reuse_values=ok admissions=.. failed=.. transitions=.. lost=.. handover_s=.. takeover_s=..`
 
 mod fence;
 mod load;
@@ -12,6 +14,7 @@ mod rbac;
 mod shell;
 mod steps;
 mod uninstall;
+mod upgrade;
 mod world;
 
 use std::process::ExitCode;
@@ -24,6 +27,10 @@ use world::World;
 /// What the summary line reports.
 #[derive(Default, Debug)]
 pub struct Tally {
+    /// The previous release's commit the suite upgraded from.
+    pub upgrade_from: String,
+    /// "ok" once the `--reuse-values` upgrade kept every default of the new chart.
+    pub reuse_values: &'static str,
     pub admissions: usize,
     pub failed: usize,
     pub transitions: usize,
@@ -37,11 +44,17 @@ async fn main() -> ExitCode {
     // kube and reqwest are built without a default crypto provider.
     let _ = rustls::crypto::ring::default_provider().install_default();
     let started = Instant::now();
-    let mut tally = Tally::default();
+    let mut tally = Tally {
+        upgrade_from: "-".into(),
+        reuse_values: "-",
+        ..Tally::default()
+    };
     let result = run(&mut tally).await;
     let image_mb = std::env::var("COCOON_IMAGE_MB").unwrap_or_default();
     let line = format!(
-        "install: image_mb={image_mb} admissions={} failed={} transitions={} lost={} handover_s={:.1} takeover_s={:.1}",
+        "install: image_mb={image_mb} upgrade_from={} reuse_values={} admissions={} failed={} transitions={} lost={} handover_s={:.1} takeover_s={:.1}",
+        tally.upgrade_from,
+        tally.reuse_values,
         tally.admissions,
         tally.failed,
         tally.transitions,
@@ -85,9 +98,17 @@ async fn run(tally: &mut Tally) -> world::Result<()> {
         world.registry.clone(),
         knobs,
     );
+    let old = upgrade::OldRelease::from_env(&world)?;
+    tally.upgrade_from = old.commit.clone();
     steps::step(
-        "install: two replicas Ready, one leads (P2), webhook through its Service",
-        steps::install(&world),
+        &format!(
+            "install the previous release ({}): two replicas Ready, one leads (P2), webhook through its Service",
+            old.commit
+        ),
+        async {
+            old.install(&world)?;
+            steps::installed(&world).await
+        },
     )
     .await?;
     steps::step(
@@ -100,14 +121,46 @@ async fn run(tally: &mut Tally) -> world::Result<()> {
         steps::round_trip(&world),
     )
     .await?;
+    steps::step("the fleet and the load's pods", steps::start_fleet(&world)).await?;
     steps::step(
-        "a namespace editor and viewer run the plugin through the aggregated roles (P5)",
-        rbac::p5_users(&world),
+        "--reuse-values from the previous release renders every new default (S11)",
+        async { upgrade::reuse_values_from_old_renders_defaults(&world) },
     )
     .await?;
     steps::step(
-        "upgrade rolls both pods under load",
-        steps::upgrade(&world, tally),
+        "documented upgrade from the previous release under load: CRDs Helm owns, then --reset-then-reuse-values (S11)",
+        steps::upgrade(&world, tally, || {
+            let doc = upgrade::Documented::read()?;
+            upgrade::crd_upgrade(&doc)?;
+            upgrade::documented_upgrade(&world, &doc)
+        }),
+    )
+    .await?;
+    steps::step(
+        "documented upgrade: every default of the new chart in force (S11)",
+        async { upgrade::defaults_in_force(&world, "the documented upgrade") },
+    )
+    .await?;
+    let rolled = format!(
+        "podAnnotations.rolled=r{}",
+        jiff::Timestamp::now().as_second()
+    );
+    steps::step(
+        "helm upgrade --reuse-values under load (S11)",
+        steps::upgrade(&world, tally, || {
+            upgrade::reuse_values_upgrade(&world, &["--set", &rolled])
+        }),
+    )
+    .await?;
+    steps::step(
+        "--reuse-values: every default of the new chart in force (S11)",
+        async { upgrade::defaults_in_force(&world, "helm upgrade --reuse-values") },
+    )
+    .await?;
+    tally.reuse_values = "ok";
+    steps::step(
+        "a namespace editor and viewer run the plugin through the aggregated roles (P5)",
+        rbac::p5_users(&world),
     )
     .await?;
     steps::step(

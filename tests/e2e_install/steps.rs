@@ -51,8 +51,8 @@ pub(crate) async fn leader(world: &World) -> Result<String> {
     }
 }
 
-pub async fn install(world: &World) -> Result<()> {
-    world.helm_install(&[])?;
+/// The release just installed: two replicas Ready, one leads, the webhook answers.
+pub async fn installed(world: &World) -> Result<()> {
     let ready = world.ready_replicas().await?;
     if ready != 2 {
         return Err(format!("{ready} replicas Ready after helm --wait, want 2").into());
@@ -157,7 +157,8 @@ pub(crate) async fn settle_fleet(world: &World) -> Result<usize> {
     Ok(lost)
 }
 
-async fn start_fleet(world: &World) -> Result<()> {
+/// The fleet the load flips, and the pods admission requests name.
+pub async fn start_fleet(world: &World) -> Result<()> {
     for n in fleet() {
         world.vm_pod(&n).await?;
         world.create_cr(&n, Desire::Wake, false).await?;
@@ -172,16 +173,19 @@ fn load_pods() -> Vec<String> {
     (0..3).map(|i| format!("load-{i}")).collect()
 }
 
-pub async fn upgrade(world: &Arc<World>, tally: &mut Tally) -> Result<()> {
-    start_fleet(world).await?;
+/// Runs `roll` (a helm upgrade that replaces both pods) under load: admissions, flips
+/// and a watch on the Lease; adds what it saw to the tally.
+pub async fn upgrade<F>(world: &Arc<World>, tally: &mut Tally, roll: F) -> Result<()>
+where
+    F: FnOnce() -> Result<()>,
+{
     let watch = LeaseWatch::start(world.clone());
     let admissions = AdmissionLoad::start(world.clone(), load_pods(), ADMISSION_EVERY);
     let cycler = Cycler::start(world.clone());
     tokio::time::sleep(Duration::from_secs(5)).await;
     let before: Vec<String> = names(world.live_product_pods().await?);
-    let rolled = jiff::Timestamp::now().as_second().to_string();
     let t0 = Instant::now();
-    world.helm_install(&["--set", &format!("podAnnotations.rolled=r{rolled}")])?;
+    roll()?;
     println!(
         "  helm upgrade --wait took {:.1}s",
         t0.elapsed().as_secs_f64()
