@@ -111,7 +111,9 @@ fn annotation_pointer(key: &str) -> PointerBuf {
 
 /// JSON Patch that sets [`HIBERNATE`] and touches no other key, so a concurrent vk write
 /// survives. `test` on the uid keeps it from landing on a recreated pod, and on the VMID
-/// from landing on another VM than the one the CR records as this round's (W2).
+/// from landing on another VM than the one the CR records as this round's (W2). Without a
+/// VMID to test (JSON Patch cannot test for an absent key), the pod's resourceVersion is
+/// tested instead: a view that shows none may be stale, and the pod may run a VM again.
 pub fn set_hibernate_patch(pod: &ObjectMeta) -> Patch {
     let mut ops = Vec::new();
     if let Some(uid) = &pod.uid {
@@ -120,11 +122,20 @@ pub fn set_hibernate_patch(pod: &ObjectMeta) -> Patch {
             value: Value::String(uid.clone()),
         }));
     }
-    if let Some(vm_id) = pod.annotations.as_ref().and_then(|a| a.get(VM_ID)) {
-        ops.push(PatchOperation::Test(TestOperation {
+    match pod.annotations.as_ref().and_then(|a| a.get(VM_ID)) {
+        Some(vm_id) => ops.push(PatchOperation::Test(TestOperation {
             path: annotation_pointer(VM_ID),
             value: Value::String(vm_id.clone()),
-        }));
+        })),
+        // Also keeps a new annotation map from racing a writer that adds one meanwhile.
+        None => {
+            if let Some(rv) = &pod.resource_version {
+                ops.push(PatchOperation::Test(TestOperation {
+                    path: PointerBuf::from_tokens(["metadata", "resourceVersion"]),
+                    value: Value::String(rv.clone()),
+                }));
+            }
+        }
     }
     if pod.annotations.is_some() {
         ops.push(PatchOperation::Add(AddOperation {
@@ -132,13 +143,6 @@ pub fn set_hibernate_patch(pod: &ObjectMeta) -> Patch {
             value: Value::String(HIBERNATE_REQUESTED.to_owned()),
         }));
     } else {
-        // No map yet: creating it must not race a writer that adds one meanwhile.
-        if let Some(rv) = &pod.resource_version {
-            ops.push(PatchOperation::Test(TestOperation {
-                path: PointerBuf::from_tokens(["metadata", "resourceVersion"]),
-                value: Value::String(rv.clone()),
-            }));
-        }
         ops.push(PatchOperation::Add(AddOperation {
             path: PointerBuf::from_tokens(["metadata", "annotations"]),
             value: serde_json::json!({ HIBERNATE: HIBERNATE_REQUESTED }),
@@ -277,6 +281,21 @@ mod tests {
         let p = set_hibernate_patch(&pod(&[(VM_ID, "id-1")], true).metadata);
         let mut moved = serde_json::to_value(pod(&[(VM_ID, "id-2")], true)).unwrap();
         assert!(json_patch::patch(&mut moved, &p.0).is_err());
+    }
+
+    /// SPEC W2: seen without a VMID (vk removed the VM, or a stale view), the request lands
+    /// only on that very version of the pod, never on one vk has since given a VM again.
+    #[test]
+    fn w2_set_patch_without_a_vmid_guards_the_seen_resource_version() {
+        let removed = pod(&[(VM_NAME, "vm-a")], false);
+        let p = set_hibernate_patch(&removed.metadata);
+        let mut target = serde_json::to_value(&removed).unwrap();
+        json_patch::patch(&mut target, &p.0).unwrap();
+        assert_eq!(target["metadata"]["annotations"][HIBERNATE], "true");
+        let mut restored =
+            serde_json::to_value(pod(&[(VM_NAME, "vm-a"), (VM_ID, "id-2")], false)).unwrap();
+        restored["metadata"]["resourceVersion"] = "8".into();
+        assert!(json_patch::patch(&mut restored, &p.0).is_err());
     }
 
     /// SPEC H1.

@@ -372,3 +372,32 @@ fn w2_s7_the_recorded_vmid_is_the_one_the_hibernate_annotation_was_set_on() {
     let w = run(&steps);
     assert_clean(&w);
 }
+
+/// SPEC W2 S7 (found by the any-version property): a pass on a pod cache from before vk
+/// restored the VM (no VMID, no annotation) enters Hibernating with nothing recorded and
+/// sends the hibernate request; with no VMID to test, it must not land on the restored
+/// VM, or a later wake ends at once on that VM while vk is still taking it away.
+#[test]
+fn w2_s7_a_request_from_a_view_without_a_vmid_never_lands_on_a_restored_vm() {
+    use Step::{Flip, Tick};
+    let before_the_restore = pod_lag(1);
+    let round_1 = [
+        Flip, Flip, PASS, PASS, Flip, VK, PASS, VK, Flip, Flip, RM, PASS, PASS,
+    ];
+    let restored = [VK, Flip, PASS];
+    let round_2 = [
+        before_the_restore,
+        Flip,
+        Tick,
+        PASS,
+        Flip,
+        Flip,
+        Flip,
+        SKIP,
+        Flip,
+        PASS,
+    ];
+    let steps: Vec<Step> = [&round_1[..], &restored, &round_2, &[PASS, PASS, VK, RM]].concat();
+    let w = run(&steps);
+    assert_clean(&w);
+}

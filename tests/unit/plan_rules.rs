@@ -800,7 +800,13 @@ fn d1_wake_while_hibernating_first_finishes_the_hibernate() {
         Some(PodPatch::SetHibernate),
         "the annotation stays"
     );
-    assert_eq!(waiting.status, None);
+    // W2: the only status change is the record of the VMID the patch tests.
+    let recorded = waiting
+        .status
+        .as_ref()
+        .map(|s| s.pre_hibernate_vm_id.as_deref());
+    assert_eq!(recorded, Some(Some("id-1")));
+    assert_eq!(phase_of(&waiting), Some(Phase::Hibernating));
     let done = run(&c, Some(&hibernated_pod()), Probe::Present, 9);
     assert_eq!(phase_of(&done), Some(Phase::Hibernated));
     assert_eq!(done.status.as_ref().unwrap().observed_generation, Some(2));
