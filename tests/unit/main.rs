@@ -6,6 +6,7 @@ mod api_tap;
 mod chart_crd;
 mod chart_values;
 mod compat_claim;
+mod doc_paths;
 mod docs_sync;
 mod fuzz_regressions;
 mod plan_properties;
