@@ -18,7 +18,12 @@ fn docs(root: &Path) -> Vec<String> {
     let mut out = vec!["README.md".to_string(), "hack/README.md".to_string()];
     let mut more: Vec<String> = std::fs::read_dir(root.join("docs"))
         .expect("docs/")
-        .map(|e| e.expect("docs/ entry").file_name().to_string_lossy().into_owned())
+        .map(|e| {
+            e.expect("docs/ entry")
+                .file_name()
+                .to_string_lossy()
+                .into_owned()
+        })
         .filter(|n| n.ends_with(".md"))
         .map(|n| format!("docs/{n}"))
         .collect();
@@ -162,7 +167,10 @@ fn every_path_the_docs_cite_exists() {
         cited += path_citations(&code_spans(&without_fences(&text)), &top_dirs(root)).len();
         bad.extend(missing(root, &doc, &text));
     }
-    assert!(cited > 100, "only {cited} path citations found: is the parser broken?");
+    assert!(
+        cited > 100,
+        "only {cited} path citations found: is the parser broken?"
+    );
     let lines: Vec<String> = bad.iter().map(|(d, p)| format!("{d}: `{p}`")).collect();
     assert!(
         bad.is_empty(),

@@ -14,5 +14,6 @@ mod plan_rules;
 mod registry_client;
 mod registry_harness;
 mod safety_rules;
+mod test_binaries;
 mod webhook_router;
 mod webhook_tls;
