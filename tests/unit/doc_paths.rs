@@ -1,7 +1,7 @@
-//! The docs cite only paths that exist: every `code` span in README.md, hack/README.md
-//! and docs/*.md that starts with a top-level directory of the repository and has no
-//! whitespace (`src/cache/mod.rs`, `charts/cocoon-hibernation/values.yaml`, `tests/e2e/`)
-//! must name a file or directory that is there. Placeholders stand for one path part
+//! The docs cite only paths that exist: every `code` span in README.md, hack/README.md,
+//! certs/README.md and docs/*.md that starts with a top-level directory of the repository
+//! and has no whitespace (`src/cache/mod.rs`, `charts/cocoon-hibernation/values.yaml`,
+//! `tests/e2e/`) must name a file or directory that is there. Placeholders stand for one path part
 //! (`fuzz/corpus/<target>`), `…` or `...` for any number of directories, `*`/`**` are
 //! globs and `{a,b}` lists alternatives; each must match at least one path. Fenced code
 //! blocks are commands and output, not citations, and are left out.
@@ -15,7 +15,11 @@ const MADE_BY_A_RUN: &[&str] = &["fuzz/artifacts"];
 
 /// The docs the check reads, relative to the repository.
 fn docs(root: &Path) -> Vec<String> {
-    let mut out = vec!["README.md".to_string(), "hack/README.md".to_string()];
+    let mut out = vec![
+        "README.md".to_string(),
+        "hack/README.md".to_string(),
+        "certs/README.md".to_string(),
+    ];
     let mut more: Vec<String> = std::fs::read_dir(root.join("docs"))
         .expect("docs/")
         .map(|e| {
