@@ -2,7 +2,7 @@
 //! P1) and /metrics (O1).
 
 use crate::cache::SharedCache;
-use crate::cache::progress::Verdict;
+use crate::cache::liveness::Verdict;
 use crate::metrics::Metrics;
 use axum::Router;
 use axum::extract::State;
@@ -77,7 +77,7 @@ async fn metrics_text(State(s): State<AdminState>) -> impl IntoResponse {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cache::progress::Informer;
+    use crate::cache::liveness::Informer;
     use std::time::Duration;
 
     /// SPEC S8: a stalled informer fails /healthz with its name and silence in the body;

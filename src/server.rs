@@ -1,8 +1,8 @@
 //! Wiring of the one process (P1): cache, webhook, admin endpoints, election, controller.
 
 use crate::cache::consistent::ConsistentListLayer;
+use crate::cache::liveness::{self, Progress, ProgressLayer, Verdict};
 use crate::cache::pod_wire::{PodWatchEncoding, PodWireLayer};
-use crate::cache::progress::{self, Progress, ProgressLayer, Verdict};
 use crate::cache::{self, CacheScope, SharedCache};
 use crate::config::ServerArgs;
 use crate::controller::{self, plan::Settings};
@@ -49,7 +49,7 @@ pub async fn run(args: ServerArgs) -> Result<()> {
         &scope,
         trigger_tx,
         progress,
-        Some(progress::watch_timeout(stall_limit)),
+        Some(liveness::watch_timeout(stall_limit)),
     );
     let mut cache_task = tokio::spawn(cache_driver);
 
@@ -141,7 +141,7 @@ pub async fn run(args: ServerArgs) -> Result<()> {
             },
             leading: election.leading.clone(),
             namespace: args.controller.watch_namespace.clone(),
-            watch_timeout: progress::watch_timeout(stall_limit),
+            watch_timeout: liveness::watch_timeout(stall_limit),
         },
         shutdown.clone(),
     ));
@@ -319,7 +319,7 @@ fn client_configs(
     // Longer than the server-side watch timeout, within which the apiserver sends a
     // bookmark or ends the watch, so a healthy idle watch is never cut.
     watch.read_timeout = Some(
-        Duration::from_secs(u64::from(progress::watch_timeout(stall_limit))) + WATCH_READ_SLACK,
+        Duration::from_secs(u64::from(liveness::watch_timeout(stall_limit))) + WATCH_READ_SLACK,
     );
     watch.connect_timeout = Some(timeout);
     watch.reset_reader_on_write = true;
@@ -406,7 +406,7 @@ mod tests {
             .read_timeout
             .expect("the watch client has a read timeout");
         assert_eq!(read, Duration::from_secs(want_read));
-        let server_side = Duration::from_secs(u64::from(progress::watch_timeout(limit)));
+        let server_side = Duration::from_secs(u64::from(liveness::watch_timeout(limit)));
         assert!(read > server_side + Duration::from_secs(5), "{read:?}");
         if stall_limit >= 300 {
             assert!(
@@ -475,7 +475,7 @@ mod tests {
         let limit = Duration::from_secs(stall_limit);
         let (watch, _) = client_configs(base, Duration::from_secs(7), limit);
         let read = watch.read_timeout.expect("a read timeout");
-        let asked = crate::schedule::controller::watch_config(progress::watch_timeout(limit))
+        let asked = crate::schedule::controller::watch_config(liveness::watch_timeout(limit))
             .timeout
             .expect("the schedule watch asks the apiserver to end it");
         assert!(

@@ -5,7 +5,7 @@
 
 use super::arrivals::Arrives;
 use super::index::{Key, PodChangeTracker, PodRefIndex};
-use super::progress::{Informer, ListTimer};
+use super::liveness::{Informer, ListTimer};
 use super::versions::{Pick, Seen, Versions};
 use super::{SharedCache, Trigger};
 use crate::api::CocoonHibernation;

@@ -10,8 +10,8 @@ pub mod consistent;
 mod driver;
 pub mod index;
 pub mod list_mode;
+pub mod liveness;
 pub mod pod_wire;
-pub mod progress;
 pub mod versions;
 
 use crate::api::CocoonHibernation;
@@ -22,8 +22,8 @@ use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
 use list_mode::{ListChoice, ListMode, POD_LIST_PAGE};
+use liveness::{Informer, InformerState, Progress, Verdict};
 use parking_lot::RwLock;
-use progress::{Informer, InformerState, Progress, Verdict};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use tokio::sync::mpsc::UnboundedSender;
@@ -87,7 +87,7 @@ impl SharedCache {
 
     /// S8: the verdict on this cache now, for /healthz and the elector.
     pub fn verdict(&self, stall_limit: std::time::Duration) -> Verdict {
-        progress::judge(
+        liveness::judge(
             &self.informer_states(),
             tokio::time::Instant::now(),
             stall_limit,
@@ -186,7 +186,7 @@ pub fn start(
 }
 
 /// [`start`] recording progress into `progress` (which the watch client's
-/// [`progress::ProgressLayer`] should share), with each watch asked to end after
+/// [`liveness::ProgressLayer`] should share), with each watch asked to end after
 /// `watch_timeout` seconds (kube's 290 s when `None`).
 pub fn start_tracked(
     client: Client,

@@ -1,12 +1,11 @@
 //! The CocoonHibernation controller. Pure rules in [`plan`]; one pass in [`reconcile`],
-//! its tag deletes in `deletes`, a CR's deletion in `finalizer`, its other writes in
+//! its tag deletes in `tag_delete`, a CR's deletion in `finalizer`, its other writes in
 //! `effects`, when it looks again in `error_policy`; what passes share in `context` and
 //! `own_writes`; per-VM serialization in [`locks`], worker turns in [`turns`], the
 //! leader-gated run loop in `term`; the phase gauges here and in [`census`].
 
 pub mod census;
 mod context;
-mod deletes;
 mod effects;
 mod error_policy;
 mod finalizer;
@@ -14,6 +13,7 @@ pub mod locks;
 mod own_writes;
 pub mod plan;
 pub mod reconcile;
+mod tag_delete;
 mod term;
 pub mod turns;
 
@@ -21,6 +21,9 @@ pub use context::{Context, context};
 pub use error_policy::{Deferral, error_policy};
 pub use finalizer::{add_finalizer_patch, remove_finalizer_patch};
 pub use term::run;
+// The old name, for finalizer.rs alone: it is being reworked on another branch, which
+// moves its import to `tag_delete` at the merge; then this alias goes.
+use tag_delete as deletes;
 
 #[cfg(test)]
 mod mock_tests;

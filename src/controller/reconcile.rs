@@ -1,15 +1,15 @@
 //! One pass: read the CR and its pod from the cache, plan (probing the registry when the
 //! plan asks), then carry the plan out in order: finalizer, pod patch, tag delete and
-//! status write, events. Deletes live in `deletes.rs`, a CR's deletion in `finalizer.rs`.
+//! status write, events. Tag deletes live in `tag_delete.rs`, a CR's deletion in `finalizer.rs`.
 
 use super::context::Context;
-use super::deletes::{Attempt, fenced_delete, pay_wake_debt};
 use super::effects::{
     key, patch_params, progress_reason, publish_after_pass, record_finished, write_status,
 };
 use super::error_policy::Deferral;
 use super::finalizer::{add_finalizer_patch, cleanup};
 use super::plan::{self, Debt, Plan, PodPatch, Probe};
+use super::tag_delete::{Attempt, fenced_delete, pay_wake_debt};
 use crate::api::annotations::{self, PodView};
 use crate::api::pod::PodSlice;
 use crate::api::{CocoonHibernation, Phase};

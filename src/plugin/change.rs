@@ -4,11 +4,11 @@
 use super::cli::ChangeArgs;
 use super::connect::Connection;
 use super::error::PluginError;
-use super::progress::{Target, Want};
 use super::resources;
 use super::terminal::say;
 use super::view::CrView;
 use super::wait::wait;
+use super::wait_verdict::{Target, Want};
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use kube::api::{DynamicObject, ListParams, Patch, PatchParams, PostParams};

@@ -3,8 +3,8 @@
 //! and ages, and audit the registry for orphaned snapshot tags.
 //!
 //! Each file has one job: `cli` (flags), `connect` (kubeconfig), `resources` and `view`
-//! (reading CRs leniently), `change` (create or flip a desire), `progress` (when a wait
-//! is over, pure), `wait` (the watch), `terminal` (progress output), `status` and
+//! (reading CRs leniently), `change` (create or flip a desire), `wait_verdict` (when a wait
+//! is over, pure), `wait` (the watch), `terminal` (the wait line, say, warn), `status` and
 //! `table` (the status table), `audit` (orphan decisions, pure), `claims` (who holds
 //! which VM), `install` (the install audited, and whether its base is its own), `confirm`, `orphans` (the audit command), `schedule` (schedules' next boundaries),
 //! `error` (messages, exit codes).
@@ -18,7 +18,6 @@ mod connect;
 mod error;
 mod install;
 mod orphans;
-mod progress;
 mod resources;
 mod schedule;
 mod status;
@@ -26,12 +25,13 @@ mod table;
 mod terminal;
 mod view;
 mod wait;
+mod wait_verdict;
 
 pub use cli::Cli;
 pub use error::{PluginError, exit};
 
 use cli::Command;
-use progress::Want;
+use wait_verdict::Want;
 
 /// Runs one command line.
 pub async fn run(cli: Cli) -> Result<(), PluginError> {

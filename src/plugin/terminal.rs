@@ -1,5 +1,6 @@
-//! Progress of a `--wait`: on a terminal one line, redrawn in place as the phase, the
-//! reason or the time in it changes; elsewhere (a pipe, a CI log) one plain line per change.
+//! The `--wait` line ([`WaitLine`]): on a terminal one line, redrawn in place as the
+//! phase, the reason or the time in it changes; elsewhere (a pipe, a CI log) one plain
+//! line per change. Also the plugin's other terminal output (`say`, `warn`, tables).
 
 use super::table::{Layout, age};
 use super::view::CrView;
@@ -100,7 +101,7 @@ pub fn warn(line: &str) {
 /// lines when stdout is not a terminal. indicatif's spinner would bring its own draw
 /// thread and rate limits to a line that changes only on a watch event or a one-second
 /// tick, and its non-terminal mode prints nothing, where a CI log needs lines.
-pub struct Progress {
+pub struct WaitLine {
     term: Term,
     tty: bool,
     shown: Option<State>,
@@ -109,7 +110,7 @@ pub struct Progress {
     open: bool,
 }
 
-impl Progress {
+impl WaitLine {
     pub fn new() -> Self {
         let term = Term::stdout();
         Self {
@@ -177,7 +178,7 @@ impl Progress {
     }
 }
 
-impl Default for Progress {
+impl Default for WaitLine {
     fn default() -> Self {
         Self::new()
     }

@@ -1,11 +1,11 @@
 //! `--wait`: a watch on the one CocoonHibernation (no polling), each change judged by
-//! `progress::judge` and shown by `terminal::Progress`, until a verdict or the timeout.
+//! `wait_verdict::judge` and shown by `terminal::WaitLine`, until a verdict or the timeout.
 
 use super::error::PluginError;
-use super::progress::{Step, Target, judge};
 use super::resources;
-use super::terminal::Progress;
+use super::terminal::WaitLine;
 use super::view::CrView;
+use super::wait_verdict::{Step, Target, judge};
 use futures::StreamExt as _;
 use jiff::Timestamp;
 use kube::runtime::WatchStreamExt as _;
@@ -25,7 +25,7 @@ pub async fn wait(
     let mut events = watcher::watcher(resources::crs(client, namespace), config)
         .default_backoff()
         .boxed();
-    let mut progress = Progress::new();
+    let mut line = WaitLine::new();
     let mut ticker = tokio::time::interval(Duration::from_secs(1));
     let expiry = tokio::time::sleep(timeout);
     tokio::pin!(expiry);
@@ -36,12 +36,12 @@ pub async fn wait(
     loop {
         let event = tokio::select! {
             event = events.next() => event,
-            _ = ticker.tick(), if progress.is_tty() => {
-                progress.tick(Timestamp::now());
+            _ = ticker.tick(), if line.is_tty() => {
+                line.tick(Timestamp::now());
                 continue;
             }
             () = &mut expiry => {
-                progress.close();
+                line.close();
                 return Err(PluginError::TimedOut {
                     cr: key,
                     want: target.want.terminal_phase().to_string(),
@@ -52,7 +52,7 @@ pub async fn wait(
         };
         let seen = match event {
             None => {
-                progress.close();
+                line.close();
                 return Err(PluginError::Interrupted(format!(
                     "the watch on {key} ended unexpectedly"
                 )));
@@ -70,13 +70,13 @@ pub async fn wait(
             Some(Ok(Event::InitDone)) => (!listed).then_some(None),
             Some(Err(e)) => {
                 if let Some(fatal) = fatal(&e) {
-                    progress.close();
+                    line.close();
                     return Err(PluginError::api(format!("watching {key}"), fatal));
                 }
                 // The watcher retries with backoff; say so once per distinct error.
                 let text = e.to_string();
                 if text != last_error {
-                    progress.note(&format!("warning: watching {key}: {text} (retrying)"));
+                    line.note(&format!("warning: watching {key}: {text} (retrying)"));
                     last_error = text;
                 }
                 None
@@ -85,17 +85,17 @@ pub async fn wait(
         let Some(cr) = seen else { continue };
         last_error.clear();
         if let Some(cr) = &cr {
-            progress.show(cr, Timestamp::now());
+            line.show(cr, Timestamp::now());
         }
         latest = cr.clone();
         match judge(target, cr.as_ref()) {
             Step::Waiting => {}
             Step::Done => {
-                progress.close();
+                line.close();
                 return latest.ok_or_else(|| PluginError::Interrupted(format!("{key} vanished")));
             }
             Step::Failed { reason, message } => {
-                progress.close();
+                line.close();
                 return Err(PluginError::Failed {
                     cr: key,
                     reason,
@@ -103,13 +103,13 @@ pub async fn wait(
                 });
             }
             Step::Gone(why) => {
-                progress.close();
+                line.close();
                 return Err(PluginError::Interrupted(format!(
                     "stopped waiting for {key}: {why}"
                 )));
             }
             Step::Reversed(desire) => {
-                progress.close();
+                line.close();
                 return Err(PluginError::Interrupted(format!(
                     "stopped waiting for {key}: its desire was changed to {desire} meanwhile"
                 )));

@@ -2,16 +2,9 @@
 //! simulator share. One crate, built once, instead of the same sources compiled into
 //! every test binary.
 //!
-//! The tests are four binaries (plus the lib's and bins' unit tests):
-//! - `tests/unit/main.rs` (`cargo test --test unit`): pure tables, proptests, mocks and
-//!   in-process servers; some start a real `docker-registry` ([`registry_server`]);
-//! - `tests/e2e/main.rs` (`cargo test --test e2e`): the real product against the shared
-//!   local control plane (`hack/cluster-up.sh`, or the env file in `COCOON_CLUSTER_ENV`);
-//! - `tests/e2e_alone/main.rs` (`cargo test --test e2e_alone`): e2e tests that run one at
-//!   a time, each holding `alone()` of that binary: a product watching every namespace,
-//!   the short benchmark's load;
-//! - `tests/soak/main.rs` (`cargo test --test soak`, `harness = false`): the randomized
-//!   soak on its own control plane.
+//! The test binaries (`tests/unit`, `tests/e2e`, ...) are listed, with what runs each, in
+//! one place: docs/architecture.md, "The test binaries". `tests/e2e_alone`'s tests each
+//! hold `alone()` of that binary first.
 //!
 //! A new test file is a module of one of them: add `mod my_area;` to its `main.rs` and
 //! start the file with `use testkit::{cluster, env, product, vk_sim};` (what it needs).

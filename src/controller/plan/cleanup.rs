@@ -1,6 +1,6 @@
 //! G1, G2, S6: what a CR being deleted does with its tag and its finalizer.
 
-use super::deletes::vm_running_again;
+use super::delete_rules::vm_running_again;
 use super::{EventKind, PlannedEvent};
 use crate::api::annotations::PodView;
 use crate::api::{CocoonHibernation, Phase};

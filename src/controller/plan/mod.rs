@@ -3,18 +3,18 @@
 //!
 //! `plan` (this file) picks the rule for a pass; `pass.rs` holds the status edits the
 //! rules share and `transitions.rs` the hibernate and wake rules; `ownership.rs` is S2,
-//! `deletes.rs` the tag delete's rules (S1, S5, S7), `cleanup.rs` a CR's deletion (G1,
+//! `delete_rules.rs` the tag delete's rules (S1, S5, S7), `cleanup.rs` a CR's deletion (G1,
 //! S6) and `settings.rs` the knobs.
 
 mod cleanup;
-mod deletes;
+mod delete_rules;
 mod ownership;
 mod pass;
 mod settings;
 mod transitions;
 
 pub use cleanup::{Cleanup, discard_event, plan_cleanup, pod_holding};
-pub use deletes::{
+pub use delete_rules::{
     Debt, DeleteResult, after_delete, owes_tag_delete, still_owes, vm_running_again,
 };
 pub use ownership::{Ownership, ownership};

@@ -1,6 +1,6 @@
 //! The two transitions a pass drives: hibernate (H1-H5) and wake (W1-W4).
 
-use super::deletes::{DeleteResult, after_delete, owes_tag_delete, vm_running_again};
+use super::delete_rules::{DeleteResult, after_delete, owes_tag_delete, vm_running_again};
 use super::pass::{Pass, READY_DONE, READY_PENDING};
 use super::{Ending, EventKind, Plan, PodPatch, Probe, Settings, Timeouts, Transition};
 use crate::api::annotations::PodView;

@@ -1,4 +1,5 @@
-//! S8 No frozen view: when each informer last made progress, and the pure verdict on it.
+//! S8 No frozen view: informer liveness, i.e. when each informer last made progress, and the
+//! pure verdict on it.
 //!
 //! kube-runtime's watcher consumes bookmarks and watch restarts without emitting an
 //! event, so a quiet but healthy informer looks the same as a frozen one from its event
