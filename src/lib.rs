@@ -14,6 +14,7 @@ pub mod metrics;
 pub mod ownership;
 pub mod plugin;
 pub mod registry;
+pub mod runtime;
 pub mod schedule;
 
 pub use error::{Error, Result};

@@ -9,6 +9,7 @@ use super::writes::{Writer, desire_str};
 use super::{inputs, status, wakeup};
 use crate::api::{CocoonHibernation, Desire};
 use crate::cache::SharedCache;
+use crate::error::{Error, Result};
 use crate::metrics::{Metrics, ScheduleLabels, ScheduleWriteLabels};
 use futures::StreamExt;
 use jiff::Timestamp;
@@ -18,8 +19,9 @@ use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::Store;
 use kube::runtime::{Controller, watcher};
 use kube::{Resource, ResourceExt};
+use parking_lot::Mutex;
 use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -44,6 +46,8 @@ pub struct Context {
     reported: Mutex<HashSet<(String, String, Timestamp)>>,
     /// Overrides kept now, per schedule uid, for the gauge.
     overrides: Mutex<HashMap<String, u32>>,
+    /// Consecutive failed passes per schedule uid, for the error backoff.
+    failures: Mutex<HashMap<String, u32>>,
 }
 
 /// What the schedule controller runs on.
@@ -96,6 +100,7 @@ pub async fn run(w: Wiring, shutdown: CancellationToken) {
         leading: w.leading,
         reported: Mutex::default(),
         overrides: Mutex::default(),
+        failures: Mutex::default(),
     });
     controller
         .graceful_shutdown_on(async move { shutdown.cancelled().await })
@@ -108,15 +113,26 @@ pub async fn run(w: Wiring, shutdown: CancellationToken) {
         .await;
 }
 
-fn error_policy(s: Arc<CocoonHibernationSchedule>, e: &kube::Error, _: Arc<Context>) -> Requeue {
-    tracing::warn!(schedule = %s.name_any(), error = %e, "schedule pass failed");
-    Requeue::requeue(PENDING_RETRY)
+/// Logs and retries with the backoff every controller uses (`runtime::retry`).
+fn error_policy(s: Arc<CocoonHibernationSchedule>, e: &Error, ctx: Arc<Context>) -> Requeue {
+    let attempts = {
+        let mut failures = ctx.failures.lock();
+        let n = failures.entry(s.uid().unwrap_or_default()).or_insert(0);
+        *n = n.saturating_add(1);
+        *n
+    };
+    tracing::warn!(schedule = %s.name_any(), attempts, error = %e, error_kind = e.metric_label(),
+        "schedule pass failed; retrying");
+    Requeue::requeue(crate::runtime::retry::after_failure(e, attempts))
 }
 
-async fn reconcile(
-    s: Arc<CocoonHibernationSchedule>,
-    ctx: Arc<Context>,
-) -> Result<Requeue, kube::Error> {
+async fn reconcile(s: Arc<CocoonHibernationSchedule>, ctx: Arc<Context>) -> Result<Requeue> {
+    let requeue = pass(&s, &ctx).await?;
+    ctx.failures.lock().remove(&s.uid().unwrap_or_default());
+    Ok(requeue)
+}
+
+async fn pass(s: &CocoonHibernationSchedule, ctx: &Context) -> Result<Requeue> {
     if !*ctx.leading.borrow() || !ctx.cache.is_synced() {
         return Ok(Requeue::requeue(Duration::from_secs(2)));
     }
@@ -143,7 +159,7 @@ async fn reconcile(
         // its CRs when deleted; releasing needs no calendar.
         Err(_) if deleting => None,
         Err(errors) => {
-            let st = status::invalid(&s, &errors.join("; "));
+            let st = status::invalid(s, &errors.join("; "));
             patch_status(&api, &name, &st).await?;
             return Ok(Requeue::requeue(RESYNC));
         }
@@ -164,7 +180,7 @@ async fn reconcile(
         .and_then(|st| st.last_applied_boundary.as_ref())
         .map(|t| t.0);
     let due = calendar.as_ref().and_then(|c| c.due(now, last_applied));
-    let pods = inputs::selected_pods(&s, &ctx.schedules.state(), &ctx.cache.pods_in(&ns));
+    let pods = inputs::selected_pods(s, &ctx.schedules.state(), &ctx.cache.pods_in(&ns));
     let in_ns: Vec<Arc<CocoonHibernation>> = ctx
         .cache
         .all_crs()
@@ -216,7 +232,7 @@ async fn reconcile(
                 "finalizers": rest, "resourceVersion": s.resource_version() } });
             api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
                 .await?;
-            forget(&ctx, &uid);
+            forget(ctx, &uid);
             return Ok(Requeue::await_change());
         }
         return Ok(Requeue::requeue(PENDING_RETRY));
@@ -224,14 +240,14 @@ async fn reconcile(
     let applied = due.filter(|_| !s.spec.suspend);
     let next = calendar.as_ref().and_then(|c| c.next_boundary(now));
     let st = status::of(
-        &s,
+        s,
         &plan,
         desire,
         next,
         applied.map(|b| b.at).or(last_applied),
     );
     patch_status(&api, &name, &st).await?;
-    publish(&ctx, &s, &uid, &plan, applied.map(|b| b.wake), boundary).await;
+    publish(ctx, s, &uid, &plan, applied.map(|b| b.wake), boundary).await;
     Ok(Requeue::requeue(requeue_after(&plan, now, next)))
 }
 
@@ -264,11 +280,11 @@ async fn patch_status(
     api: &Api<CocoonHibernationSchedule>,
     name: &str,
     st: &CocoonHibernationScheduleStatus,
-) -> Result<(), kube::Error> {
+) -> Result<()> {
     let patch = serde_json::json!({ "status": st });
     api.patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
-        .await
-        .map(|_| ())
+        .await?;
+    Ok(())
 }
 
 /// K8: `ScheduledHibernate`/`ScheduledWake` once per boundary, `OverrideKept` once per
@@ -309,7 +325,7 @@ async fn publish(
         events.push((reason, note));
     }
     let fresh: Vec<&String> = {
-        let mut seen = ctx.reported.lock().unwrap_or_else(|p| p.into_inner());
+        let mut seen = ctx.reported.lock();
         seen.retain(|(u, _, b)| u != uid || *b >= boundary);
         plan.overrides
             .iter()
@@ -323,7 +339,7 @@ async fn publish(
         ));
     }
     {
-        let mut counts = ctx.overrides.lock().unwrap_or_else(|p| p.into_inner());
+        let mut counts = ctx.overrides.lock();
         counts.insert(uid.to_owned(), plan.overridden);
         ctx.metrics
             .schedule_overrides
@@ -344,11 +360,11 @@ async fn publish(
 }
 
 fn forget(ctx: &Context, uid: &str) {
-    let mut counts = ctx.overrides.lock().unwrap_or_else(|p| p.into_inner());
+    let mut counts = ctx.overrides.lock();
     counts.remove(uid);
     ctx.metrics
         .schedule_overrides
         .set(i64::from(counts.values().sum::<u32>()));
-    let mut seen = ctx.reported.lock().unwrap_or_else(|p| p.into_inner());
+    let mut seen = ctx.reported.lock();
     seen.retain(|(u, _, _)| u != uid);
 }
