@@ -1,5 +1,6 @@
 //! What every controller runs on, so the CocoonHibernation controller, the schedule
-//! controller and the next one share one shape: when a failed pass looks again
-//! ([`retry`]).
+//! controller and the next one share one shape: how a finalizer is added and removed
+//! ([`finalizers`]), when a failed pass looks again ([`retry`]).
 
+pub mod finalizers;
 pub mod retry;

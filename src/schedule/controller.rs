@@ -11,6 +11,7 @@ use crate::api::{CocoonHibernation, Desire};
 use crate::cache::SharedCache;
 use crate::error::{Error, Result};
 use crate::metrics::{Metrics, ScheduleLabels, ScheduleWriteLabels};
+use crate::runtime::finalizers;
 use futures::StreamExt;
 use jiff::Timestamp;
 use kube::api::{Api, Patch, PatchParams};
@@ -145,11 +146,8 @@ async fn pass(s: &CocoonHibernationSchedule, ctx: &Context) -> Result<Requeue> {
         return Ok(Requeue::await_change());
     }
     if !has_finalizer {
-        let mut finalizers = s.finalizers().to_vec();
-        finalizers.push(FINALIZER.into());
-        let patch = serde_json::json!({ "metadata": {
-            "finalizers": finalizers, "resourceVersion": s.resource_version() } });
-        api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+        let patch = finalizers::add(&s.metadata, FINALIZER);
+        api.patch(&name, &PatchParams::default(), &Patch::Json::<()>(patch))
             .await?;
         return Ok(Requeue::await_change());
     }
@@ -227,10 +225,10 @@ async fn pass(s: &CocoonHibernationSchedule, ctx: &Context) -> Result<Requeue> {
     plan.pending |= failed;
     if deleting {
         if !plan.pending {
-            let rest: Vec<&String> = s.finalizers().iter().filter(|f| *f != FINALIZER).collect();
-            let patch = serde_json::json!({ "metadata": {
-                "finalizers": rest, "resourceVersion": s.resource_version() } });
-            api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+            // The CRs were released by the spec this pass read: only from that version.
+            let patch =
+                finalizers::at_version(&s.metadata, finalizers::remove(&s.metadata, FINALIZER));
+            api.patch(&name, &PatchParams::default(), &Patch::Json::<()>(patch))
                 .await?;
             forget(ctx, &uid);
             return Ok(Requeue::await_change());
