@@ -12,6 +12,7 @@ use crate::cache::SharedCache;
 use crate::error::{Error, Result};
 use crate::metrics::{Metrics, ScheduleLabels, ScheduleWriteLabels};
 use crate::runtime::finalizers;
+use crate::runtime::gate::Gate;
 use futures::StreamExt;
 use jiff::Timestamp;
 use kube::api::{Api, Patch, PatchParams};
@@ -24,7 +25,6 @@ use parking_lot::Mutex;
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 /// Holds the schedule until its CRs are released (K4).
@@ -42,7 +42,8 @@ pub struct Context {
     pub recorder: Recorder,
     pub metrics: Metrics,
     pub clock: Clock,
-    pub leading: watch::Receiver<bool>,
+    /// Passes write only while it is open (P2).
+    pub gate: Gate,
     /// (schedule uid, CR, boundary) already reported as `OverrideKept`.
     reported: Mutex<HashSet<(String, String, Timestamp)>>,
     /// Overrides kept now, per schedule uid, for the gauge.
@@ -61,7 +62,7 @@ pub struct Wiring {
     pub cache: SharedCache,
     pub metrics: Metrics,
     pub clock: Clock,
-    pub leading: watch::Receiver<bool>,
+    pub gate: Gate,
     /// Where to watch schedules; empty: every namespace.
     pub namespace: String,
     /// Seconds after which the apiserver ends each schedule watch (the cache's own).
@@ -83,10 +84,15 @@ pub async fn run(w: Wiring, shutdown: CancellationToken) {
     };
     let controller = Controller::new(api, watch_config(w.watch_timeout));
     let schedules = controller.store();
-    let controller = controller.reconcile_on(wakeup::triggers(
-        w.cache.subscribe_arrivals(),
-        schedules.clone(),
-    ));
+    let gate = w.gate;
+    // K9: arrivals wake the schedules they concern; P2: a gate that opens wakes them all,
+    // since passes on a closed gate ended without a requeue.
+    let controller = controller
+        .reconcile_on(wakeup::triggers(
+            w.cache.subscribe_arrivals(),
+            schedules.clone(),
+        ))
+        .reconcile_all_on(gate.clone().openings());
     let reporter = Reporter {
         controller: "cocoon-hibernation".into(),
         instance: None,
@@ -98,7 +104,7 @@ pub async fn run(w: Wiring, shutdown: CancellationToken) {
         cache: w.cache,
         metrics: w.metrics,
         clock: w.clock,
-        leading: w.leading,
+        gate,
         reported: Mutex::default(),
         overrides: Mutex::default(),
         failures: Mutex::default(),
@@ -134,8 +140,9 @@ async fn reconcile(s: Arc<CocoonHibernationSchedule>, ctx: Arc<Context>) -> Resu
 }
 
 async fn pass(s: &CocoonHibernationSchedule, ctx: &Context) -> Result<Requeue> {
-    if !*ctx.leading.borrow() || !ctx.cache.is_synced() {
-        return Ok(Requeue::requeue(Duration::from_secs(2)));
+    // P2: not leading: end quietly; the gate's opening brings this schedule back.
+    if !ctx.gate.is_open() {
+        return Ok(Requeue::await_change());
     }
     let ns = s.namespace().unwrap_or_default();
     let (name, uid) = (s.name_any(), s.uid().unwrap_or_default());
@@ -365,4 +372,91 @@ fn forget(ctx: &Context, uid: &str) {
         .set(i64::from(counts.values().sum::<u32>()));
     let mut seen = ctx.reported.lock();
     seen.retain(|(u, _, _)| u != uid);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::schedule::CocoonHibernationScheduleSpec;
+    use http::{Request, Response};
+    use kube::client::Body;
+    use tokio::sync::watch;
+    use tower_test::mock::{self, Handle};
+
+    type ApiHandle = Handle<Request<Body>, Response<Body>>;
+
+    fn context(leading: bool) -> (Arc<Context>, ApiHandle, watch::Sender<bool>) {
+        let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
+        let client = kube::Client::new(service, "default");
+        let cache = SharedCache::from_objects(Vec::new(), Vec::new());
+        let (tx, rx) = watch::channel(leading);
+        let reporter = Reporter {
+            controller: "test".into(),
+            instance: None,
+        };
+        let ctx = Arc::new(Context {
+            recorder: Recorder::new(client.clone(), reporter),
+            schedules: kube::runtime::reflector::store().0,
+            client,
+            gate: Gate::new(rx, cache.clone()),
+            cache,
+            metrics: Metrics::new(),
+            clock: Clock::default(),
+            reported: Mutex::default(),
+            overrides: Mutex::default(),
+            failures: Mutex::default(),
+        });
+        (ctx, handle, tx)
+    }
+
+    fn office() -> Arc<CocoonHibernationSchedule> {
+        let mut s = CocoonHibernationSchedule::new(
+            "office",
+            CocoonHibernationScheduleSpec {
+                selector: Default::default(),
+                time_zone: "UTC".into(),
+                awake: Vec::new(),
+                always_asleep: true,
+                wake_lead: None,
+                max_in_flight: None,
+                suspend: false,
+                on_delete: Default::default(),
+            },
+        );
+        s.metadata.namespace = Some("shop".into());
+        s.metadata.uid = Some("uid-1".into());
+        s.metadata.resource_version = Some("1".into());
+        Arc::new(s)
+    }
+
+    /// SPEC P2 K1: a schedule pass on a replica that does not lead sends nothing to the
+    /// apiserver and asks for no requeue (no poll: the gate's opening brings it back);
+    /// the same pass once leading writes (its finalizer first, by JSON patch).
+    #[tokio::test]
+    async fn p2_k1_a_pass_while_not_leading_writes_nothing() {
+        let (ctx, mut handle, leading) = context(false);
+        let action = reconcile(office(), ctx.clone()).await.unwrap();
+        assert_eq!(action, Requeue::await_change());
+        let sent = tokio::time::timeout(Duration::from_millis(200), handle.next_request()).await;
+        assert!(sent.is_err(), "a follower sent a request");
+
+        leading.send_replace(true);
+        let pass = tokio::spawn(reconcile(office(), ctx));
+        let (req, _) = tokio::time::timeout(Duration::from_secs(5), handle.next_request())
+            .await
+            .expect("the leader writes")
+            .expect("the client is alive");
+        assert_eq!(req.method(), http::Method::PATCH);
+        assert!(
+            req.uri()
+                .path()
+                .ends_with("/namespaces/shop/cocoonhibernationschedules/office")
+        );
+        let content_type = req
+            .headers()
+            .get("content-type")
+            .and_then(|v| v.to_str().ok());
+        assert_eq!(content_type, Some("application/json-patch+json"));
+        pass.abort();
+    }
 }
