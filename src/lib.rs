@@ -2,6 +2,8 @@
 //!
 //! One process holds an admission webhook ([`webhook`]), a controller ([`controller`]) and
 //! the one informer cache both read ([`cache`]); [`registry`] talks to the OCI registry.
+//! The CocoonHibernation and schedule controllers share their gate, error policy and
+//! finalizer patches ([`runtime`]).
 #![forbid(unsafe_code)]
 
 pub mod api;
@@ -14,6 +16,7 @@ pub mod metrics;
 pub mod ownership;
 pub mod plugin;
 pub mod registry;
+pub mod runtime;
 pub mod schedule;
 
 pub use error::{Error, Result};

@@ -128,6 +128,8 @@ pub async fn run(args: ServerArgs) -> Result<()> {
             .max(1),
         ..Settings::default()
     };
+    // P2: both controllers write only through this gate: while this replica leads.
+    let gate = crate::runtime::gate::Gate::new(election.leading.clone(), cache.clone());
     // K1: schedules run in this process, on this cache, while this replica leads; their
     // watch is on the watch client, ended by the apiserver like the cache's (S8).
     let mut schedule_task = tokio::spawn(crate::schedule::controller::run(
@@ -139,7 +141,7 @@ pub async fn run(args: ServerArgs) -> Result<()> {
             clock: crate::schedule::Clock {
                 offset: args.schedule_clock_offset,
             },
-            leading: election.leading.clone(),
+            gate: gate.clone(),
             namespace: args.controller.watch_namespace.clone(),
             watch_timeout: liveness::watch_timeout(stall_limit),
         },
@@ -176,7 +178,7 @@ pub async fn run(args: ServerArgs) -> Result<()> {
     let mut controller_task = tokio::spawn(controller::run(
         ctx,
         trigger_rx,
-        election.leading.clone(),
+        gate,
         concurrency,
         shutdown.clone(),
     ));

@@ -5,13 +5,11 @@ use super::context::Context;
 use super::effects::key;
 use crate::api::CocoonHibernation;
 use crate::error::Error;
+use crate::runtime::retry::{self, CONFLICT_RETRY};
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
 use std::sync::Arc;
 use std::time::Duration;
-
-/// A conflict is retried at once: the next pass reads what the cache holds by then.
-const CONFLICT_RETRY: Duration = Duration::from_millis(200);
 
 /// Why a pass ended early without an error, to look again soon.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -77,8 +75,7 @@ fn bump(
     *n
 }
 
-/// Logs, counts and retries with a capped exponential backoff. The cap keeps timeouts
-/// (H5, W4) detected promptly while the registry keeps failing (H4).
+/// Logs, counts and retries with the backoff every controller uses (`runtime::retry`).
 pub fn error_policy(cr: Arc<CocoonHibernation>, err: &Error, ctx: Arc<Context>) -> Action {
     let attempts = bump(&mut ctx.failures.lock(), &cr);
     ctx.metrics
@@ -93,11 +90,7 @@ pub fn error_policy(cr: Arc<CocoonHibernation>, err: &Error, ctx: Arc<Context>) 
         error = %err,
         "reconcile failed; retrying"
     );
-    if err.is_lost_race() {
-        return Action::requeue(CONFLICT_RETRY);
-    }
-    let delay = Duration::from_millis(500u64.saturating_mul(1 << attempts.min(5)));
-    Action::requeue(delay.min(Duration::from_secs(10)))
+    Action::requeue(retry::after_failure(err, attempts))
 }
 
 /// S5: with the default base of a minute, 1, 2, 4, 8 minutes, then every 10 minutes.

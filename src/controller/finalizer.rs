@@ -1,5 +1,5 @@
 //! G1, G2, S6: a CR being deleted gives up its tag (when it is the VM's last holder) and
-//! then its finalizer; and the JSON patches that add and remove the finalizer (R1, G2).
+//! then its finalizer, by the patch every controller uses (`runtime::finalizers`).
 //!
 //! Hand-written rather than `kube::runtime::finalizer`, though that would keep S6's order
 //! (the warning and the delete live in `deletes.rs` either way): the helper removes the
@@ -14,13 +14,11 @@ use super::effects::{key, patch_params};
 use super::plan::{self, Cleanup, Debt, DeleteResult};
 use crate::api::{CocoonHibernation, FINALIZER};
 use crate::error::Result;
-use json_patch::{AddOperation, PatchOperation, ReplaceOperation, TestOperation};
-use jsonptr::PointerBuf;
+use crate::runtime::finalizers;
 use kube::api::Patch;
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Api, ResourceExt};
-use serde_json::{Value, json};
 use std::sync::Arc;
 
 /// it may be the VM's only copy; never block the finalizer on the registry.
@@ -105,124 +103,10 @@ pub(super) async fn cleanup(
         api.patch(
             &name,
             &patch_params(),
-            &Patch::Json::<()>(remove_finalizer_patch(&fresh)),
+            &Patch::Json::<()>(finalizers::remove(&fresh.metadata, FINALIZER)),
         )
         .await?;
         ctx.superseded.lock().remove(&ObjectRef::from_obj(&cr));
     }
     Ok(Action::await_change())
-}
-
-fn finalizers_pointer() -> PointerBuf {
-    PointerBuf::from_tokens(["metadata", "finalizers"])
-}
-
-/// Adds our finalizer without clobbering a concurrent change to the list.
-pub fn add_finalizer_patch(cr: &CocoonHibernation) -> json_patch::Patch {
-    match &cr.metadata.finalizers {
-        Some(list) => json_patch::Patch(vec![
-            PatchOperation::Test(TestOperation {
-                path: finalizers_pointer(),
-                value: json!(list),
-            }),
-            PatchOperation::Add(AddOperation {
-                path: PointerBuf::from_tokens(["metadata", "finalizers", "-"]),
-                value: Value::String(FINALIZER.to_owned()),
-            }),
-        ]),
-        None => {
-            let mut ops = Vec::new();
-            if let Some(rv) = &cr.metadata.resource_version {
-                ops.push(PatchOperation::Test(TestOperation {
-                    path: PointerBuf::from_tokens(["metadata", "resourceVersion"]),
-                    value: Value::String(rv.clone()),
-                }));
-            }
-            ops.push(PatchOperation::Add(AddOperation {
-                path: finalizers_pointer(),
-                value: json!([FINALIZER]),
-            }));
-            json_patch::Patch(ops)
-        }
-    }
-}
-
-/// Removes our finalizer, keeping any others, only if the object and its list are what
-/// we saw.
-pub fn remove_finalizer_patch(cr: &CocoonHibernation) -> json_patch::Patch {
-    let current = cr.metadata.finalizers.clone().unwrap_or_default();
-    let kept: Vec<&String> = current.iter().filter(|f| *f != FINALIZER).collect();
-    let uid = cr.metadata.uid.iter().map(|uid| {
-        PatchOperation::Test(TestOperation {
-            path: PointerBuf::from_tokens(["metadata", "uid"]),
-            value: Value::String(uid.clone()),
-        })
-    });
-    json_patch::Patch(
-        uid.chain([
-            PatchOperation::Test(TestOperation {
-                path: finalizers_pointer(),
-                value: json!(current),
-            }),
-            PatchOperation::Replace(ReplaceOperation {
-                path: finalizers_pointer(),
-                value: json!(kept),
-            }),
-        ])
-        .collect(),
-    )
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::api::{CocoonHibernationSpec, Desire, PodRef};
-
-    fn cr(finalizers: Option<Vec<&str>>) -> CocoonHibernation {
-        let mut cr = CocoonHibernation::new(
-            "p",
-            CocoonHibernationSpec {
-                pod_ref: PodRef { name: "p".into() },
-                desire: Desire::Hibernate,
-                hibernate_timeout: None,
-                wake_timeout: None,
-            },
-        );
-        cr.metadata.resource_version = Some("5".into());
-        cr.metadata.finalizers = finalizers.map(|f| f.into_iter().map(str::to_owned).collect());
-        cr
-    }
-
-    /// SPEC R1.
-    #[test]
-    fn r1_finalizer_patch_appends_and_keeps_others() {
-        let c = cr(Some(vec!["other/finalizer"]));
-        let mut doc = serde_json::to_value(&c).unwrap();
-        json_patch::patch(&mut doc, &add_finalizer_patch(&c).0).unwrap();
-        assert_eq!(
-            doc["metadata"]["finalizers"],
-            json!(["other/finalizer", FINALIZER])
-        );
-        // A concurrent change to the list makes the patch fail instead of clobbering it.
-        let mut changed = serde_json::to_value(cr(Some(vec!["x", "y"]))).unwrap();
-        assert!(json_patch::patch(&mut changed, &add_finalizer_patch(&c).0).is_err());
-    }
-
-    /// SPEC R1.
-    #[test]
-    fn r1_finalizer_patch_creates_the_list() {
-        let c = cr(None);
-        let mut doc = serde_json::to_value(&c).unwrap();
-        json_patch::patch(&mut doc, &add_finalizer_patch(&c).0).unwrap();
-        assert_eq!(doc["metadata"]["finalizers"], json!([FINALIZER]));
-    }
-
-    /// SPEC G2.
-    #[test]
-    fn g2_finalizer_removal_keeps_other_finalizers() {
-        let c = cr(Some(vec!["a", FINALIZER, "b"]));
-        let mut doc = serde_json::to_value(&c).unwrap();
-        json_patch::patch(&mut doc, &remove_finalizer_patch(&c).0).unwrap();
-        assert_eq!(doc["metadata"]["finalizers"], json!(["a", "b"]));
-    }
 }

@@ -7,13 +7,14 @@ use super::effects::{
     key, patch_params, progress_reason, publish_after_pass, record_finished, write_status,
 };
 use super::error_policy::Deferral;
-use super::finalizer::{add_finalizer_patch, cleanup};
+use super::finalizer::cleanup;
 use super::plan::{self, Debt, Plan, PodPatch, Probe};
 use super::tag_delete::{Attempt, fenced_delete, pay_wake_debt};
 use crate::api::annotations::{self, PodView};
 use crate::api::pod::PodSlice;
-use crate::api::{CocoonHibernation, Phase};
+use crate::api::{CocoonHibernation, FINALIZER, Phase};
 use crate::error::{Error, Result};
+use crate::runtime::finalizers;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::Patch;
 use kube::runtime::controller::Action;
@@ -143,7 +144,7 @@ async fn execute(
             .patch(
                 &name,
                 &patch_params(),
-                &Patch::Json::<()>(add_finalizer_patch(cr)),
+                &Patch::Json::<()>(finalizers::add(&cr.metadata, FINALIZER)),
             )
             .await?;
         ctx.wrote(cr, cr, written);

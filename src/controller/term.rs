@@ -7,6 +7,7 @@
 
 use super::{Context, error_policy, plan, reconcile, turns};
 use crate::cache::Trigger;
+use crate::runtime::gate::Gate;
 use futures::{Stream, StreamExt};
 use kube::ResourceExt;
 use kube::runtime::Controller;
@@ -14,19 +15,20 @@ use kube::runtime::controller::{Action, Config};
 use kube::runtime::reflector::ObjectRef;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::{Mutex, mpsc, watch};
+use tokio::sync::{Mutex, mpsc};
 use tokio_util::sync::CancellationToken;
 
 /// The cache's trigger channel, read by the current term's Controller or drained by the
 /// follower; a mutex rather than a second channel per term, so nothing forwards.
 type Triggers = Arc<Mutex<mpsc::UnboundedReceiver<Trigger>>>;
 
-/// Runs the controller while `leading` is true and both stores have listed. Triggers that
+/// Runs the controller while the gate is open: this replica leads and both stores have
+/// listed. Triggers that
 /// arrive while not leading are dropped: a new term starts by enqueueing every CR.
 pub async fn run(
     ctx: Arc<Context>,
     triggers: mpsc::UnboundedReceiver<Trigger>,
-    mut leading: watch::Receiver<bool>,
+    mut gate: Gate,
     concurrency: u16,
     shutdown: CancellationToken,
 ) {
@@ -34,7 +36,7 @@ pub async fn run(
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => return,
-            may_lead = follow(&ctx, &mut leading, &triggers) => if !may_lead { return },
+            may_lead = follow(&mut gate, &triggers) => if !may_lead { return },
         }
         tracing::info!("leading: starting the controller");
         ctx.metrics.leader.set(1);
@@ -50,17 +52,11 @@ pub async fn run(
         let stream = futures::stream::iter(initial).chain(read(triggers.clone(), closed.clone()));
         let controller = run_term(ctx.clone(), stream, concurrency, term.clone());
         tokio::pin!(controller);
-        let outcome = loop {
-            tokio::select! {
-                _ = &mut controller => break Term::Ended,
-                _ = closed.cancelled() => break Term::Ended,
-                changed = leading.changed() => {
-                    if changed.is_err() || !*leading.borrow() {
-                        break Term::LostLease;
-                    }
-                }
-                _ = shutdown.cancelled() => break Term::Shutdown,
-            }
+        let outcome = tokio::select! {
+            _ = &mut controller => Term::Ended,
+            _ = closed.cancelled() => Term::Ended,
+            _ = gate.closed() => Term::LostLease,
+            _ = shutdown.cancelled() => Term::Shutdown,
         };
         ctx.metrics.leader.set(0);
         match outcome {
@@ -86,19 +82,16 @@ enum Term {
     Shutdown,
 }
 
-/// Waits, discarding triggers, until this replica holds the lease and both stores hold
-/// their first list (S8: the elector leads only on a synced cache that is not relisting;
-/// this is kube's own readiness, not a flag polled). False when the lease watch, the
-/// trigger channel or a store's writer is gone.
-async fn follow(ctx: &Context, leading: &mut watch::Receiver<bool>, triggers: &Triggers) -> bool {
+/// Waits, discarding triggers, until the gate opens: this replica holds the lease and
+/// both stores hold their first list (S8: the elector leads only on a synced cache that
+/// is not relisting). False when the lease watch, the trigger channel or a store's writer
+/// is gone.
+async fn follow(gate: &mut Gate, triggers: &Triggers) -> bool {
     let mut rx = triggers.lock().await;
     let discard = async { while rx.recv().await.is_some() {} };
-    let lead = async {
-        leading.wait_for(|leading| *leading).await.is_ok() && ctx.cache.wait_until_ready().await
-    };
     tokio::select! {
         _ = discard => false,
-        may_lead = lead => may_lead,
+        may_lead = gate.opened() => may_lead,
     }
 }
 

@@ -9,7 +9,10 @@ use super::writes::{Writer, desire_str};
 use super::{inputs, status, wakeup};
 use crate::api::{CocoonHibernation, Desire};
 use crate::cache::SharedCache;
+use crate::error::{Error, Result};
 use crate::metrics::{Metrics, ScheduleLabels, ScheduleWriteLabels};
+use crate::runtime::finalizers;
+use crate::runtime::gate::Gate;
 use futures::StreamExt;
 use jiff::Timestamp;
 use kube::api::{Api, Patch, PatchParams};
@@ -18,10 +21,10 @@ use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::Store;
 use kube::runtime::{Controller, watcher};
 use kube::{Resource, ResourceExt};
+use parking_lot::Mutex;
 use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 /// Holds the schedule until its CRs are released (K4).
@@ -39,11 +42,14 @@ pub struct Context {
     pub recorder: Recorder,
     pub metrics: Metrics,
     pub clock: Clock,
-    pub leading: watch::Receiver<bool>,
+    /// Passes write only while it is open (P2).
+    pub gate: Gate,
     /// (schedule uid, CR, boundary) already reported as `OverrideKept`.
     reported: Mutex<HashSet<(String, String, Timestamp)>>,
     /// Overrides kept now, per schedule uid, for the gauge.
     overrides: Mutex<HashMap<String, u32>>,
+    /// Consecutive failed passes per schedule uid, for the error backoff.
+    failures: Mutex<HashMap<String, u32>>,
 }
 
 /// What the schedule controller runs on.
@@ -56,7 +62,7 @@ pub struct Wiring {
     pub cache: SharedCache,
     pub metrics: Metrics,
     pub clock: Clock,
-    pub leading: watch::Receiver<bool>,
+    pub gate: Gate,
     /// Where to watch schedules; empty: every namespace.
     pub namespace: String,
     /// Seconds after which the apiserver ends each schedule watch (the cache's own).
@@ -78,10 +84,15 @@ pub async fn run(w: Wiring, shutdown: CancellationToken) {
     };
     let controller = Controller::new(api, watch_config(w.watch_timeout));
     let schedules = controller.store();
-    let controller = controller.reconcile_on(wakeup::triggers(
-        w.cache.subscribe_arrivals(),
-        schedules.clone(),
-    ));
+    let gate = w.gate;
+    // K9: arrivals wake the schedules they concern; P2: a gate that opens wakes them all,
+    // since passes on a closed gate ended without a requeue.
+    let controller = controller
+        .reconcile_on(wakeup::triggers(
+            w.cache.subscribe_arrivals(),
+            schedules.clone(),
+        ))
+        .reconcile_all_on(gate.clone().openings());
     let reporter = Reporter {
         controller: "cocoon-hibernation".into(),
         instance: None,
@@ -93,9 +104,10 @@ pub async fn run(w: Wiring, shutdown: CancellationToken) {
         cache: w.cache,
         metrics: w.metrics,
         clock: w.clock,
-        leading: w.leading,
+        gate,
         reported: Mutex::default(),
         overrides: Mutex::default(),
+        failures: Mutex::default(),
     });
     controller
         .graceful_shutdown_on(async move { shutdown.cancelled().await })
@@ -108,17 +120,29 @@ pub async fn run(w: Wiring, shutdown: CancellationToken) {
         .await;
 }
 
-fn error_policy(s: Arc<CocoonHibernationSchedule>, e: &kube::Error, _: Arc<Context>) -> Requeue {
-    tracing::warn!(schedule = %s.name_any(), error = %e, "schedule pass failed");
-    Requeue::requeue(PENDING_RETRY)
+/// Logs and retries with the backoff every controller uses (`runtime::retry`).
+fn error_policy(s: Arc<CocoonHibernationSchedule>, e: &Error, ctx: Arc<Context>) -> Requeue {
+    let attempts = {
+        let mut failures = ctx.failures.lock();
+        let n = failures.entry(s.uid().unwrap_or_default()).or_insert(0);
+        *n = n.saturating_add(1);
+        *n
+    };
+    tracing::warn!(schedule = %s.name_any(), attempts, error = %e, error_kind = e.metric_label(),
+        "schedule pass failed; retrying");
+    Requeue::requeue(crate::runtime::retry::after_failure(e, attempts))
 }
 
-async fn reconcile(
-    s: Arc<CocoonHibernationSchedule>,
-    ctx: Arc<Context>,
-) -> Result<Requeue, kube::Error> {
-    if !*ctx.leading.borrow() || !ctx.cache.is_synced() {
-        return Ok(Requeue::requeue(Duration::from_secs(2)));
+async fn reconcile(s: Arc<CocoonHibernationSchedule>, ctx: Arc<Context>) -> Result<Requeue> {
+    let requeue = pass(&s, &ctx).await?;
+    ctx.failures.lock().remove(&s.uid().unwrap_or_default());
+    Ok(requeue)
+}
+
+async fn pass(s: &CocoonHibernationSchedule, ctx: &Context) -> Result<Requeue> {
+    // P2: not leading: end quietly; the gate's opening brings this schedule back.
+    if !ctx.gate.is_open() {
+        return Ok(Requeue::await_change());
     }
     let ns = s.namespace().unwrap_or_default();
     let (name, uid) = (s.name_any(), s.uid().unwrap_or_default());
@@ -129,11 +153,8 @@ async fn reconcile(
         return Ok(Requeue::await_change());
     }
     if !has_finalizer {
-        let mut finalizers = s.finalizers().to_vec();
-        finalizers.push(FINALIZER.into());
-        let patch = serde_json::json!({ "metadata": {
-            "finalizers": finalizers, "resourceVersion": s.resource_version() } });
-        api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+        let patch = finalizers::add(&s.metadata, FINALIZER);
+        api.patch(&name, &PatchParams::default(), &Patch::Json::<()>(patch))
             .await?;
         return Ok(Requeue::await_change());
     }
@@ -143,7 +164,7 @@ async fn reconcile(
         // its CRs when deleted; releasing needs no calendar.
         Err(_) if deleting => None,
         Err(errors) => {
-            let st = status::invalid(&s, &errors.join("; "));
+            let st = status::invalid(s, &errors.join("; "));
             patch_status(&api, &name, &st).await?;
             return Ok(Requeue::requeue(RESYNC));
         }
@@ -164,7 +185,7 @@ async fn reconcile(
         .and_then(|st| st.last_applied_boundary.as_ref())
         .map(|t| t.0);
     let due = calendar.as_ref().and_then(|c| c.due(now, last_applied));
-    let pods = inputs::selected_pods(&s, &ctx.schedules.state(), &ctx.cache.pods_in(&ns));
+    let pods = inputs::selected_pods(s, &ctx.schedules.state(), &ctx.cache.pods_in(&ns));
     let in_ns: Vec<Arc<CocoonHibernation>> = ctx
         .cache
         .all_crs()
@@ -211,12 +232,12 @@ async fn reconcile(
     plan.pending |= failed;
     if deleting {
         if !plan.pending {
-            let rest: Vec<&String> = s.finalizers().iter().filter(|f| *f != FINALIZER).collect();
-            let patch = serde_json::json!({ "metadata": {
-                "finalizers": rest, "resourceVersion": s.resource_version() } });
-            api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+            // The CRs were released by the spec this pass read: only from that version.
+            let patch =
+                finalizers::at_version(&s.metadata, finalizers::remove(&s.metadata, FINALIZER));
+            api.patch(&name, &PatchParams::default(), &Patch::Json::<()>(patch))
                 .await?;
-            forget(&ctx, &uid);
+            forget(ctx, &uid);
             return Ok(Requeue::await_change());
         }
         return Ok(Requeue::requeue(PENDING_RETRY));
@@ -224,14 +245,14 @@ async fn reconcile(
     let applied = due.filter(|_| !s.spec.suspend);
     let next = calendar.as_ref().and_then(|c| c.next_boundary(now));
     let st = status::of(
-        &s,
+        s,
         &plan,
         desire,
         next,
         applied.map(|b| b.at).or(last_applied),
     );
     patch_status(&api, &name, &st).await?;
-    publish(&ctx, &s, &uid, &plan, applied.map(|b| b.wake), boundary).await;
+    publish(ctx, s, &uid, &plan, applied.map(|b| b.wake), boundary).await;
     Ok(Requeue::requeue(requeue_after(&plan, now, next)))
 }
 
@@ -264,11 +285,11 @@ async fn patch_status(
     api: &Api<CocoonHibernationSchedule>,
     name: &str,
     st: &CocoonHibernationScheduleStatus,
-) -> Result<(), kube::Error> {
+) -> Result<()> {
     let patch = serde_json::json!({ "status": st });
     api.patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
-        .await
-        .map(|_| ())
+        .await?;
+    Ok(())
 }
 
 /// K8: `ScheduledHibernate`/`ScheduledWake` once per boundary, `OverrideKept` once per
@@ -309,7 +330,7 @@ async fn publish(
         events.push((reason, note));
     }
     let fresh: Vec<&String> = {
-        let mut seen = ctx.reported.lock().unwrap_or_else(|p| p.into_inner());
+        let mut seen = ctx.reported.lock();
         seen.retain(|(u, _, b)| u != uid || *b >= boundary);
         plan.overrides
             .iter()
@@ -323,7 +344,7 @@ async fn publish(
         ));
     }
     {
-        let mut counts = ctx.overrides.lock().unwrap_or_else(|p| p.into_inner());
+        let mut counts = ctx.overrides.lock();
         counts.insert(uid.to_owned(), plan.overridden);
         ctx.metrics
             .schedule_overrides
@@ -344,11 +365,98 @@ async fn publish(
 }
 
 fn forget(ctx: &Context, uid: &str) {
-    let mut counts = ctx.overrides.lock().unwrap_or_else(|p| p.into_inner());
+    let mut counts = ctx.overrides.lock();
     counts.remove(uid);
     ctx.metrics
         .schedule_overrides
         .set(i64::from(counts.values().sum::<u32>()));
-    let mut seen = ctx.reported.lock().unwrap_or_else(|p| p.into_inner());
+    let mut seen = ctx.reported.lock();
     seen.retain(|(u, _, _)| u != uid);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::schedule::CocoonHibernationScheduleSpec;
+    use http::{Request, Response};
+    use kube::client::Body;
+    use tokio::sync::watch;
+    use tower_test::mock::{self, Handle};
+
+    type ApiHandle = Handle<Request<Body>, Response<Body>>;
+
+    fn context(leading: bool) -> (Arc<Context>, ApiHandle, watch::Sender<bool>) {
+        let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
+        let client = kube::Client::new(service, "default");
+        let cache = SharedCache::from_objects(Vec::new(), Vec::new());
+        let (tx, rx) = watch::channel(leading);
+        let reporter = Reporter {
+            controller: "test".into(),
+            instance: None,
+        };
+        let ctx = Arc::new(Context {
+            recorder: Recorder::new(client.clone(), reporter),
+            schedules: kube::runtime::reflector::store().0,
+            client,
+            gate: Gate::new(rx, cache.clone()),
+            cache,
+            metrics: Metrics::new(),
+            clock: Clock::default(),
+            reported: Mutex::default(),
+            overrides: Mutex::default(),
+            failures: Mutex::default(),
+        });
+        (ctx, handle, tx)
+    }
+
+    fn office() -> Arc<CocoonHibernationSchedule> {
+        let mut s = CocoonHibernationSchedule::new(
+            "office",
+            CocoonHibernationScheduleSpec {
+                selector: Default::default(),
+                time_zone: "UTC".into(),
+                awake: Vec::new(),
+                always_asleep: true,
+                wake_lead: None,
+                max_in_flight: None,
+                suspend: false,
+                on_delete: Default::default(),
+            },
+        );
+        s.metadata.namespace = Some("shop".into());
+        s.metadata.uid = Some("uid-1".into());
+        s.metadata.resource_version = Some("1".into());
+        Arc::new(s)
+    }
+
+    /// SPEC P2 K1: a schedule pass on a replica that does not lead sends nothing to the
+    /// apiserver and asks for no requeue (no poll: the gate's opening brings it back);
+    /// the same pass once leading writes (its finalizer first, by JSON patch).
+    #[tokio::test]
+    async fn p2_k1_a_pass_while_not_leading_writes_nothing() {
+        let (ctx, mut handle, leading) = context(false);
+        let action = reconcile(office(), ctx.clone()).await.unwrap();
+        assert_eq!(action, Requeue::await_change());
+        let sent = tokio::time::timeout(Duration::from_millis(200), handle.next_request()).await;
+        assert!(sent.is_err(), "a follower sent a request");
+
+        leading.send_replace(true);
+        let pass = tokio::spawn(reconcile(office(), ctx));
+        let (req, _) = tokio::time::timeout(Duration::from_secs(5), handle.next_request())
+            .await
+            .expect("the leader writes")
+            .expect("the client is alive");
+        assert_eq!(req.method(), http::Method::PATCH);
+        assert!(
+            req.uri()
+                .path()
+                .ends_with("/namespaces/shop/cocoonhibernationschedules/office")
+        );
+        let content_type = req
+            .headers()
+            .get("content-type")
+            .and_then(|v| v.to_str().ok());
+        assert_eq!(content_type, Some("application/json-patch+json"));
+        pass.abort();
+    }
 }

@@ -522,3 +522,93 @@ async fn e2e_k9_k4_an_unconsented_empty_awake_writes_nothing_and_still_releases(
     assert_eq!(after.uid(), cr.uid(), "the same CR, never deleted");
     assert!(!after.labels().contains_key(SCHEDULE_LABEL), "released");
 }
+
+/// P2 K1: a replica that does not hold the Lease writes nothing for a schedule (no
+/// finalizer, no status, no CR for its selected pod); once the Lease is released it
+/// takes it, and the gate's opening triggers the schedule's pass at once: the pod's CR
+/// within seconds, with no poll and no 30 s resync to wait for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e2e_p2_k1_a_follower_writes_nothing_and_leading_triggers_a_pass() {
+    use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+    use testkit::product::{Product, ProductOptions};
+    const BOUND: Duration = Duration::from_secs(10);
+    let cluster = cluster::cluster();
+    let client = cluster.client().await;
+    product::ensure_crd(&client).await;
+    let ns = cluster.fresh_namespace(&client, "schedule-gate").await;
+    // Another replica holds the Lease for an hour.
+    let leases: Api<Lease> = Api::namespaced(client.clone(), &ns);
+    let mut lease = Lease::default();
+    lease.metadata.name = Some("cocoon-hibernation".into());
+    lease.spec = Some(LeaseSpec {
+        holder_identity: Some("elsewhere".into()),
+        lease_duration_seconds: Some(3600),
+        acquire_time: Some(MicroTime(Timestamp::now())),
+        renew_time: Some(MicroTime(Timestamp::now())),
+        ..LeaseSpec::default()
+    });
+    leases.create(&PostParams::default(), &lease).await.unwrap();
+    let mut opts = ProductOptions::new(&ns, &cluster.registry);
+    opts.lease = Some("cocoon-hibernation".into());
+    opts.identity = Some("replica-a".into());
+    let product = Product::start(cluster, &opts).await;
+
+    let schedules: Api<CocoonHibernationSchedule> = Api::namespaced(client.clone(), &ns);
+    let crs: Api<CocoonHibernation> = Api::namespaced(client.clone(), &ns);
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client.clone(), &ns);
+    testkit::vk_sim::create_vm_pod(&client, &ns, "web-0", &format!("vm-{ns}-web-0"))
+        .await
+        .unwrap();
+    let patch = serde_json::json!({ "metadata": { "labels": { "tier": "web" } } });
+    pods.patch("web-0", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+    let office = schedule("office", "web", &[("03:01", "03:00")], None);
+    schedules
+        .create(&PostParams::default(), &office)
+        .await
+        .unwrap();
+
+    // Long enough for the old 2 s poll to have written several times over.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    assert_eq!(product.metric("cocoon_hibernation_leader"), 0.0);
+    let s = schedules.get("office").await.unwrap();
+    assert!(s.finalizers().is_empty(), "a follower added its finalizer");
+    assert!(
+        s.status.is_none(),
+        "a follower wrote status: {:?}",
+        s.status
+    );
+    assert!(
+        crs.get_opt("web-0").await.unwrap().is_none(),
+        "a follower created a CR"
+    );
+
+    // Released, as a replica does on SIGTERM: this one takes it within a retry period.
+    let release = serde_json::json!({ "spec": {
+        "holderIdentity": "", "leaseDurationSeconds": 1,
+        "renewTime": MicroTime(Timestamp::now()) } });
+    leases
+        .patch(
+            "cocoon-hibernation",
+            &PatchParams::default(),
+            &Patch::Merge(&release),
+        )
+        .await
+        .unwrap();
+    let t0 = std::time::Instant::now();
+    let cr = eventually("the selected pod's CR, once leading", BOUND, || async {
+        crs.get_opt("web-0").await.ok()?
+    })
+    .await;
+    eprintln!(
+        "P2: CR written {:?} after the Lease was released",
+        t0.elapsed()
+    );
+    assert_eq!(product.metric("cocoon_hibernation_leader"), 1.0);
+    assert_eq!(
+        cr.labels().get(SCHEDULE_LABEL).map(String::as_str),
+        Some("office")
+    );
+}

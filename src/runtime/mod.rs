@@ -1,0 +1,8 @@
+//! What every controller runs on, so the CocoonHibernation controller, the schedule
+//! controller and the next one share one shape: whether a pass may write ([`gate`]),
+//! how a finalizer is added and removed ([`finalizers`]), when a failed pass looks again
+//! ([`retry`]).
+
+pub mod finalizers;
+pub mod gate;
+pub mod retry;
