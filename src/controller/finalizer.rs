@@ -2,16 +2,16 @@
 //! then its finalizer, by the patch every controller uses (`runtime::finalizers`).
 //!
 //! Hand-written rather than `kube::runtime::finalizer`, though that would keep S6's order
-//! (the warning and the delete live in `deletes.rs` either way): the helper removes the
+//! (the warning and the delete live in `tag_delete.rs` either way): the helper removes the
 //! finalizer whenever cleanup returns Ok, so a deferred delete (registry busy, a stale
 //! pod) would have to become an error to keep it; and it removes it by its index in the
 //! cached object, where ours goes from a fresh read, tested against the uid, so a CR
 //! recreated under the same name keeps its own.
 
 use super::context::Context;
-use super::deletes::{Attempt, fenced_delete};
 use super::effects::{key, patch_params};
 use super::plan::{self, Cleanup, Debt, DeleteResult};
+use super::tag_delete::{Attempt, fenced_delete};
 use crate::api::{CocoonHibernation, FINALIZER};
 use crate::error::Result;
 use crate::runtime::finalizers;

@@ -20,9 +20,6 @@ pub mod turns;
 pub use context::{Context, context};
 pub use error_policy::{Deferral, error_policy};
 pub use term::run;
-// The old name, for finalizer.rs alone: it is being reworked on another branch, which
-// moves its import to `tag_delete` at the merge; then this alias goes.
-use tag_delete as deletes;
 
 #[cfg(test)]
 mod mock_tests;
