@@ -82,7 +82,7 @@ import (
 	_ "k8s.io/kubernetes/cmd/kubelet"
 )
 GO
-  (cd "$dir" && go mod tidy >/dev/null 2>&1 || true)
+  (cd "$dir" && go mod tidy >/dev/null 2>&1) || true
   local minor="${K8S_VERSION#v1.}"; minor="${minor%%.*}"
   local ld="-s -w -X k8s.io/component-base/version.gitVersion=$K8S_VERSION -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$minor -X k8s.io/client-go/pkg/version.gitVersion=$K8S_VERSION"
   local cmd wanted=(kube-apiserver kubectl)
@@ -111,7 +111,7 @@ package tools
 
 import _ "go.etcd.io/etcd/server/v3"
 GO
-  (cd "$dir" && go mod tidy >/dev/null 2>&1 || true)
+  (cd "$dir" && go mod tidy >/dev/null 2>&1) || true
   log "building etcd $ETCD_VERSION"
   (cd "$dir" && go build -trimpath -ldflags "-s -w" -o "$OUT/etcd" go.etcd.io/etcd/server/v3)
 }

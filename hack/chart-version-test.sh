@@ -49,7 +49,8 @@ expect fail "chart files changed since" "a file changed after --release recorded
 
 fresh
 check --release >/dev/null
-echo "tests: changed" >>"$R/charts/cocoon-hibernation/tests/$(ls "$R/charts/cocoon-hibernation/tests" | head -n 1)"
+chart_tests=("$R/charts/cocoon-hibernation/tests"/*)
+echo "tests: changed" >>"${chart_tests[0]}"
 expect pass "" "a change under tests/ (not packaged) after --release"
 
 fresh

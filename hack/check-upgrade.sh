@@ -214,4 +214,4 @@ done
   die "a refused upgrade left a revision behind"
 log "a release without writers: both upgrades refused, naming vmIdentityPolicy"
 PASSED+=("no-writers-refused")
-CURRENT=done
+CURRENT="done"

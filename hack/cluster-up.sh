@@ -243,6 +243,7 @@ EOF
 
   write_kubeconfig
   if ((NODE)); then start_node; fi
+  # shellcheck disable=SC2034 # both are read through ${!key} below
   local RUN_BIN_DIR="$BIN_DIR" RUN_NODE="$NODE" key
   for key in ETCD_PORT ETCD_PEER_PORT API_PORT REGISTRY_PORT REGISTRY RUN_BIN_DIR RUN_NODE; do
     echo "$key=${!key}"

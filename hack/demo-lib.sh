@@ -111,7 +111,8 @@ demo_procs() {
   for f in "$@"; do
     [[ -f "$f" ]] || continue
     pid="$(cat "$f" 2>/dev/null || true)"
-    [[ "$pid" =~ ^[0-9]+$ ]] && kill -0 "$pid" 2>/dev/null || continue
+    [[ "$pid" =~ ^[0-9]+$ ]] || continue
+    kill -0 "$pid" 2>/dev/null || continue
     rss="$(ps -o rss= -p "$pid" 2>/dev/null || true)"
     kb=$((kb + ${rss:-0}))
     list+=("$(basename "$f" .pid) ($pid)")

@@ -6,6 +6,7 @@
 # Leaves everything running; `make demo-down` stops it. Needs root.
 set -euo pipefail
 LOG_TAG=demo-node
+# shellcheck source=hack/lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 # shellcheck source=hack/demo-lib.sh
 source "$HACK_DIR/demo-lib.sh"

@@ -9,6 +9,7 @@
 # State, logs and the webhook certificate: ${COCOON_DEMO_DIR:-~/.cache/cocoon-hibernation/demo}.
 set -euo pipefail
 LOG_TAG=demo
+# shellcheck source=hack/lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 # shellcheck source=hack/demo-lib.sh
 source "$HACK_DIR/demo-lib.sh"
@@ -139,6 +140,7 @@ webhooks:
 YAML
 
 say "5/6  creating pod $NS/$POD (a VM-backed pod, as vk-cocoon would run it)"
+# shellcheck disable=SC2119 # NODE is optional: the local demo binds the pod to no node
 demo_fresh_pod
 
 say "6/6  hibernating it (CocoonHibernation desire: Hibernate), then waking it (desire: Wake)"

@@ -50,6 +50,7 @@ OLD_COMMIT="$(bash hack/old-release.sh commit)"
 log "previous release ${OLD_COMMIT:0:7}: image $OLD_IMAGE_REF, chart $OLD_CHART"
 
 # The image users build, pushed to the node's registry (containerd pulls it from there).
+# shellcheck disable=SC2119 # no log file: image.sh's stderr stays this script's stderr
 push_image
 log "image $IMAGE_REF ($IMAGE_MB MB)"
 

@@ -10,6 +10,7 @@ NODE_IP="${COCOON_NODE_IP:-10.77.0.1}"
 NODE_SUBNET="${NODE_IP%.*}.0/24"
 NODE_NAME=cocoon-node
 # The node the vk-cocoon simulator registers; VM pods are bound to it, never to the kubelet.
+# shellcheck disable=SC2034 # cluster-up.sh writes it to the env file
 VIRTUAL_NODE=vk-cocoon
 KUBERNETES_SERVICE_IP=10.0.0.1
 NODE_DAEMONS=(containerd kube-controller-manager kube-scheduler kubelet)

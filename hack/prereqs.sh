@@ -90,6 +90,8 @@ fi
 # /usr/bin/python3; another python3 (pyenv, a venv) gets PyYAML from pip below.
 pip_yaml=0
 if [[ "$what" == test ]]; then
+  # make test's quality gates run shellcheck over every shell script.
+  need shellcheck shellcheck
   need python3 python3
   if ! python3 -c 'import yaml' 2>/dev/null; then
     if [[ "$(command -v python3 || true)" == /usr/bin/python3 || ! -x "$(command -v python3 || true)" ]]; then

@@ -26,6 +26,16 @@ python3 hack/chart-version.py
 bash hack/chart-version-test.sh
 step "every link in README and docs resolves inside the repository"
 python3 hack/check-links.py
+step "shellcheck: every tracked shell script"
+# The *.sh files, .ci/run, and any other tracked file whose first line is a sh or bash
+# shebang. Any finding fails; -x follows each script's `# shellcheck source=` lines.
+shellcheck --version >/dev/null || { echo "shellcheck is required (bash hack/prereqs.sh test installs it)" >&2; exit 1; }
+mapfile -t shell_scripts < <({
+  git ls-files '*.sh' .ci/run
+  git ls-files -z | xargs -0 awk 'FNR == 1 && /^#!(.*[\/ ])?(ba)?sh( |$)/ { print FILENAME } { nextfile }'
+} | sort -u)
+shellcheck -x "${shell_scripts[@]}"
+echo "${#shell_scripts[@]} scripts, no findings"
 # The `test = false` targets (Cargo.toml: a bare `cargo test` runs only the tests that need
 # no cluster) are not in --all-targets or --tests, and naming one beside those flags does
 # not add it (cargo keeps the flag's set), so they get a command of their own.

@@ -4,7 +4,10 @@
 # cluster from hack/cluster-up.sh.
 set -euo pipefail
 S=$1; OUT=$2
-set -a; . $S/env; set +a
+set -a
+# shellcheck source=/dev/null
+. "$S/env"
+set +a
 kubectl create namespace wire >/dev/null 2>&1 || true
 cat <<'Y' | kubectl apply -n wire -f - >/dev/null
 apiVersion: v1
@@ -41,7 +44,7 @@ kubectl patch pod running -n wire --subresource=status --type=merge -p '{"status
 kubectl patch pod hibernated -n wire --subresource=status --type=merge -p '{"status":{"phase":"Running","containerStatuses":[{"name":"vm","image":"v","imageID":"","ready":false,"restartCount":1,"state":{"terminated":{"exitCode":0,"startedAt":"2026-12-06T00:00:00Z","finishedAt":"2026-12-06T00:01:00Z"}}}]}}' >/dev/null
 kubectl delete pod hibernated -n wire --wait=false >/dev/null
 K=$KUBECONFIG
-grep client-certificate-data $K | awk '{print $2}' | base64 -d > /tmp/fx-c.crt; grep client-key-data $K | awk '{print $2}' | base64 -d > /tmp/fx-c.key
+grep client-certificate-data "$K" | awk '{print $2}' | base64 -d > /tmp/fx-c.crt; grep client-key-data "$K" | awk '{print $2}' | base64 -d > /tmp/fx-c.key
 U="$COCOON_APISERVER_URL/api/v1/namespaces/wire/pods?watch=true&sendInitialEvents=true&allowWatchBookmarks=true&resourceVersionMatch=NotOlderThan&timeoutSeconds=2"
 for fmt in json protobuf; do
 python3 - "$U" "$fmt" "$OUT/pod-watch.$fmt" "$COCOON_CA_CERT" <<'PY'
