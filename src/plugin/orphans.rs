@@ -11,7 +11,7 @@ use super::error::PluginError;
 use super::install;
 use super::table::render;
 use super::terminal::{say, table_layout, warn};
-use crate::ownership::cluster_id;
+use crate::api::cluster::cluster_id;
 use crate::registry::{DeleteOutcome, RegistryClient, SnapshotStore};
 use crate::registry::{InstallId, RegistryArgs};
 use futures::{StreamExt as _, TryStreamExt as _};

@@ -20,7 +20,7 @@ pub use error::RegistryError;
 pub use names::SNAPSHOT_TAG;
 pub use observer::RegistryObserver;
 pub use oci_client::secrets::RegistryAuth;
-pub use owner::{InstallId, Marker, OWNER_REPOSITORY, Ownership, ownership};
+pub use owner::{InstallId, Marker, OWNER_REPOSITORY, Ownership, describe_owners, ownership};
 
 use std::time::Duration;
 use tokio::time::Instant;

@@ -12,8 +12,8 @@ use testkit::product;
 use testkit::registry_server;
 use testkit::vk_sim;
 
+use cocoon_hibernation::api::cluster::cluster_id;
 use cocoon_hibernation::api::{Desire, Phase};
-use cocoon_hibernation::ownership::cluster_id;
 use cocoon_hibernation::registry::{
     InstallId, RegistryAuth, RegistryClient, RegistryConfig, RegistryError,
 };
