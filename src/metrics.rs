@@ -11,6 +11,7 @@ use std::sync::Arc;
 
 // The plan's own types are the labels: one Transition, no mapping between two.
 pub use crate::controller::plan::{Ending, Transition};
+use crate::registry::RegistryObserver;
 
 impl EncodeLabelValue for Transition {
     fn encode(&self, encoder: &mut LabelValueEncoder) -> Result<(), std::fmt::Error> {
@@ -281,6 +282,17 @@ impl Metrics {
         let mut out = String::new();
         prometheus_client::encoding::text::encode(&mut out, &self.registry)?;
         Ok(out)
+    }
+}
+
+/// The operator's registry client reports here; the plugin's reports nowhere.
+impl RegistryObserver for Metrics {
+    fn call(&self, operation: &'static str, outcome: &'static str) {
+        self.registry_call(operation, outcome);
+    }
+
+    fn tag_kept(&self) {
+        self.snapshot_tags_kept.inc();
     }
 }
 

@@ -3,9 +3,9 @@
 //! install's marker there means the base is shared: logged at error level and reported
 //! by the gauge `registry_base_shared`. The orphan audit refuses such a base.
 
+use crate::api::cluster::cluster_id;
 use crate::metrics::Metrics;
-use crate::registry::{InstallId, Marker, Ownership, RegistryClient, ownership};
-use k8s_openapi::api::core::v1::Namespace;
+use crate::registry::{InstallId, Ownership, RegistryClient, describe_owners, ownership};
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
@@ -13,14 +13,6 @@ use tokio_util::sync::CancellationToken;
 const RECHECK: Duration = Duration::from_secs(600);
 /// The wait after a failed check (registry or apiserver unreachable).
 const RETRY: Duration = Duration::from_secs(30);
-
-/// The cluster's identity: the uid of namespace kube-system, which lives as long as the
-/// cluster does.
-pub async fn cluster_id(client: &kube::Client) -> Result<String, kube::Error> {
-    let namespaces: kube::Api<Namespace> = kube::Api::all(client.clone());
-    let kube_system = namespaces.get("kube-system").await?;
-    Ok(kube_system.metadata.uid.unwrap_or_default())
-}
 
 /// Keeps the marker until `stop`.
 pub async fn keep(
@@ -87,7 +79,7 @@ fn report(ours: &InstallId, verdict: &Ownership, metrics: &Metrics) {
             metrics.registry_base_shared.set(1);
             tracing::error!(
                 install = %ours,
-                others = %describe(others),
+                others = %describe_owners(others),
                 "the registry base is shared with another install: give each install a \
                  base of its own (the orphan audit refuses to delete on this one)"
             );
@@ -96,16 +88,4 @@ fn report(ours: &InstallId, verdict: &Ownership, metrics: &Metrics) {
             metrics.registry_base_shared.set(0);
         }
     }
-}
-
-/// The other installs, as their markers name them.
-pub fn describe(others: &[Marker]) -> String {
-    let names: Vec<String> = others
-        .iter()
-        .map(|m| match &m.install {
-            Some(install) => install.to_string(),
-            None => format!("marker {}", m.tag),
-        })
-        .collect();
-    names.join("; ")
 }

@@ -26,7 +26,7 @@ const WEBHOOK_DRAIN: Duration = Duration::from_secs(3);
 pub async fn run(args: ServerArgs) -> Result<()> {
     args.validate()?;
     let metrics = Metrics::new();
-    let registry = RegistryClient::new(args.registry.config()?, metrics.clone())?;
+    let registry = RegistryClient::observed(args.registry.config()?, Arc::new(metrics.clone()))?;
     let progress = Progress::new();
     let stall_limit = args.informer_stall_limit;
     let (watch_client, client) = kube_clients(

@@ -1,6 +1,7 @@
 //! The `CocoonHibernation` API (SPEC A1–A3) and the pod annotation contract (A4).
 
 pub mod annotations;
+pub mod cluster;
 pub mod conditions;
 pub mod pod;
 pub mod tenancy;

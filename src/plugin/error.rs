@@ -39,7 +39,7 @@ pub enum PluginError {
     Refused(String),
     /// The CocoonHibernation went Failed while we waited. A reason that says no more
     /// than "Failed" is left out.
-    #[error("{cr} failed{}: {message}", if reason.is_empty() || reason == "Failed" { String::new() } else { format!(" ({reason})") })]
+    #[error("{cr} failed{}: {message}", if reason.is_empty() || reason == crate::api::conditions::REASON_FAILED { String::new() } else { format!(" ({reason})") })]
     Failed {
         cr: String,
         reason: String,

@@ -128,7 +128,7 @@ pub fn refusal(ours: &InstallId, markers: &[Marker], base: &str) -> Option<Strin
             "{base} is shared: besides {ours}, it holds the owner marker of {}; a tag no \
              CocoonHibernation of this cluster holds may be theirs. Give each install a \
              base of its own",
-            crate::ownership::describe(&others)
+            crate::registry::describe_owners(&others)
         )),
     }
 }

@@ -11,8 +11,7 @@ use super::error::PluginError;
 use super::install;
 use super::table::render;
 use super::terminal::{say, table_layout, warn};
-use crate::metrics::Metrics;
-use crate::ownership::cluster_id;
+use crate::api::cluster::cluster_id;
 use crate::registry::{DeleteOutcome, RegistryClient, SnapshotStore};
 use crate::registry::{InstallId, RegistryArgs};
 use futures::{StreamExt as _, TryStreamExt as _};
@@ -121,7 +120,7 @@ fn client(args: &RegistryArgs, base: &str) -> Result<RegistryClient, PluginError
     let config = args
         .config()
         .map_err(|e| PluginError::Config(e.to_string()))?;
-    RegistryClient::new(config, Metrics::new()).map_err(|e| PluginError::Config(e.to_string()))
+    RegistryClient::new(config).map_err(|e| PluginError::Config(e.to_string()))
 }
 
 /// Every `<vm>:hibernate` under the base: the catalog, then one HEAD per repository.

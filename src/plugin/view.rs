@@ -3,11 +3,10 @@
 //! failing the command. This is the one place that knows the status layout; a server
 //! older or newer than the plugin still gets its CRs shown.
 
+use crate::api::Phase;
+use crate::api::conditions::{PROGRESSING, READY, REASON_FAILED};
 use jiff::Timestamp;
 use serde_json::Value;
-
-pub const READY: &str = "Ready";
-pub const PROGRESSING: &str = "Progressing";
 
 /// One status condition.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -126,8 +125,13 @@ impl CrView {
         self.conditions.iter().find(|c| c.type_ == type_)
     }
 
+    /// Whether the CR is in `phase` (a phase this version does not know is in none).
+    pub fn phase_is(&self, phase: Phase) -> bool {
+        self.phase.as_deref() == Some(phase.as_str())
+    }
+
     fn failed(&self) -> bool {
-        self.phase.as_deref() == Some("Failed")
+        self.phase_is(Phase::Failed)
     }
 
     /// The reason worth showing. In `Failed`, why: the first specific one of `Ready`
@@ -139,8 +143,8 @@ impl CrView {
             let failure = self.last_failure.as_ref().map_or("", |f| f.reason.as_str());
             return [of(READY), failure, of(PROGRESSING)]
                 .into_iter()
-                .find(|r| !r.is_empty() && *r != "Failed")
-                .unwrap_or("Failed");
+                .find(|r| !r.is_empty() && *r != REASON_FAILED)
+                .unwrap_or(REASON_FAILED);
         }
         [of(PROGRESSING), of(READY)]
             .into_iter()
@@ -168,10 +172,12 @@ impl CrView {
     /// Since when the CR has been in its current state: the phase's own timestamp when it
     /// has one, else the latest transition of `Ready` or `Progressing`, else its creation.
     pub fn since(&self) -> Option<Timestamp> {
-        let phase_stamp = match self.phase.as_deref() {
-            Some("Hibernated") => self.hibernated_at,
-            Some("Active") => self.woken_at,
-            _ => None,
+        let phase_stamp = if self.phase_is(Phase::Hibernated) {
+            self.hibernated_at
+        } else if self.phase_is(Phase::Active) {
+            self.woken_at
+        } else {
+            None
         };
         phase_stamp
             .or_else(|| {

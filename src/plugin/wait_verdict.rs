@@ -1,6 +1,8 @@
 //! When a `--wait` is over, decided from the CR alone (pure; the watch is in `wait.rs`).
 
-use super::view::{CrView, READY};
+use super::view::CrView;
+use crate::api::Phase;
+use crate::api::conditions::{READY, REASON_CONFLICT, REASON_VM_CHANGED};
 use jiff::Timestamp;
 
 /// What the user asked for.
@@ -20,10 +22,10 @@ impl Want {
     }
 
     /// The phase a finished transition rests in.
-    pub fn terminal_phase(self) -> &'static str {
+    pub fn terminal_phase(self) -> Phase {
         match self {
-            Want::Hibernate => "Hibernated",
-            Want::Wake => "Active",
+            Want::Hibernate => Phase::Hibernated,
+            Want::Wake => Phase::Active,
         }
     }
 }
@@ -49,8 +51,7 @@ impl Target {
     /// The target for a request on `cr` as the write left it.
     pub fn new(want: Want, cr: &CrView, desire_changed: bool) -> Self {
         let ready_time = cr.condition(READY).and_then(|c| c.last_transition);
-        let stale_failure =
-            (!desire_changed && cr.phase.as_deref() == Some("Failed")).then_some(ready_time);
+        let stale_failure = (!desire_changed && cr.phase_is(Phase::Failed)).then_some(ready_time);
         Self {
             want,
             uid: cr.uid.clone(),
@@ -80,7 +81,7 @@ pub enum Step {
 
 /// Failures the controller does not retry while their cause lasts: S2's conflict, S9's
 /// changed VM.
-const NOT_RETRIED: [&str; 2] = ["Conflict", "VMChanged"];
+const NOT_RETRIED: [&str; 2] = [REASON_CONFLICT, REASON_VM_CHANGED];
 
 pub fn judge(target: &Target, cr: Option<&CrView>) -> Step {
     let Some(cr) = cr else {
@@ -102,23 +103,22 @@ pub fn judge(target: &Target, cr: Option<&CrView>) -> Step {
         (None, _) => true,
     };
     let ready = cr.condition(READY);
-    let phase = cr.phase.as_deref();
-    if current && phase == Some(target.want.terminal_phase()) && ready.is_some_and(|c| c.is_true())
-    {
+    if current && cr.phase_is(target.want.terminal_phase()) && ready.is_some_and(|c| c.is_true()) {
         return Step::Done;
     }
     // In Failed the CR says why itself; a failure that flashed past is in lastFailure.
-    let failed = |cr: &CrView| match (phase, cr.last_failure.as_ref()) {
-        (Some("Failed"), _) | (_, None) => Step::Failed {
-            reason: cr.reason().to_string(),
-            message: cr.message().to_string(),
-        },
-        (_, Some(failure)) => Step::Failed {
+    let in_failed = cr.phase_is(Phase::Failed);
+    let failed = |cr: &CrView| match cr.last_failure.as_ref() {
+        Some(failure) if !in_failed => Step::Failed {
             reason: failure.reason.clone(),
             message: failure.message.clone(),
         },
+        _ => Step::Failed {
+            reason: cr.reason().to_string(),
+            message: cr.message().to_string(),
+        },
     };
-    if current && phase == Some("Failed") {
+    if current && in_failed {
         let conflict = ready.is_some_and(|c| NOT_RETRIED.contains(&c.reason.as_str()));
         let stale = target
             .stale_failure

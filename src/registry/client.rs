@@ -5,8 +5,10 @@ use super::config::RegistryConfig;
 use super::error::{Op, RegistryError, Result, describe_chain};
 use super::http::{Deadline, Http, valid_tag};
 use super::names::{RegistryBase, SNAPSHOT_TAG};
+use super::observer::{Observer, RegistryObserver};
 use super::{DeleteOutcome, FAR, Fut, SnapshotStore};
-use crate::{USER_AGENT, metrics::Metrics};
+use crate::USER_AGENT;
+use std::sync::Arc;
 use std::task::Poll;
 use std::time::Duration;
 use tokio::time::Instant;
@@ -20,7 +22,17 @@ pub struct RegistryClient {
 }
 
 impl RegistryClient {
-    pub fn new(config: RegistryConfig, metrics: Metrics) -> Result<Self> {
+    /// A client that reports to no one (the plugin's).
+    pub fn new(config: RegistryConfig) -> Result<Self> {
+        Self::build(config, Observer::default())
+    }
+
+    /// A client that reports every call to `observer` (the operator's metrics).
+    pub fn observed(config: RegistryConfig, observer: Arc<dyn RegistryObserver>) -> Result<Self> {
+        Self::build(config, Observer::new(observer))
+    }
+
+    fn build(config: RegistryConfig, observer: Observer) -> Result<Self> {
         let base = RegistryBase::parse(&config.base)?;
         let invalid = |message: String| RegistryError::InvalidConfig(message);
         if config.timeout.is_zero() {
@@ -53,7 +65,7 @@ impl RegistryClient {
         let http = Http {
             client,
             auth: config.auth,
-            metrics,
+            observer,
             root: format!("{scheme}://{}/v2/", base.registry),
         };
         Ok(Self {
@@ -123,7 +135,7 @@ impl RegistryClient {
         })
         .await;
         if let Err(RegistryError::Timeout { .. }) = result {
-            self.http.metrics.registry_call(operation, "timeout");
+            self.http.observer.call(operation, "timeout");
         }
         result
     }
@@ -176,7 +188,7 @@ impl RegistryClient {
                 }
             }
             if !other_tags.is_empty() {
-                self.http.metrics.snapshot_tags_kept.inc();
+                self.http.observer.tag_kept();
                 return Ok(DeleteOutcome::KeptSharedDigest { other_tags });
             }
             match s.head_digest(&tagged, "recheck").await? {
@@ -257,7 +269,7 @@ mod tests {
             extra_ca_pems: vec![],
             timeout: Duration::from_secs(60),
         };
-        let client = RegistryClient::new(config, Metrics::new()).unwrap();
+        let client = RegistryClient::new(config).unwrap();
         let not_after = Instant::now() + Duration::from_millis(100);
         // The pause, between two polls of the operation: the runtime's only thread stops
         // until past the deadline.
@@ -286,16 +298,13 @@ mod tests {
 
     #[test]
     fn client_debug_redacts_secrets() {
-        let client = RegistryClient::new(
-            RegistryConfig {
-                base: "reg.example:5000/snap".into(),
-                plain_http: false,
-                auth: RegistryAuth::Basic("alice".into(), "hunter2".into()),
-                extra_ca_pems: vec![],
-                timeout: Duration::from_secs(3),
-            },
-            Metrics::new(),
-        )
+        let client = RegistryClient::new(RegistryConfig {
+            base: "reg.example:5000/snap".into(),
+            plain_http: false,
+            auth: RegistryAuth::Basic("alice".into(), "hunter2".into()),
+            extra_ca_pems: vec![],
+            timeout: Duration::from_secs(3),
+        })
         .unwrap();
         let printed = format!("{client:?}");
         assert!(printed.contains("reg.example:5000"), "{printed}");

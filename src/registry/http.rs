@@ -6,7 +6,7 @@
 //! [`Deadline`].
 
 use super::error::{Op, RegistryError, Result, answer_detail, error_codes};
-use crate::metrics::Metrics;
+use super::observer::Observer;
 use oci_client::errors::OciErrorCode as Code;
 use oci_client::manifest::{IMAGE_MANIFEST_LIST_MEDIA_TYPE, IMAGE_MANIFEST_MEDIA_TYPE};
 use oci_client::manifest::{OCI_IMAGE_INDEX_MEDIA_TYPE, OCI_IMAGE_MEDIA_TYPE};
@@ -35,7 +35,7 @@ const MANIFEST_TYPES: [&str; 4] = [
 pub(super) struct Http {
     pub client: reqwest::Client,
     pub auth: RegistryAuth,
-    pub metrics: Metrics,
+    pub observer: Observer,
     /// `<scheme>://<registry>/v2/`.
     pub root: String,
 }
@@ -102,7 +102,7 @@ impl Http {
             Err(RegistryError::DeleteRefused { .. }) => "unsupported",
             Err(_) => "error",
         };
-        self.metrics.registry_call(op, outcome);
+        self.observer.call(op, outcome);
         result
     }
 }

@@ -10,6 +10,7 @@ mod config;
 mod error;
 mod http;
 mod names;
+mod observer;
 mod owner;
 
 pub use args::RegistryArgs;
@@ -17,8 +18,9 @@ pub use client::RegistryClient;
 pub use config::{RegistryConfig, auth_from_docker_config};
 pub use error::RegistryError;
 pub use names::SNAPSHOT_TAG;
+pub use observer::RegistryObserver;
 pub use oci_client::secrets::RegistryAuth;
-pub use owner::{InstallId, Marker, OWNER_REPOSITORY, Ownership, ownership};
+pub use owner::{InstallId, Marker, OWNER_REPOSITORY, Ownership, describe_owners, ownership};
 
 use std::time::Duration;
 use tokio::time::Instant;

@@ -126,6 +126,18 @@ pub fn ownership(ours: &InstallId, markers: &[Marker]) -> Ownership {
     }
 }
 
+/// The other installs, as their markers name them.
+pub fn describe_owners(others: &[Marker]) -> String {
+    let names: Vec<String> = others
+        .iter()
+        .map(|m| match &m.install {
+            Some(install) => install.to_string(),
+            None => format!("marker {}", m.tag),
+        })
+        .collect();
+    names.join("; ")
+}
+
 impl RegistryClient {
     /// Every marker under the base; the installs of the first few that are not `ours`
     /// (whose install is known) are read from their manifests.

@@ -12,9 +12,8 @@ use testkit::product;
 use testkit::registry_server;
 use testkit::vk_sim;
 
+use cocoon_hibernation::api::cluster::cluster_id;
 use cocoon_hibernation::api::{Desire, Phase};
-use cocoon_hibernation::metrics::Metrics;
-use cocoon_hibernation::ownership::cluster_id;
 use cocoon_hibernation::registry::{
     InstallId, RegistryAuth, RegistryClient, RegistryConfig, RegistryError,
 };
@@ -160,7 +159,7 @@ fn registry_client(base: &str) -> RegistryClient {
         extra_ca_pems: vec![],
         timeout: Duration::from_secs(5),
     };
-    RegistryClient::new(config, Metrics::new()).expect("registry client")
+    RegistryClient::new(config).expect("registry client")
 }
 
 /// Applies the chart's install ConfigMap (S10) of release `release` in the test
@@ -587,7 +586,7 @@ async fn registry_catalog_lists_snapshot_repositories_with_basic_and_token_auth(
         }
         let mut config = server.registry_config();
         config.base = format!("{}/snap", server.host());
-        let client = RegistryClient::new(config, Metrics::new()).expect("client");
+        let client = RegistryClient::new(config).expect("client");
         let vms = client
             .catalog_vms()
             .await
@@ -600,7 +599,7 @@ async fn registry_catalog_lists_snapshot_repositories_with_basic_and_token_auth(
 
         let mut config = server.registry_config();
         config.auth = RegistryAuth::Basic("audit".into(), "wrong".into());
-        let client = RegistryClient::new(config, Metrics::new()).expect("client");
+        let client = RegistryClient::new(config).expect("client");
         let err = client.catalog_vms().await.expect_err("refused credentials");
         assert!(
             matches!(err, RegistryError::Unauthorized { .. }),

@@ -11,6 +11,7 @@ mod docs_sync;
 mod fuzz_regressions;
 mod plan_properties;
 mod plan_rules;
+mod plugin_literals;
 mod registry_client;
 mod registry_harness;
 mod safety_rules;

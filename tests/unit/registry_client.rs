@@ -24,7 +24,8 @@ fn client_for(server: &RegistryServer) -> (RegistryClient, Metrics) {
 fn client_with(config: RegistryConfig) -> (RegistryClient, Metrics) {
     install_crypto_provider();
     let metrics = Metrics::new();
-    let client = RegistryClient::new(config, metrics.clone()).expect("registry client");
+    let client =
+        RegistryClient::observed(config, Arc::new(metrics.clone())).expect("registry client");
     (client, metrics)
 }
 
@@ -1410,7 +1411,7 @@ fn h4_bad_config_is_refused_at_construction() {
         config("reg", vec![], Duration::ZERO),
     ];
     for case in cases {
-        let err = RegistryClient::new(case, Metrics::new()).unwrap_err();
+        let err = RegistryClient::new(case).unwrap_err();
         assert!(matches!(err, RegistryError::InvalidConfig(_)), "{err:?}");
     }
 }
