@@ -220,20 +220,31 @@ async fn c3_settled_pass_makes_no_request() {
     assert_eq!(action, kube::runtime::controller::Action::await_change());
 }
 
-/// SPEC H1 H2 O1 F2: entering Hibernating reads the CR fresh, patches the pod (guarded by its uid), then the
-/// status subresource (guarded by the resourceVersion the pass read).
+/// SPEC H1 H2 W2 F2: entering Hibernating writes the status subresource first (guarded by
+/// the resourceVersion the pass read), recording the VMID the request may take away, and
+/// only then patches the pod (guarded by its uid and that VMID).
 #[tokio::test]
-async fn h1_h2_entering_patches_pod_then_status_subresource() {
+async fn h1_h2_w2_entering_writes_the_status_then_patches_the_pod() {
     let obj = cr(true, None);
     let cache = SharedCache::from_objects(vec![obj.clone()], vec![running_pod()]);
     let (ctx, mut handle) = context(cache);
     let pass = tokio::spawn(reconcile(Arc::new(obj.clone()), ctx));
 
-    // F2: a fresh read shows the planned version before the pod is touched.
-    let (method, uri, _, _) =
+    let (method, uri, ct, body) =
         expect_request(&mut handle, serde_json::to_value(&obj).unwrap()).await;
-    assert_eq!(method, http::Method::GET);
-    assert!(uri.ends_with("/cocoonhibernations/web-0"), "{uri}");
+    assert_eq!(method, http::Method::PATCH);
+    assert!(
+        uri.starts_with(
+            "/apis/cocoonset.cocoonstack.io/v1/namespaces/ns/cocoonhibernations/web-0/status?"
+        ),
+        "{uri}"
+    );
+    assert_eq!(ct, "application/merge-patch+json");
+    assert_eq!(body["metadata"]["resourceVersion"], "41");
+    assert_eq!(body["status"]["phase"], "Hibernating");
+    assert_eq!(body["status"]["vmName"], "vm-a");
+    assert_eq!(body["status"]["preHibernateVmId"], "id-1");
+
     let (method, uri, ct, body) =
         expect_request(&mut handle, serde_json::to_value(running_pod()).unwrap()).await;
     assert_eq!(method, http::Method::PATCH);
@@ -255,20 +266,6 @@ async fn h1_h2_entering_patches_pod_then_status_subresource() {
         body[2]["path"],
         "/metadata/annotations/vm.cocoonstack.io~1hibernate"
     );
-
-    let (method, uri, ct, body) =
-        expect_request(&mut handle, serde_json::to_value(&obj).unwrap()).await;
-    assert_eq!(method, http::Method::PATCH);
-    assert!(
-        uri.starts_with(
-            "/apis/cocoonset.cocoonstack.io/v1/namespaces/ns/cocoonhibernations/web-0/status?"
-        ),
-        "{uri}"
-    );
-    assert_eq!(ct, "application/merge-patch+json");
-    assert_eq!(body["metadata"]["resourceVersion"], "41");
-    assert_eq!(body["status"]["phase"], "Hibernating");
-    assert_eq!(body["status"]["vmName"], "vm-a");
     pass.await.unwrap().unwrap();
     no_more_requests(&mut handle).await;
 }
@@ -617,15 +614,14 @@ async fn s7_w2_a_stale_pod_cache_deletes_nothing() {
     );
 }
 
-/// A status write computed from a stale cache meets a 409 and is retried, never forced.
+/// SPEC F2 W2: a status write computed from a stale cache meets a 409 and is retried,
+/// never forced; the hibernate request it would have recorded never reaches the pod.
 #[tokio::test]
-async fn stale_cache_status_write_conflicts_and_is_retried() {
+async fn f2_w2_stale_cache_status_write_conflicts_and_the_pod_is_untouched() {
     let obj = cr(true, None);
     let cache = SharedCache::from_objects(vec![obj.clone()], vec![running_pod()]);
     let (ctx, mut handle) = context(cache);
     let pass = tokio::spawn(reconcile(Arc::new(obj.clone()), ctx.clone()));
-    expect_request(&mut handle, serde_json::to_value(&obj).unwrap()).await;
-    expect_request(&mut handle, serde_json::to_value(running_pod()).unwrap()).await;
     let (req, send) = tokio::time::timeout(Duration::from_secs(5), handle.next_request())
         .await
         .unwrap()
@@ -643,6 +639,7 @@ async fn stale_cache_status_write_conflicts_and_is_retried() {
     );
     let err = ended(pass).await.unwrap_err();
     assert_eq!(err.metric_label(), "conflict");
+    no_more_requests(&mut handle).await;
     let action = super::error_policy(Arc::new(obj), &err, ctx.clone());
     assert_ne!(
         action,
@@ -657,17 +654,24 @@ async fn stale_cache_status_write_conflicts_and_is_retried() {
     );
 }
 
-/// SPEC F2 W3: when the fresh read shows a newer CR than the cache (the user flipped the
-/// desire since), the pass touches neither the pod nor the status, and looks again soon.
+/// SPEC F2 W3: when the fresh read before a wake's pod patch shows a newer CR than the
+/// cache (the user flipped the desire since), the pass touches neither the pod nor the
+/// status, and looks again soon. (A hibernate's status write goes first and meets the 409.)
 #[tokio::test]
 async fn f2_a_stale_view_defers_before_the_pod_patch() {
-    let obj = cr(true, None);
-    let cache = SharedCache::from_objects(vec![obj.clone()], vec![running_pod()]);
+    let mut obj = cr(true, Some(Phase::Hibernated));
+    obj.spec.desire = crate::api::Desire::Wake;
+    let hibernated = pod(&[
+        (VM_NAME, "vm-a"),
+        ("vm.cocoonstack.io/hibernate", "true"),
+        (LIFECYCLE_STATE, "hibernated"),
+    ]);
+    let cache = SharedCache::from_objects(vec![obj.clone()], vec![hibernated]);
     let (ctx, mut handle) = context(cache);
     let pass = tokio::spawn(reconcile(Arc::new(obj.clone()), ctx.clone()));
     let mut newer = obj.clone();
     newer.metadata.resource_version = Some("42".into());
-    newer.spec.desire = crate::api::Desire::Wake;
+    newer.spec.desire = crate::api::Desire::Hibernate;
     let (method, _, _, _) =
         expect_request(&mut handle, serde_json::to_value(&newer).unwrap()).await;
     assert_eq!(method, http::Method::GET);

@@ -39,6 +39,8 @@ enum Step {
     /// An hour passes: any transition in flight times out.
     Tick,
     Flip,
+    /// The user flips the desire during the next pass, after its `n`th request.
+    FlipDuringPass(usize),
     Delete,
     Create {
         hibernate: bool,
@@ -64,6 +66,7 @@ fn step() -> impl Strategy<Value = Step> {
         2 => Just(Step::VkRemoves),
         2 => Just(Step::Tick),
         3 => Just(Step::Flip),
+        1 => (1..6usize).prop_map(Step::FlipDuringPass),
         1 => Just(Step::Delete),
         1 => any::<bool>().prop_map(|hibernate| Step::Create { hibernate }),
         1 => any::<bool>().prop_map(|open| Step::Fence { open }),
@@ -83,6 +86,7 @@ async fn apply(w: &mut World, step: &Step) {
         Step::VkRemoves => w.vk_step(false, true),
         Step::Tick => w.tick(),
         Step::Flip => w.flip(),
+        Step::FlipDuringPass(n) => w.flip_during_next_pass(n),
         Step::Delete => w.delete(),
         Step::Create { hibernate } => w.create(hibernate),
         Step::Fence { open } => w.fence(open),
@@ -398,6 +402,51 @@ fn w2_s7_a_request_from_a_view_without_a_vmid_never_lands_on_a_restored_vm() {
         PASS,
     ];
     let steps: Vec<Step> = [&round_1[..], &restored, &round_2, &[PASS, PASS, VK, RM]].concat();
+    let w = run(&steps);
+    assert_clean(&w);
+}
+
+/// SPEC W2 F2 (found by the any-version property, with a user racing the pass): the desire
+/// flips back while the first hibernate pass is in flight. The hibernate request must not
+/// reach the pod unless the status recording it (and the VMID it tests) was written: a
+/// lost status write left vk hibernating a VM whose CR then went Active on that VMID.
+#[test]
+fn w2_f2_a_desire_flipped_during_the_pass_leaves_no_unrecorded_request() {
+    use Step::{Flip, FlipDuringPass};
+    let flipped_back_mid_pass = [Flip, FlipDuringPass(1), PASS];
+    let steps: Vec<Step> = [
+        &[Flip, Flip, Flip, PASS, PASS][..],
+        &flipped_back_mid_pass,
+        &[VK],
+    ]
+    .concat();
+    let w = run_on(true, &steps);
+    assert_clean(&w);
+}
+
+/// SPEC W2 G1 S6 (found by the any-version property): a CR deleted while its hibernate is
+/// in flight leaves the request on the pod (the user discarded that round); a new Wake CR
+/// must treat the VMID under that request as one vk may take away, not as a fresh one.
+#[test]
+fn w2_s6_a_new_wake_cr_on_a_pod_left_asking_for_a_hibernate_records_its_vmid() {
+    use Step::{Delete, Flip, Tick};
+    let discarded_round = [PASS, PASS, Delete, PASS, SKIP];
+    let new_cr = [
+        Step::Create { hibernate: false },
+        Flip,
+        Flip,
+        Flip,
+        Flip,
+        PASS,
+        PASS,
+        Tick,
+    ];
+    let steps: Vec<Step> = [
+        &discarded_round[..],
+        &new_cr,
+        &[PASS, VK, RM, Step::Replace],
+    ]
+    .concat();
     let w = run(&steps);
     assert_clean(&w);
 }

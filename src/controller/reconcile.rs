@@ -150,12 +150,30 @@ async fn execute(
         ctx.wrote(cr, cr, written);
         return Ok(Action::await_change());
     }
+    let mut status = plan.status.clone();
+    // W2, F2: a hibernate request goes out only once the status that records it (the
+    // phase, the VMID its patch tests) is written at the CR's current version; written
+    // after it, a 409 would leave a request vk acts on with no record of that VMID.
+    let mut recorded = false;
+    if matches!(plan.pod_patch, Some(PodPatch::SetHibernate))
+        && pod.is_some()
+        && !plan.delete_first
+        && let Some(first) = status.take()
+    {
+        let written = write_status(cr, api, &first).await?;
+        ctx.wrote(cr, cr, written);
+        log_status(cr, &first);
+        recorded = true;
+    }
     if let (Some(patch), Some(pod)) = (plan.pod_patch, pod) {
         // F2: a 409 on the status write cannot undo a pod patch, and vk acts on it at
-        // once, so a transition starts or ends only from the CR's current version.
-        let current = api.get(&name).await?;
-        if current.metadata.resource_version != cr.metadata.resource_version {
-            return Ok(ctx.defer(Deferral::StaleView));
+        // once, so a transition starts or ends only from the CR's current version (the
+        // status write just made proved it, when there was one).
+        if !recorded {
+            let current = api.get(&name).await?;
+            if current.metadata.resource_version != cr.metadata.resource_version {
+                return Ok(ctx.defer(Deferral::StaleView));
+            }
         }
         let pods: Api<PodSlice> =
             Api::namespaced(ctx.client.clone(), &cr.namespace().unwrap_or_default());
@@ -181,7 +199,6 @@ async fn execute(
     let mut after_write = None;
     let mut status_base = cr;
     let fresh_holder;
-    let mut status = plan.status.clone();
     if plan.delete_first
         && let (Some(vm), Some(planned)) = (&plan.delete_tag, status.as_mut())
     {
@@ -209,12 +226,7 @@ async fn execute(
     if let Some(status) = &status {
         let written = write_status(status_base, api, status).await?;
         ctx.wrote(cr, status_base, written);
-        tracing::info!(
-            cr = %key(cr),
-            phase = status.phase.map(Phase::as_str).unwrap_or("none"),
-            reason = progress_reason(status),
-            "status updated"
-        );
+        log_status(cr, status);
     }
     // Recorded before the events are sent: the terminal status is already visible.
     if let Some(done) = plan.finished {
@@ -237,4 +249,13 @@ async fn execute(
         .requeue
         .map(Action::requeue)
         .unwrap_or_else(Action::await_change))
+}
+
+fn log_status(cr: &CocoonHibernation, status: &crate::api::CocoonHibernationStatus) {
+    tracing::info!(
+        cr = %key(cr),
+        phase = status.phase.map(Phase::as_str).unwrap_or("none"),
+        reason = progress_reason(status),
+        "status updated"
+    );
 }

@@ -212,9 +212,10 @@ async fn e2e_g1_a_replacement_pod_keeps_the_tag_when_the_cr_is_deleted() {
 
 /// S2: two live CRs on one pod with opposite desires, created while the webhook was
 /// absent. Only the older acts; the younger is Failed naming it and never patches the
-/// pod, so over 30 s the pod is patched at most once.
+/// pod, so over 30 s the pod is patched at most once. W2 S6: once the older is deleted
+/// mid-hibernate, the younger's wake ends only on a VMID vk wrote after that request.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn e2e_s2_duplicates_on_one_pod_only_the_oldest_acts() {
+async fn e2e_s2_w2_duplicates_on_one_pod_only_the_oldest_acts() {
     let env = setup(
         "dup",
         Setup {
@@ -265,9 +266,43 @@ async fn e2e_s2_duplicates_on_one_pod_only_the_oldest_acts() {
     let older = env.crs.get("dup-0").await.expect("get");
     assert_eq!(product::phase(&older), Some(Phase::Hibernating));
 
-    // S2: the conflict clears by itself once the older CR is gone; the pod never
-    // hibernated, so the wake completes at once.
+    // S2: the conflict clears by itself once the older CR is gone. W2 S6: the older CR's
+    // hibernate request reached the pod and deleting it discarded that round, so vk may
+    // still be taking the VM on this VMID away: the younger CR's wake removes the request
+    // and waits for a VMID written after it, naming the one it will not take.
+    let old_id = PodView::of(&env.pods.get("dup-0").await.expect("get pod"))
+        .vm_id
+        .expect("the pod runs its VM");
     product::delete_and_wait_gone(&env.crs, "dup-0", LONG).await;
+    let waiting = eventually("the younger CR waits for a fresh VMID", LONG, || async {
+        let cr = env.crs.get("dup-0-again").await.ok()?;
+        let progressing = condition(&cr, conditions::PROGRESSING)?;
+        (progressing.reason == conditions::REASON_WAITING_FOR_FRESH_VMID).then_some(cr)
+    })
+    .await;
+    assert_eq!(product::phase(&waiting), Some(Phase::Waking));
+    let progressing = condition(&waiting, conditions::PROGRESSING).expect("Progressing");
+    assert!(
+        progressing.message.contains(&old_id),
+        "{}",
+        progressing.message
+    );
+    never_phase(
+        &env.crs,
+        "dup-0-again",
+        Phase::Active,
+        Duration::from_secs(5),
+    )
+    .await;
+    // vk writes a VMID after the request (it restored the VM): now the wake ends.
+    let restored = serde_json::json!({ "metadata": { "annotations": {
+        LIFECYCLE_STATE: "ready",
+        VM_ID: "vm-id-after-the-discarded-round",
+    }}});
+    env.pods
+        .patch("dup-0", &PatchParams::default(), &Patch::Merge(&restored))
+        .await
+        .expect("patch the VMID");
     wait_phase(&env.crs, "dup-0-again", Phase::Active, LONG, &mut vec![]).await;
 }
 

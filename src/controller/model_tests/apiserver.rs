@@ -31,6 +31,8 @@ pub(super) struct Store {
     /// Requests (events aside) since the pass began, and at which one the fence closes.
     requests: usize,
     cut_at: Option<usize>,
+    /// The user flips the desire right after this request of the pass (None: no race).
+    pub flip_after: Option<usize>,
     pub unexpected: Vec<String>,
 }
 
@@ -44,6 +46,7 @@ impl Store {
             fence,
             requests: 0,
             cut_at: None,
+            flip_after: None,
             unexpected: Vec::new(),
         };
         let pod = store.pod.clone();
@@ -78,6 +81,36 @@ impl Store {
         if self.cut_at == Some(self.requests) {
             self.fence.close();
         }
+        let answer = self.answer(method, path, ct, body);
+        if self.flip_after == Some(self.requests) {
+            self.flip_desire();
+        }
+        answer
+    }
+
+    /// A user's `spec.desire` flip: a new generation and resourceVersion.
+    pub fn flip_desire(&mut self) {
+        let Some(mut cr) = self.cr.clone() else {
+            return;
+        };
+        let desire = if cr["spec"]["desire"] == "Wake" {
+            "Hibernate"
+        } else {
+            "Wake"
+        };
+        cr["spec"]["desire"] = json!(desire);
+        let generation = cr["metadata"]["generation"].as_i64().unwrap_or(1);
+        cr["metadata"]["generation"] = json!(generation + 1);
+        self.cr = Some(self.stamp(cr));
+    }
+
+    fn answer(
+        &mut self,
+        method: &Method,
+        path: &str,
+        ct: &str,
+        body: Value,
+    ) -> (StatusCode, Value) {
         match (method, path) {
             (&Method::GET, CR_PATH) => match &self.cr {
                 Some(cr) => (StatusCode::OK, cr.clone()),

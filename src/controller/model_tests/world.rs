@@ -54,6 +54,8 @@ pub(super) struct World {
     /// at these indices into the histories; else any of the last versions (a failover to
     /// a replica whose cache lags further, or a restart on a lagging apiserver).
     monotone: Option<(usize, usize)>,
+    /// The user flips the desire during the next pass, after this request of it.
+    flip_next: Option<usize>,
     pub violations: Vec<String>,
     pub log: Vec<String>,
 }
@@ -96,6 +98,7 @@ impl World {
             next_uid: 1,
             crs: vec![None],
             monotone: monotone.then_some((0, 0)),
+            flip_next: None,
             pods: vec![(pod, None)],
             violations: Vec::new(),
             log: Vec::new(),
@@ -124,19 +127,13 @@ impl World {
 
     /// The user flips `spec.desire` (a new generation).
     pub fn flip(&mut self) {
-        let mut store = self.store.lock();
-        let Some(mut cr) = store.cr.clone() else {
-            return;
-        };
-        let desire = if cr["spec"]["desire"] == "Wake" {
-            "Hibernate"
-        } else {
-            "Wake"
-        };
-        cr["spec"]["desire"] = json!(desire);
-        let generation = cr["metadata"]["generation"].as_i64().unwrap_or(1);
-        cr["metadata"]["generation"] = json!(generation + 1);
-        store.cr = Some(store.stamp(cr));
+        self.store.lock().flip_desire();
+    }
+
+    /// The user flips `spec.desire` during the next pass, right after its `n`th request
+    /// (F2: a write the pass made before it stands, the ones after meet a new version).
+    pub fn flip_during_next_pass(&mut self, n: usize) {
+        self.flip_next = Some(n);
     }
 
     /// The user deletes the CR. Deleting one whose round is in flight discards its
@@ -300,6 +297,7 @@ impl World {
     /// One pass of the real `reconcile`, on a cache `cr_lag` versions behind the CR and
     /// `pod_lag` behind the pod; the fence closes during its `cut`th request.
     pub async fn pass(&mut self, cr_lag: usize, pod_lag: usize, cut: Option<usize>) {
+        let flip = self.flip_next.take();
         let mut cr_at = self.crs.len() - 1 - cr_lag.min(self.crs.len() - 1);
         let mut pod_at = self.pods.len() - 1 - pod_lag.min(self.pods.len() - 1);
         if let Some((cr_seen, pod_seen)) = &mut self.monotone {
@@ -323,6 +321,7 @@ impl World {
         };
         let ctx = self.context(SharedCache::from_objects(vec![cr.clone()], pods));
         self.store.lock().cut_fence_at(cut);
+        self.store.lock().flip_after = flip;
         let pass = tokio::time::timeout(Duration::from_secs(10), reconcile(Arc::new(cr), ctx));
         match pass.await {
             Err(_) => self.violations.push("harness: the pass hangs".into()),
@@ -332,6 +331,7 @@ impl World {
             Ok(result) => self.log.push(format!("  -> {result:?}")),
         }
         self.store.lock().cut_fence_at(None);
+        self.store.lock().flip_after = None;
         // Events still in flight go out before the world moves on.
         tokio::task::yield_now().await;
     }

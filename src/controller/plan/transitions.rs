@@ -122,6 +122,11 @@ impl Pass<'_> {
     ) -> Plan {
         if view.hibernate_requested {
             self.plan.pod_patch = Some(PodPatch::ClearHibernate); // W1
+            // W2: a request this CR holds no record of (a deleted CR's, a status write
+            // lost after the pod patch) may still take the VM on this VMID away.
+            if self.next.pre_hibernate_vm_id.is_none() {
+                self.next.pre_hibernate_vm_id = view.vm_id.clone();
+            }
         }
         match self.phase() {
             Some(Phase::Active) => {
