@@ -144,19 +144,32 @@ fn w2_s1_c3_a_waking_cr_whose_pod_asks_for_a_hibernate_clears_it_before_the_wake
     assert_eq!(p.delete_tag, None, "S1: the pod still asks for a hibernate");
     let next = p.status.expect("Progressing says what the wake waits for");
     assert_eq!(next.phase, Some(Phase::Waking), "the wake goes on");
-    // The world after W1's patch: the wake ends with the delete, and is then a fixpoint.
+    // W2: a request this CR holds no record of may still take the VM on id-1 away.
+    assert_eq!(next.pre_hibernate_vm_id.as_deref(), Some("id-1"));
+    // The world after W1's patch: still id-1, so no wake and no delete yet.
     cr.status = Some(next);
     let cleared = PodView {
         hibernate_requested: false,
         ..asks
     };
     let p = run(&cr, &cleared);
+    assert_eq!(p.delete_tag, None, "W2: not on the VMID under the request");
+    if let Some(waiting) = p.status {
+        assert_eq!(waiting.phase, Some(Phase::Waking));
+        cr.status = Some(waiting);
+    }
+    // vk writes a VMID after the request: the wake ends with the delete, then a fixpoint.
+    let woken = PodView {
+        vm_id: Some("id-2".into()),
+        ..cleared
+    };
+    let p = run(&cr, &woken);
     assert_eq!(p.delete_tag.as_deref(), Some("vm-a"));
     assert!(p.delete_first);
     let ended = p.status.expect("the wake ends in one write");
     assert_eq!(ended.phase, Some(Phase::Active));
     cr.status = Some(ended);
-    assert_eq!(run(&cr, &cleared).status, None, "C3: settled");
+    assert_eq!(run(&cr, &woken).status, None, "C3: settled");
 }
 
 /// The body of fuzz crash `admission_review` 8fefb010dd4e, byte for byte: a mangled
