@@ -703,6 +703,15 @@ async fn e2e_kill9_mid_transition_converges_without_leaking_or_losing_the_tag() 
     let vm = env.vm("c-0");
     product::create_cr(&env.crs, "c-0", "c-0", Desire::Hibernate).await;
     wait_phase(&env.crs, "c-0", Phase::Hibernating, LONG, &mut vec![]).await;
+    // The status recording the request is written before the request itself (W2): kill
+    // once the request has reached the pod, so vk has something to finish.
+    eventually("the hibernate request reached the pod", LONG, || async {
+        let pod = env.pods.get("c-0").await.ok()?;
+        cocoon_hibernation::api::annotations::PodView::of(&pod)
+            .hibernate_requested
+            .then_some(())
+    })
+    .await;
     env.product.kill9();
     // vk finishes while we are down.
     eventually("vk pushed the snapshot", LONG, || async {
