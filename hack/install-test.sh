@@ -58,7 +58,7 @@ log "running tests/e2e_install"
 log_file="$(mktemp)"
 set +e
 COCOON_NODE_CLUSTER_ENV="$ENV_FILE" COCOON_IMAGE_REF="$IMAGE_REF" COCOON_IMAGE_MB="$IMAGE_MB" \
-  COCOON_HELM="$TOOLS_BIN/helm" KUBECONFIG="$KUBECONFIG" COCOON_KUBECTL="$COCOON_BIN_DIR/kubectl" \
+  COCOON_HELM="$TOOLS_BIN/helm" KUBECONFIG="$KUBECONFIG" \
   COCOON_UPGRADE_FROM="$OLD_COMMIT" COCOON_OLD_CHART="$OLD_CHART" COCOON_OLD_IMAGE_REF="$OLD_IMAGE_REF" \
   cargo test --locked --test e2e_install 2>&1 | tee "$log_file"
 status=${PIPESTATUS[0]}

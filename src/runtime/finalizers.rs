@@ -172,16 +172,7 @@ mod tests {
         cr.metadata = meta(Some(&["other"]));
         let mut s = CocoonHibernationSchedule::new(
             "s",
-            CocoonHibernationScheduleSpec {
-                selector: Default::default(),
-                time_zone: "UTC".into(),
-                awake: Vec::new(),
-                always_asleep: true,
-                wake_lead: None,
-                max_in_flight: None,
-                suspend: false,
-                on_delete: Default::default(),
-            },
+            CocoonHibernationScheduleSpec::always_asleep(Default::default()),
         );
         s.metadata = meta(None);
         for (mut doc, meta, finalizer) in [

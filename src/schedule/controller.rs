@@ -412,16 +412,7 @@ mod tests {
     fn office() -> Arc<CocoonHibernationSchedule> {
         let mut s = CocoonHibernationSchedule::new(
             "office",
-            CocoonHibernationScheduleSpec {
-                selector: Default::default(),
-                time_zone: "UTC".into(),
-                awake: Vec::new(),
-                always_asleep: true,
-                wake_lead: None,
-                max_in_flight: None,
-                suspend: false,
-                on_delete: Default::default(),
-            },
+            CocoonHibernationScheduleSpec::always_asleep(Default::default()),
         );
         s.metadata.namespace = Some("shop".into());
         s.metadata.uid = Some("uid-1".into());

@@ -211,6 +211,24 @@ fn never_awake(spec: &CocoonHibernationScheduleSpec) -> Option<String> {
     }
 }
 
+/// A schedule that keeps the pods it selects asleep, in UTC: for tests whose subject is
+/// not the calendar.
+#[cfg(test)]
+impl CocoonHibernationScheduleSpec {
+    pub(crate) fn always_asleep(selector: LabelSelector) -> Self {
+        CocoonHibernationScheduleSpec {
+            selector,
+            time_zone: "UTC".into(),
+            awake: Vec::new(),
+            always_asleep: true,
+            wake_lead: None,
+            max_in_flight: None,
+            suspend: false,
+            on_delete: OnDelete::default(),
+        }
+    }
+}
+
 fn selects_all(selector: &LabelSelector) -> bool {
     selector.match_labels.as_ref().is_none_or(|m| m.is_empty())
         && selector

@@ -73,19 +73,10 @@ mod tests {
     fn schedule(ns: &str, name: &str, tier: Option<&str>) -> Arc<CocoonHibernationSchedule> {
         let mut s = CocoonHibernationSchedule::new(
             name,
-            CocoonHibernationScheduleSpec {
-                selector: LabelSelector {
-                    match_labels: tier.map(|t| BTreeMap::from([("tier".to_owned(), t.to_owned())])),
-                    ..LabelSelector::default()
-                },
-                time_zone: "UTC".into(),
-                awake: Vec::new(),
-                always_asleep: true,
-                wake_lead: None,
-                max_in_flight: None,
-                suspend: false,
-                on_delete: Default::default(),
-            },
+            CocoonHibernationScheduleSpec::always_asleep(LabelSelector {
+                match_labels: tier.map(|t| BTreeMap::from([("tier".to_owned(), t.to_owned())])),
+                ..LabelSelector::default()
+            }),
         );
         s.metadata.namespace = Some(ns.into());
         Arc::new(s)

@@ -131,7 +131,7 @@ async fn run(tally: &mut Tally) -> world::Result<()> {
         "documented upgrade from the previous release under load: CRDs Helm owns, then --reset-then-reuse-values (S11)",
         steps::upgrade(&world, tally, || {
             let doc = upgrade::Documented::read()?;
-            upgrade::crd_upgrade(&doc)?;
+            upgrade::crd_upgrade(&world, &doc)?;
             upgrade::documented_upgrade(&world, &doc)
         }),
     )

@@ -75,20 +75,8 @@ impl OldRelease {
     }
 }
 
-fn kubectl(args: &[&str]) -> Result<String> {
-    let bin = required("COCOON_KUBECTL")?;
-    // In the repository: the documented command names crds/ by its relative path.
-    let out = Command::new(&bin).args(args).current_dir(repo()).output()?;
-    if !out.status.success() {
-        return Err(format!(
-            "kubectl {} failed: {}{}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        )
-        .into());
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+fn kubectl(world: &World, args: &[&str]) -> Result<String> {
+    world.kubectl_in(repo(), args)
 }
 
 fn repo() -> &'static Path {
@@ -153,21 +141,24 @@ impl Documented {
 }
 
 /// The CRDs' field managers, one line per CRD.
-fn crd_managers() -> Result<String> {
-    kubectl(&[
-        "get",
-        "crd",
-        "cocoonhibernations.cocoonset.cocoonstack.io",
-        "cocoonhibernationschedules.cocoonset.cocoonstack.io",
-        "-o",
-        "jsonpath={range .items[*]}{.metadata.name}: {.metadata.managedFields[*].manager}{\"\\n\"}{end}",
-    ])
+fn crd_managers(world: &World) -> Result<String> {
+    kubectl(
+        world,
+        &[
+            "get",
+            "crd",
+            "cocoonhibernations.cocoonset.cocoonstack.io",
+            "cocoonhibernationschedules.cocoonset.cocoonstack.io",
+            "-o",
+            "jsonpath={range .items[*]}{.metadata.name}: {.metadata.managedFields[*].manager}{\"\\n\"}{end}",
+        ],
+    )
 }
 
 /// Step 1 of docs/install.md's upgrade, word for word, on the CRDs the old chart's
 /// `helm install` created (field manager `helm`); then the served CRDs equal crds/.
-pub fn crd_upgrade(doc: &Documented) -> Result<()> {
-    let before = crd_managers()?;
+pub fn crd_upgrade(world: &World, doc: &Documented) -> Result<()> {
+    let before = crd_managers(world)?;
     println!(
         "  CRD managers before: {}",
         before.trim().replace('\n', "; ")
@@ -177,15 +168,18 @@ pub fn crd_upgrade(doc: &Documented) -> Result<()> {
     }
     let args: Vec<&str> = doc.crds.iter().map(String::as_str).collect();
     println!("  kubectl {}", args.join(" "));
-    kubectl(&args)?;
+    kubectl(world, &args)?;
     // `kubectl diff` exits 0 only when the apiserver holds exactly what the files say.
     let crds = repo().join("charts/cocoon-hibernation/crds");
     let crds = crds.to_string_lossy();
-    kubectl(&["diff", "--server-side", "--force-conflicts", "-f", &crds])
-        .map_err(|e| format!("the served CRDs differ from crds/ after the upgrade: {e}"))?;
+    kubectl(
+        world,
+        &["diff", "--server-side", "--force-conflicts", "-f", &crds],
+    )
+    .map_err(|e| format!("the served CRDs differ from crds/ after the upgrade: {e}"))?;
     println!(
         "  CRD managers after: {}",
-        crd_managers()?.trim().replace('\n', "; ")
+        crd_managers(world)?.trim().replace('\n', "; ")
     );
     Ok(())
 }

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::future::Future;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -120,17 +120,17 @@ impl World {
 
     /// Runs helm; its output on failure.
     pub fn helm(&self, args: &[&str]) -> Result<String> {
-        let out = Command::new(&self.helm).args(args).output()?;
-        if !out.status.success() {
-            return Err(format!(
-                "helm {} failed: {}{}",
-                args.join(" "),
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            )
-            .into());
-        }
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        checked(&mut Command::new(&self.helm), "helm", args)
+    }
+
+    /// Runs kubectl in `dir` (documented commands name paths relative to the repository);
+    /// its output on failure.
+    pub fn kubectl_in(&self, dir: &Path, args: &[&str]) -> Result<String> {
+        checked(
+            Command::new(&self.kubectl).current_dir(dir),
+            "kubectl",
+            args,
+        )
     }
 
     /// `helm install` (or `upgrade --install`) of the chart as it ships, waiting for Ready.
@@ -301,4 +301,19 @@ where
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
+}
+
+/// Runs `command` with `args` to its end: its stdout, or an error with all it printed.
+fn checked(command: &mut Command, name: &str, args: &[&str]) -> Result<String> {
+    let out = command.args(args).output()?;
+    if !out.status.success() {
+        return Err(format!(
+            "{name} {} failed: {}{}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+        .into());
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
