@@ -162,7 +162,9 @@ async fn e2e_reversal_mid_transition_both_ways() {
         ]
     );
 
-    let mut seen = Vec::new();
+    // Seeded with the phase just observed: the controller may write Hibernating before
+    // the next watch lists, and the list below must not depend on that race.
+    let mut seen = vec![Phase::Active];
     product::set_desire(&env.crs, "app-0", Desire::Hibernate).await;
     wait_phase(&env.crs, "app-0", Phase::Hibernated, LONG, &mut seen).await;
     product::set_desire(&env.crs, "app-0", Desire::Wake).await;
@@ -172,7 +174,7 @@ async fn e2e_reversal_mid_transition_both_ways() {
     assert_eq!(
         seen,
         vec![
-            Phase::Active, // where the watch starts
+            Phase::Active,
             Phase::Hibernating,
             Phase::Hibernated,
             Phase::Waking,
