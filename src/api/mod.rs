@@ -1,5 +1,6 @@
 //! The `CocoonHibernation` API (SPEC A1–A3) and the pod annotation contract (A4).
 
+pub mod activity;
 pub mod annotations;
 pub mod cluster;
 pub mod conditions;

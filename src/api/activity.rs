@@ -1,0 +1,70 @@
+//! The activity record (SPEC I2): one `coordination.k8s.io` Lease per VM pod, in the pod's
+//! namespace, whose `spec.renewTime` is the pod's last activity. The idle policy reads it
+//! and fences its decision on it (I3); the wake proxy, agents' heartbeats and `kubectl
+//! cocoon keepalive` write it. A Lease because RBAC on one Lease is the narrowest grant
+//! that lets an agent report, and one `kubectl`/`curl` update is a heartbeat.
+
+use jiff::Timestamp;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use serde_json::{Value, json};
+use std::time::Duration;
+
+/// The Lease name is this prefix and the pod's name.
+pub const LEASE_PREFIX: &str = "cocoon-activity-";
+/// Label on the Lease naming its pod (label values stop at 63 characters; the name is
+/// the authoritative link, this one is for `kubectl get lease -l`).
+pub const ACTIVITY_FOR: &str = "cocoonset.cocoonstack.io/activity-for";
+/// Annotation on the Lease: RFC 3339 instant until which the pod counts as busy
+/// (`kubectl cocoon keepalive POD --for 2h`).
+pub const BUSY_UNTIL: &str = "cocoonset.cocoonstack.io/busy-until";
+/// One reporter writes at most once per VM per this long (I2, Q4).
+pub const COALESCE: Duration = Duration::from_secs(10);
+/// Object names are DNS subdomains: at most 253 characters.
+const MAX_NAME: usize = 253;
+
+/// The activity Lease's name for `pod`, or `None` when the prefixed name would exceed
+/// the apiserver's limit (such a pod cannot be managed by an idle policy, and says so).
+pub fn lease_name(pod: &str) -> Option<String> {
+    let name = format!("{LEASE_PREFIX}{pod}");
+    (name.len() <= MAX_NAME).then_some(name)
+}
+
+/// The merge patch one activity report writes: the last activity and who reported it.
+/// It carries no resourceVersion: reports never conflict with each other, and any report
+/// changes the resourceVersion the idle decision was fenced on (I3).
+pub fn report_patch(now: Timestamp, holder: &str) -> Value {
+    json!({
+        "spec": {
+            "renewTime": MicroTime(now),
+            "holderIdentity": holder,
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// I2: the Lease is named after the pod, and a name the apiserver would refuse is
+    /// reported, not truncated onto another pod's record.
+    #[test]
+    fn i2_lease_name_is_prefixed_pod_name_within_the_limit() {
+        assert_eq!(
+            lease_name("web-0").as_deref(),
+            Some("cocoon-activity-web-0")
+        );
+        let longest = "a".repeat(MAX_NAME - LEASE_PREFIX.len());
+        assert_eq!(lease_name(&longest).map(|n| n.len()), Some(MAX_NAME));
+        assert_eq!(lease_name(&format!("{longest}a")), None);
+    }
+
+    /// I2: a report sets the last activity and the reporter, nothing else.
+    #[test]
+    fn i2_report_patch_sets_renew_time_and_holder() {
+        let at = Timestamp::from_second(1_700_000_000).unwrap_or(Timestamp::UNIX_EPOCH);
+        let patch = report_patch(at, "wake-proxy");
+        assert_eq!(patch["spec"]["holderIdentity"], "wake-proxy");
+        assert_eq!(patch["spec"]["renewTime"], "2023-11-14T22:13:20.000000Z");
+        assert_eq!(patch.as_object().map(|o| o.len()), Some(1));
+    }
+}
