@@ -12,6 +12,7 @@ pub mod config;
 pub mod controller;
 pub mod error;
 pub mod flags;
+pub mod idle;
 pub mod metrics;
 pub mod ownership;
 pub mod plugin;
