@@ -15,7 +15,6 @@ use crate::webhook::{self, tls};
 use axum_server::tls_rustls::RustlsConfig;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -38,7 +37,6 @@ pub async fn run(args: ServerArgs) -> Result<()> {
     .await?;
     let shutdown = CancellationToken::new();
 
-    let (trigger_tx, trigger_rx) = mpsc::unbounded_channel();
     let scope = CacheScope {
         namespace: args.controller.watch_namespace.clone(),
         pod_selector: args.controller.pod_selector.clone(),
@@ -47,10 +45,11 @@ pub async fn run(args: ServerArgs) -> Result<()> {
     let (cache, cache_driver) = cache::start_tracked(
         watch_client.clone(),
         &scope,
-        trigger_tx,
         progress,
         Some(liveness::watch_timeout(stall_limit)),
     );
+    // Subscribed before the driver runs: no change is missed.
+    let trigger_rx = crate::runtime::trigger::subscribe(&cache, controller::CrPolicy);
     let mut cache_task = tokio::spawn(cache_driver);
 
     // Webhook: fail fast on a bad certificate, then reload on change (V6).

@@ -1,19 +1,14 @@
-//! K9: what a label-selecting consumer (the schedules) must hear at once rather than at its
-//! resync: a VM pod appearing, leaving, relabelled or starting to name a VM; a CocoonHibernation
-//! appearing or leaving. Judged by the cache's driver before it applies an event to the
-//! store, which still holds the previous object to compare with, and published once it has;
-//! on a bounded broadcast, whose lagging receiver is told so and looks at everything instead.
+//! K9: the pod changes a label-selecting consumer (the schedules) must hear at once: a VM
+//! pod appearing, leaving, relabelled or starting to name a VM, with its labels before
+//! and after. Judged by the cache's driver before it applies an event to the store, which
+//! still holds the previous object to compare with, and told once it has (`change.rs`).
 
-use crate::api::CocoonHibernation;
 use crate::api::annotations::VM_NAME;
 use crate::api::pod::PodSlice;
 use kube::ResourceExt;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 use std::collections::BTreeMap;
-
-/// Arrivals held for a slow receiver before it lags (a first list of many pods does).
-pub const CAPACITY: usize = 1024;
 
 pub type Labels = BTreeMap<String, String>;
 
@@ -27,8 +22,6 @@ pub enum Arrival {
         namespace: String,
         labels: Vec<Labels>,
     },
-    /// A CocoonHibernation appeared or left.
-    Cr { namespace: String },
 }
 
 /// The pure rule for a pod: `old` as the store holds it, `new` as the event brings it
@@ -56,12 +49,6 @@ pub fn of_pod(old: Option<&PodSlice>, new: Option<&PodSlice>) -> Option<Arrival>
     })
 }
 
-/// The pure rule for a CR: only its appearance and its leaving count.
-pub fn of_cr(existed: bool, new: Option<&CocoonHibernation>, gone: bool) -> Option<Arrival> {
-    let namespace = new?.namespace().unwrap_or_default();
-    (gone || !existed).then_some(Arrival::Cr { namespace })
-}
-
 /// A kind whose events may be arrivals.
 pub trait Arrives: kube::Resource<DynamicType = ()> + Clone + Send + Sync + 'static {
     /// The arrival `event` makes, with `store` still holding the object before it.
@@ -75,19 +62,6 @@ impl Arrives for PodSlice {
                 of_pod(store.get(&ObjectRef::from_obj(pod)).as_deref(), Some(pod))
             }
             watcher::Event::Delete(pod) => of_pod(Some(pod), None),
-            _ => None,
-        }
-    }
-}
-
-impl Arrives for CocoonHibernation {
-    fn arrival(store: &Store<Self>, event: &watcher::Event<Self>) -> Option<Arrival> {
-        match event {
-            watcher::Event::Apply(cr) | watcher::Event::InitApply(cr) => {
-                let existed = store.get(&ObjectRef::from_obj(cr)).is_some();
-                of_cr(existed, Some(cr), false)
-            }
-            watcher::Event::Delete(cr) => of_cr(true, Some(cr), true),
             _ => None,
         }
     }
@@ -147,29 +121,6 @@ mod tests {
             labels,
         });
         assert_eq!(got, want);
-    }
-
-    /// K9: a CR appearing or leaving is an arrival; a change to one already seen is not.
-    #[test]
-    fn k9_cr_arrivals() {
-        let mut cr = CocoonHibernation::new(
-            "web-0",
-            crate::api::CocoonHibernationSpec {
-                pod_ref: crate::api::PodRef {
-                    name: "web-0".into(),
-                },
-                desire: crate::api::Desire::Hibernate,
-                hibernate_timeout: None,
-                wake_timeout: None,
-            },
-        );
-        cr.metadata.namespace = Some("shop".into());
-        let arrival = Some(Arrival::Cr {
-            namespace: "shop".into(),
-        });
-        assert_eq!(of_cr(false, Some(&cr), false), arrival, "appeared");
-        assert_eq!(of_cr(true, Some(&cr), true), arrival, "left");
-        assert_eq!(of_cr(true, Some(&cr), false), None, "changed");
     }
 
     /// K9: an arrival is judged against the store as it held the object before the event

@@ -1,25 +1,25 @@
 //! The cache's driver task: polls both watch streams, applies each event to the stores
 //! itself (S4: a copy older than the one held never replaces it, `src/cache/versions.rs`),
-//! keeps the podRef index and the pod change tracker in step, and turns relevant events
-//! into reconcile triggers, held while a relist is in progress (S4).
+//! keeps the podRef index and the pod change tracker in step, and tells the listeners of
+//! each change (`change.rs`), holding CR and pod changes while a relist is in progress
+//! (S4). Which controller object a change wakes is each controller's trigger policy.
 
+use super::SharedCache;
 use super::arrivals::Arrives;
+use super::change::{Change, ClearOnDrop};
 use super::index::{Key, PodChangeTracker, PodRefIndex};
 use super::liveness::{Informer, ListTimer};
 use super::versions::{Pick, Seen, Versions};
-use super::{SharedCache, Trigger};
 use crate::api::CocoonHibernation;
 use crate::api::annotations::PodView;
 use crate::api::pod::PodSlice;
 use futures::{Stream, StreamExt};
 use kube::ResourceExt;
-use kube::runtime::reflector::ObjectRef;
 use kube::runtime::reflector::store::Writer;
 use kube::runtime::watcher;
 use parking_lot::RwLockWriteGuard;
 use std::collections::HashSet;
 use std::sync::atomic::Ordering;
-use tokio::sync::mpsc::UnboundedSender;
 
 /// The stores' writers, which only the driver holds.
 pub(super) struct Writers {
@@ -31,9 +31,10 @@ pub(super) async fn drive(
     writers: Writers,
     cr_events: impl Stream<Item = Result<watcher::Event<CocoonHibernation>, watcher::Error>> + Send,
     pod_events: impl Stream<Item = Result<watcher::Event<PodSlice>, watcher::Error>> + Send,
-    triggers: UnboundedSender<Trigger>,
 ) {
-    let mut handler = EventHandler::new(cache.clone(), writers, triggers);
+    // The listeners' channels close when the driver ends: their controllers see it.
+    let _clear = ClearOnDrop(cache.listeners.clone());
+    let mut handler = EventHandler::new(cache.clone(), writers);
     let cr_events = cr_events.map(Either::Cr);
     let pod_events = pod_events.map(Either::Pod);
     let merged = futures::stream::select(cr_events, pod_events);
@@ -70,7 +71,6 @@ pub(super) struct EventHandler {
     pod_versions: Versions,
     relist: Relist,
     lists: ListTimer,
-    triggers: UnboundedSender<Trigger>,
 }
 
 /// Work held back while a relist is in progress. kube's store swaps in the relisted objects
@@ -85,11 +85,7 @@ struct Relist {
 }
 
 impl EventHandler {
-    pub(super) fn new(
-        cache: SharedCache,
-        writers: Writers,
-        triggers: UnboundedSender<Trigger>,
-    ) -> Self {
+    pub(super) fn new(cache: SharedCache, writers: Writers) -> Self {
         EventHandler {
             cache,
             writers,
@@ -97,7 +93,6 @@ impl EventHandler {
             pod_versions: Versions::default(),
             relist: Relist::default(),
             lists: ListTimer::default(),
-            triggers,
         }
     }
 
@@ -109,24 +104,22 @@ impl EventHandler {
         self.cache.pod_views.write()
     }
 
-    fn trigger(&self, namespace: &str, name: &str) {
-        // A closed channel means the process is shutting down.
-        let _ = self.triggers.send(ObjectRef::new(name).within(namespace));
+    fn emit(&self, change: Change) {
+        self.cache.emit(&change);
+    }
+
+    pub(super) fn on_cr(&mut self, ev: watcher::Event<CocoonHibernation>) {
+        self.apply_cr(ev);
     }
 
     /// K9: an arrival is judged against the store before the event is applied and
-    /// published once it is, so a schedule woken by it finds the object in the store.
-    pub(super) fn on_cr(&mut self, ev: watcher::Event<CocoonHibernation>) {
-        let arrival = CocoonHibernation::arrival(&self.cache.crs, &ev);
-        self.apply_cr(ev);
-        self.cache.publish(arrival);
-    }
-
-    /// K9: as [`Self::on_cr`].
+    /// told once it is, so a schedule woken by it finds the pod in the store.
     pub(super) fn on_pod(&mut self, ev: watcher::Event<PodSlice>) {
         let arrival = PodSlice::arrival(&self.cache.pods, &ev);
         self.apply_pod(ev);
-        self.cache.publish(arrival);
+        if let Some(arrival) = arrival {
+            self.emit(Change::Arrival(arrival));
+        }
     }
 
     fn apply_cr(&mut self, ev: watcher::Event<CocoonHibernation>) {
@@ -154,7 +147,7 @@ impl EventHandler {
                         .upsert(&key.0, &key.1, &cr.spec.pod_ref.name, cr.vm_name());
                 let changed = seen != Seen::Unchanged;
                 if let Some(vm) = released {
-                    self.enqueue_waiting_on_vm(&vm);
+                    self.emit(Change::VmReleased(vm));
                 }
                 match &mut self.relist.crs {
                     Some(pending) => {
@@ -162,7 +155,7 @@ impl EventHandler {
                             pending.insert(key);
                         }
                     }
-                    None => self.trigger(&key.0, &key.1),
+                    None => self.emit(Change::Cr(key)),
                 }
             }
             watcher::Event::Delete(ref cr) => {
@@ -189,8 +182,8 @@ impl EventHandler {
                     self.cr_versions.forget(&(ns.clone(), name));
                     self.on_cr_gone(&ns, &pod, vm.as_deref());
                 }
-                for (ns, name) in self.relist.crs.take().unwrap_or_default() {
-                    self.trigger(&ns, &name);
+                for key in self.relist.crs.take().unwrap_or_default() {
+                    self.emit(Change::Cr(key));
                 }
             }
         }
@@ -223,18 +216,11 @@ impl EventHandler {
 
     /// S2: a CR that is gone may have been the one others on its pod or VM deferred to.
     fn on_cr_gone(&self, namespace: &str, pod: &str, vm: Option<&str>) {
-        self.enqueue_for_pod(&(namespace.to_owned(), pod.to_owned()));
-        if let Some(vm) = vm {
-            self.enqueue_waiting_on_vm(vm);
-        }
-    }
-
-    /// CRs of every pod naming `vm`: the ones a holder of `vm` may have kept waiting.
-    fn enqueue_waiting_on_vm(&self, vm: &str) {
-        let pods = self.pods().pods_naming(vm);
-        for key in pods {
-            self.enqueue_for_pod(&key);
-        }
+        self.emit(Change::CrGone {
+            namespace: namespace.to_owned(),
+            pod: pod.to_owned(),
+            vm: vm.map(str::to_owned),
+        });
     }
 
     fn apply_pod(&mut self, ev: watcher::Event<PodSlice>) {
@@ -264,7 +250,7 @@ impl EventHandler {
                         Some(pending) => {
                             pending.insert(key);
                         }
-                        None => self.enqueue_for_pod(&key),
+                        None => self.emit(Change::Pod(key)),
                     }
                 }
             }
@@ -278,7 +264,7 @@ impl EventHandler {
                 self.writers.pods.apply_watcher_event(&ev);
                 let known = self.pods().forget(&key);
                 if known {
-                    self.enqueue_for_pod(&key);
+                    self.emit(Change::Pod(key));
                 }
             }
             watcher::Event::InitDone => {
@@ -293,16 +279,9 @@ impl EventHandler {
                 self.cache.pods_synced.store(true, Ordering::Release);
                 self.cache.pods_relisting.store(false, Ordering::Release);
                 for key in changed {
-                    self.enqueue_for_pod(&key);
+                    self.emit(Change::Pod(key));
                 }
             }
-        }
-    }
-
-    fn enqueue_for_pod(&self, key: &Key) {
-        let names = self.cache.cr_names_for_pod(&key.0, &key.1);
-        for name in names {
-            self.trigger(&key.0, &name);
         }
     }
 }

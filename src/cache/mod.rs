@@ -1,11 +1,12 @@
 //! The one informer cache (P1): CocoonHibernations and Pods, shared by the controller and
 //! the webhook. One driver task polls both watch streams, keeps the stores, the podRef
-//! index and the pod change tracker in step, and turns relevant events into reconcile
-//! triggers. Consuming the raw streams (not shared-store subscribers) is what lets a pod's
+//! index and the pod change tracker in step, and tells its listeners what changed
+//! ([`change`]); each controller's trigger policy decides what that wakes. Consuming the raw streams (not shared-store subscribers) is what lets a pod's
 //! Delete still reach the CRs that target it (C3). The driver also writes the stores
 //! itself, so that no copy older than the one held replaces it (S4, `src/cache/versions.rs`).
 
 pub mod arrivals;
+pub mod change;
 pub mod consistent;
 mod driver;
 pub mod index;
@@ -16,6 +17,7 @@ pub mod versions;
 
 use crate::api::CocoonHibernation;
 use crate::api::pod::PodSlice;
+use change::{Listener, Listeners};
 use driver::{Writers, drive};
 use index::{PodChangeTracker, PodRefIndex};
 use kube::runtime::reflector::{self, ObjectRef, Store};
@@ -26,10 +28,6 @@ use liveness::{Informer, InformerState, Progress, Verdict};
 use parking_lot::RwLock;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use tokio::sync::mpsc::UnboundedSender;
-
-/// Reconcile requests produced by cache events.
-pub type Trigger = ObjectRef<CocoonHibernation>;
 
 #[derive(Clone)]
 pub struct SharedCache {
@@ -44,8 +42,8 @@ pub struct SharedCache {
     crs_relisting: Arc<AtomicBool>,
     pods_relisting: Arc<AtomicBool>,
     progress: Progress,
-    /// K9: pods and CRs appearing, for the schedules.
-    arrivals: tokio::sync::broadcast::Sender<arrivals::Arrival>,
+    /// The controllers' trigger policies, told of every change (`change.rs`).
+    listeners: Listeners,
 }
 
 /// What to watch.
@@ -111,7 +109,7 @@ impl SharedCache {
     }
 
     /// Names from the podRef index alone.
-    fn cr_names_for_pod(&self, namespace: &str, pod: &str) -> Vec<String> {
+    pub fn cr_names_for_pod(&self, namespace: &str, pod: &str) -> Vec<String> {
         self.index.read().crs_for_pod(namespace, pod)
     }
 
@@ -159,16 +157,14 @@ impl SharedCache {
         self.crs.clone()
     }
 
-    /// K9: tells the schedules of an arrival; none listening is not an error.
-    fn publish(&self, arrival: Option<arrivals::Arrival>) {
-        if let Some(arrival) = arrival {
-            let _ = self.arrivals.send(arrival);
-        }
+    /// Tells `listener` of every change from now on, until the driver ends; a
+    /// controller subscribes through `runtime::trigger`, with its own trigger policy.
+    pub fn listen(&self, listener: Listener) {
+        self.listeners.add(listener);
     }
 
-    /// K9: arrivals from now on (see [`arrivals`]).
-    pub fn subscribe_arrivals(&self) -> tokio::sync::broadcast::Receiver<arrivals::Arrival> {
-        self.arrivals.subscribe()
+    fn emit(&self, change: &change::Change) {
+        self.listeners.emit(change, self);
     }
 }
 
@@ -177,12 +173,11 @@ impl SharedCache {
 pub fn start(
     client: Client,
     scope: &CacheScope,
-    triggers: UnboundedSender<Trigger>,
 ) -> (
     SharedCache,
     impl std::future::Future<Output = ()> + Send + 'static,
 ) {
-    start_tracked(client, scope, triggers, Progress::new(), None)
+    start_tracked(client, scope, Progress::new(), None)
 }
 
 /// [`start`] recording progress into `progress` (which the watch client's
@@ -191,7 +186,6 @@ pub fn start(
 pub fn start_tracked(
     client: Client,
     scope: &CacheScope,
-    triggers: UnboundedSender<Trigger>,
     progress: Progress,
     watch_timeout: Option<u32>,
 ) -> (
@@ -231,7 +225,7 @@ pub fn start_tracked(
         let pod_events = watcher(pod_api, pod_cfg)
             .default_backoff()
             .modify(strip_pod);
-        drive(shared, writers, cr_events, pod_events, triggers).await;
+        drive(shared, writers, cr_events, pod_events).await;
     };
     (cache, driver)
 }
@@ -267,7 +261,7 @@ impl SharedCache {
             crs_relisting: Arc::default(),
             pods_relisting: Arc::default(),
             progress,
-            arrivals: tokio::sync::broadcast::channel(arrivals::CAPACITY).0,
+            listeners: Listeners::default(),
         };
         let writers = Writers {
             crs: cr_writer,
@@ -296,7 +290,7 @@ impl SharedCache {
             crs_relisting: Arc::default(),
             pods_relisting: Arc::default(),
             progress: Progress::new(),
-            arrivals: tokio::sync::broadcast::channel(arrivals::CAPACITY).0,
+            listeners: Listeners::default(),
         };
         // The list a watch would deliver, so the stores are ready as after a first sync.
         cr_writer.apply_watcher_event(&watcher::Event::Init);

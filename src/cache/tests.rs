@@ -70,7 +70,8 @@ fn c3_stripped_pod_keeps_everything_a_pass_reads() {
 // S4: relists, cut short or not, and no going back in time.
 
 use crate::api::{CocoonHibernationSpec, Desire, PodRef};
-use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
+use crate::controller::{CrPolicy, Trigger};
+use tokio::sync::mpsc::UnboundedReceiver;
 use watcher::Event;
 
 fn cr(name: &str, pod: &str, rv: &str, desire: Desire) -> CocoonHibernation {
@@ -103,11 +104,12 @@ fn pod(name: &str, rv: &str, vm: &str, hibernate: bool) -> PodSlice {
     pod
 }
 
-/// An event handler on an empty cache, as the driver builds it, and the triggers it sends.
+/// An event handler on an empty cache, as the driver builds it, and the triggers the
+/// CocoonHibernation controller's policy makes of its changes.
 fn harness() -> (EventHandler, UnboundedReceiver<Trigger>) {
-    let (tx, rx) = unbounded_channel();
     let (cache, writers) = SharedCache::empty(Progress::new());
-    (EventHandler::new(cache, writers, tx), rx)
+    let rx = crate::runtime::trigger::subscribe(&cache, CrPolicy);
+    (EventHandler::new(cache, writers), rx)
 }
 
 fn drain(rx: &mut UnboundedReceiver<Trigger>) -> Vec<String> {
@@ -268,4 +270,85 @@ fn s4_a_cut_list_retried_on_a_lagging_apiserver_catches_up_later() {
     assert_eq!(drain(&mut rx), ["a"], "the pod's store caught up");
     assert_eq!(rv_of_cr(&h, "a").as_deref(), Some("30"));
     assert_eq!(rv_of_pod(&h, "pa").as_deref(), Some("31"));
+}
+
+// ---------------------------------------------------------------------------------------
+// One way to be triggered: every controller hears the same changes through its policy.
+
+/// K9 C3: one change reaches every controller's policy from the same driver: a new pod
+/// labelled `tier: web` wakes the CR that targets it and the schedule selecting it; a
+/// change to the CR's status wakes the CR and the schedule selecting its pod; a pod
+/// change only a CR pass reads wakes the CR alone.
+#[test]
+fn k9_c3_one_change_reaches_both_controllers_policies() {
+    use crate::schedule::wakeup::SchedulePolicy;
+    use crate::schedule::{CocoonHibernationSchedule, CocoonHibernationScheduleSpec};
+    let (mut h, mut crs) = harness();
+    let (store, mut writer) = kube::runtime::reflector::store();
+    let mut office = CocoonHibernationSchedule::new(
+        "office",
+        CocoonHibernationScheduleSpec::always_asleep(
+            k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector {
+                match_labels: Some([("tier".to_owned(), "web".to_owned())].into()),
+                ..Default::default()
+            },
+        ),
+    );
+    office.metadata.namespace = Some("ns".into());
+    writer.apply_watcher_event(&Event::Apply(office));
+    let mut schedules =
+        crate::runtime::trigger::subscribe(&h.cache, SchedulePolicy { schedules: store });
+    let names = |rx: &mut UnboundedReceiver<ObjectRef<CocoonHibernationSchedule>>| {
+        let mut names = Vec::new();
+        while let Ok(t) = rx.try_recv() {
+            names.push(t.name);
+        }
+        names
+    };
+    first_list(&mut h, &mut crs);
+    assert!(
+        names(&mut schedules).is_empty(),
+        "nothing of it is labelled"
+    );
+
+    let mut web = pod("pa", "20", "vm-a", false);
+    web.metadata.labels = Some([("tier".to_owned(), "web".to_owned())].into());
+    h.on_pod(Event::Apply(web.clone()));
+    assert_eq!(
+        names(&mut schedules),
+        ["office"],
+        "relabelled into the selector"
+    );
+    assert!(
+        drain(&mut crs).is_empty(),
+        "labels are not what a CR pass reads"
+    );
+
+    let mut changed = cr("a", "pa", "21", Desire::Hibernate);
+    changed.status = Some(Default::default());
+    h.on_cr(Event::Apply(changed));
+    assert_eq!(drain(&mut crs), ["a"]);
+    assert_eq!(
+        names(&mut schedules),
+        ["office"],
+        "a CR of a selected pod changed"
+    );
+
+    web.metadata.resource_version = Some("22".into());
+    web.container_running = true;
+    h.on_pod(Event::Apply(web));
+    assert_eq!(drain(&mut crs), ["a"]);
+    assert!(names(&mut schedules).is_empty(), "only a CR pass reads it");
+}
+
+/// S8: when the driver ends, every controller's trigger channel closes, so its
+/// controller sees the cache is gone instead of waiting for ever.
+#[tokio::test]
+async fn s8_triggers_end_with_the_driver() {
+    let (cache, writers) = SharedCache::empty(Progress::new());
+    let mut rx = crate::runtime::trigger::subscribe(&cache, CrPolicy);
+    let crs = futures::stream::empty();
+    let pods = futures::stream::empty();
+    super::driver::drive(cache, writers, crs, pods).await;
+    assert!(rx.recv().await.is_none(), "the channel closed");
 }

@@ -88,12 +88,12 @@ pub(super) async fn publish_after_pass(
             send_event(&recorder, &reference, &cr_key, &ev).await;
         }
     };
-    match ctx.event_slots.clone().try_acquire_owned() {
-        Ok(slot) => drop(tokio::spawn(async move {
+    match ctx.limits.event_slot() {
+        Some(slot) => drop(tokio::spawn(async move {
             send.await;
             drop(slot);
         })),
-        Err(_) => send.await,
+        None => send.await,
     }
 }
 

@@ -35,7 +35,7 @@ pub(super) async fn cleanup(
         .vm_name()
         .map(str::to_owned)
         .unwrap_or_else(|| format!("pod:{ns}/{}", cr.spec.pod_ref.name));
-    let _guard = ctx.locks.lock(&lock_key).await;
+    let _guard = ctx.limits.vm(&lock_key).await;
     // The pass is for this object (uid) being deleted: a cache that by now holds a CR
     // recreated under the name is another object, whose finalizer is not ours to take.
     let deleted_uid = cr.metadata.uid.clone();

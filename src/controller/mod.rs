@@ -1,25 +1,25 @@
 //! The CocoonHibernation controller. Pure rules in [`plan`]; one pass in [`reconcile`],
 //! its tag deletes in `tag_delete`, a CR's deletion in `finalizer`, its other writes in
 //! `effects`, when it looks again in `error_policy`; what passes share in `context` and
-//! `own_writes`; per-VM serialization in [`locks`], worker turns in [`turns`], the
-//! leader-gated run loop in `term`; the phase gauges here and in [`census`].
+//! `own_writes`; its trigger policy in `triggers`, the leader-gated run loop in `term`
+//! (where a pass waits: `runtime::limits`); the phase gauges here and in [`census`].
 
 pub mod census;
 mod context;
 mod effects;
 mod error_policy;
 mod finalizer;
-pub mod locks;
 mod own_writes;
 pub mod plan;
 pub mod reconcile;
 mod tag_delete;
 mod term;
-pub mod turns;
+mod triggers;
 
 pub use context::{Context, context};
 pub use error_policy::{Deferral, error_policy};
 pub use term::run;
+pub use triggers::{CrPolicy, Trigger};
 
 #[cfg(test)]
 mod mock_tests;

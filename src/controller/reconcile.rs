@@ -49,7 +49,7 @@ async fn reconcile_inner(cr: Arc<CocoonHibernation>, ctx: &Context) -> Result<Ac
         .and_then(|p| PodView::from_pod(&p).vm_name)
         .or_else(|| cr.vm_name().map(str::to_owned))
         .unwrap_or_else(|| format!("pod:{ns}/{pod_name}"));
-    let _guard = ctx.locks.lock(&lock_key).await;
+    let _guard = ctx.limits.vm(&lock_key).await;
 
     // Another pass on this VM may have finished while we waited: read again.
     let Some(cr) = ctx.cache.cr(&ns, &name) else {
@@ -85,7 +85,7 @@ async fn reconcile_inner(cr: Arc<CocoonHibernation>, ctx: &Context) -> Result<Ac
     let mut plan = plan_on(view.as_ref(), &probe, &now, &digest);
     if plan.needs_probe {
         let asked = std::time::Instant::now();
-        let Some(_slot) = ctx.registry_slot().await else {
+        let Some(_slot) = ctx.limits.registry_slot().await else {
             return Ok(ctx.defer(Deferral::RegistryBusy));
         };
         let slot_wait = asked.elapsed();

@@ -50,7 +50,7 @@ pub(super) async fn fenced_delete(
     ctx: &Context,
 ) -> Result<Attempt> {
     let until = ctx.fence.valid_until().ok_or_else(|| fence_closed(vm))?;
-    let Some(_slot) = ctx.registry_slot().await else {
+    let Some(_slot) = ctx.limits.registry_slot().await else {
         return Ok(Attempt::Deferred(ctx.defer(Deferral::RegistryBusy)));
     };
     let fresh = match api.get_opt(&cr.name_any()).await? {

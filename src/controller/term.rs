@@ -1,13 +1,15 @@
 //! The leader-gated run loop: a follower discards triggers; each leader term runs one
 //! kube-runtime `Controller` that reads the cache's trigger channel directly.
 //!
-//! The path of a trigger (docs/architecture.md): the cache's driver sends it on the one
-//! channel → the term's `Controller` (`reconcile_on`) schedules a pass → `Turns` gives it
-//! a worker → the pass (per-VM lock, registry slots) runs.
+//! The path of a trigger (docs/architecture.md): the cache's driver tells the trigger
+//! policy (`triggers.rs`) of a change, which sends the CRs it wakes on this controller's
+//! channel → the term's `Controller` (`reconcile_on`) schedules a pass → the limits
+//! (`runtime::limits`) give it a worker, its VM and a registry slot.
 
-use super::{Context, error_policy, plan, reconcile, turns};
-use crate::cache::Trigger;
+use super::triggers::Trigger;
+use super::{Context, error_policy, plan, reconcile};
 use crate::runtime::gate::Gate;
+use crate::runtime::limits::Turns;
 use futures::{Stream, StreamExt};
 use kube::ResourceExt;
 use kube::runtime::Controller;
@@ -114,8 +116,8 @@ async fn run_term(
     stop: CancellationToken,
 ) {
     let store = ctx.cache.cr_store();
-    // kube-runtime starts every ready pass at once; `Turns` decides which runs (turns.rs).
-    let turns = turns::Turns::new(usize::from(concurrency));
+    // kube-runtime starts every ready pass at once; `Turns` decides which runs.
+    let turns = Turns::new(usize::from(concurrency));
     let pass = move |cr: Arc<crate::api::CocoonHibernation>, ctx: Arc<Context>| {
         let turns = turns.clone();
         async move {

@@ -13,6 +13,7 @@ use crate::error::{Error, Result};
 use crate::metrics::{Metrics, ScheduleLabels, ScheduleWriteLabels};
 use crate::runtime::finalizers;
 use crate::runtime::gate::Gate;
+use crate::runtime::trigger;
 use futures::StreamExt;
 use jiff::Timestamp;
 use kube::api::{Api, Patch, PatchParams};
@@ -31,8 +32,9 @@ use tokio_util::sync::CancellationToken;
 pub const FINALIZER: &str = "cocoonhibernationschedule.cocoonset.cocoonstack.io/finalizer";
 /// While a write is deferred (K7) or failed: look again this soon.
 const PENDING_RETRY: Duration = Duration::from_secs(3);
-/// Without a boundary sooner: a pass this often. Pods and CRs arriving do not wait for it
-/// (K9); other CR changes (a transition ending) are seen at the latest by then.
+/// Without a boundary sooner: a pass this often. Selected pods and CRs appearing or
+/// changing do not wait for it (K9, `wakeup.rs`); another schedule of the namespace
+/// appearing or leaving (K6) is seen at the latest by then.
 const RESYNC: Duration = Duration::from_secs(30);
 
 pub struct Context {
@@ -74,8 +76,8 @@ pub fn watch_config(watch_timeout: u32) -> watcher::Config {
     watcher::Config::default().timeout(watch_timeout)
 }
 
-/// Watches schedules and drives them until `shutdown`; a pod or CR arriving in the cache
-/// wakes the schedules it concerns at once (K9).
+/// Watches schedules and drives them until `shutdown`; a selected pod or CR appearing or
+/// changing in the cache wakes the schedules it concerns at once (K9).
 pub async fn run(w: Wiring, shutdown: CancellationToken) {
     let api: Api<CocoonHibernationSchedule> = if w.namespace.is_empty() {
         Api::all(w.watch_client)
@@ -85,13 +87,14 @@ pub async fn run(w: Wiring, shutdown: CancellationToken) {
     let controller = Controller::new(api, watch_config(w.watch_timeout));
     let schedules = controller.store();
     let gate = w.gate;
-    // K9: arrivals wake the schedules they concern; P2: a gate that opens wakes them all,
-    // since passes on a closed gate ended without a requeue.
+    // K9: the cache's changes wake the schedules they concern, by this controller's
+    // trigger policy; P2: a gate that opens wakes them all, since passes on a closed gate
+    // ended without a requeue.
+    let policy = wakeup::SchedulePolicy {
+        schedules: schedules.clone(),
+    };
     let controller = controller
-        .reconcile_on(wakeup::triggers(
-            w.cache.subscribe_arrivals(),
-            schedules.clone(),
-        ))
+        .reconcile_on(trigger::stream(trigger::subscribe(&w.cache, policy)))
         .reconcile_all_on(gate.clone().openings());
     let reporter = Reporter {
         controller: "cocoon-hibernation".into(),

@@ -69,13 +69,12 @@ async fn e2e_v3_cache_is_unsynced_until_both_lists_arrive() {
         }),
     )
     .await;
-    let (trigger_tx, _trigger_rx) = tokio::sync::mpsc::unbounded_channel();
     let scope = CacheScope {
         namespace: ns.clone(),
         pod_selector: String::new(),
         list: Default::default(),
     };
-    let (shared, driver) = cache::start(client_as(cluster, &user).await, &scope, trigger_tx);
+    let (shared, driver) = cache::start(client_as(cluster, &user).await, &scope);
     let driver = tokio::spawn(driver);
     let cr = product::new_cr("web-0", "web-0", Desire::Hibernate);
     let create = |cache: &cache::SharedCache| {

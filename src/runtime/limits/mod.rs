@@ -1,0 +1,73 @@
+//! The one place where concurrency is limited. Every wait a CocoonHibernation pass can
+//! meet after kube-runtime hands it over is here, in the order a pass meets them:
+//!
+//! 1. [`Turns`]: a worker (`--concurrency`), first come, first served; a pass that may
+//!    not end a transition first takes one of `workers - 1` "others" permits, so one
+//!    that may end one never queues behind more than `workers - 1` others (C4).
+//! 2. [`VmLocks`]: the pass's VM, so passes touching one VM run one at a time (C2).
+//!    A safety rule, not a throughput limit.
+//! 3. [`Limits::registry_slot`]: a registry slot, of fewer than there are workers, so a
+//!    slow registry holds some workers at most; a pass waits for one at most
+//!    [`REGISTRY_SLOT_WAIT`], then gives its worker up and looks again (C2).
+//!
+//! [`Limits::event_slot`] never waits: an event write beyond [`EVENTS_IN_FLIGHT`] is
+//! sent inside its pass instead of after it. The schedule controller takes none of these:
+//! its passes take no VM and call no registry, and kube-runtime keeps one pass per
+//! schedule at a time.
+
+mod turns;
+mod vms;
+
+pub use turns::{Turn, Turns};
+pub use vms::VmLocks;
+
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::{OwnedMutexGuard, OwnedSemaphorePermit, Semaphore};
+
+/// Event writes that may be in flight after their passes ended.
+pub const EVENTS_IN_FLIGHT: usize = 64;
+
+/// C2: how long a pass waits, holding its worker, for a registry slot (slots are served
+/// in order); then it gives the worker up and looks again (`Deferral::RegistryBusy`).
+pub const REGISTRY_SLOT_WAIT: Duration = Duration::from_millis(250);
+
+/// The limits every pass of one process shares; [`Turns`] are per leader term.
+#[derive(Clone)]
+pub struct Limits {
+    vms: VmLocks,
+    registry: Arc<Semaphore>,
+    events: Arc<Semaphore>,
+}
+
+impl Limits {
+    /// `registry_slots` (at least one) registry calls at once.
+    pub fn new(registry_slots: usize) -> Self {
+        Self {
+            vms: VmLocks::default(),
+            registry: Arc::new(Semaphore::new(registry_slots.max(1))),
+            events: Arc::new(Semaphore::new(EVENTS_IN_FLIGHT)),
+        }
+    }
+
+    /// C2: waits until no other pass holds `vm` (a VM name, or a pod's key for a pod
+    /// naming none).
+    pub async fn vm(&self, vm: &str) -> OwnedMutexGuard<()> {
+        self.vms.lock(vm).await
+    }
+
+    /// A registry slot, if one frees up within [`REGISTRY_SLOT_WAIT`] (C2): a stalled
+    /// registry holds no worker beyond the slots' own for longer than that.
+    pub async fn registry_slot(&self) -> Option<OwnedSemaphorePermit> {
+        let slot = self.registry.clone().acquire_owned();
+        tokio::time::timeout(REGISTRY_SLOT_WAIT, slot)
+            .await
+            .ok()?
+            .ok()
+    }
+
+    /// A slot for sending events after the pass, if one is free now.
+    pub fn event_slot(&self) -> Option<OwnedSemaphorePermit> {
+        self.events.clone().try_acquire_owned().ok()
+    }
+}
