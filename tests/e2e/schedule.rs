@@ -453,6 +453,66 @@ async fn e2e_k9_a_pod_or_cr_arriving_is_acted_on_within_seconds() {
     eprintln!("K9: a new CR counted after {:?}", t0.elapsed());
 }
 
+/// K9: a running schedule hears the cache's changes as they come, not at its 30 s
+/// resync: a new pod matching its selector gets its CR within 5 s, and a person changing
+/// that CR's desire is counted as an override within 5 s. Each change comes after the
+/// schedule's passes have gone quiet, so a schedule that only looked at its resync (or at
+/// pods and CRs appearing) would take up to 30 s and fail the bound.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e2e_k9_a_new_selected_pod_gets_its_cr_within_5s() {
+    const BOUND: Duration = Duration::from_secs(5);
+    let env = setup("schedule-k9-5s", Setup::default()).await;
+    let schedules: Api<CocoonHibernationSchedule> = Api::namespaced(env.client.clone(), &env.ns);
+    // Awake except 03:00-03:01 UTC: no boundary near enough to requeue a pass in time.
+    let office = schedule("office", "web", &[("03:01", "03:00")], None);
+    schedules
+        .create(&PostParams::default(), &office)
+        .await
+        .unwrap();
+    eventually("the schedule's first pass", LONG, || async {
+        let s = schedules.get("office").await.ok()?.status?;
+        s.window.is_some().then_some(())
+    })
+    .await;
+    // Let the passes that follow the schedule's own status write end.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+
+    let t0 = std::time::Instant::now();
+    labelled_pods(&env, &["new-0".to_owned()], "web").await;
+    let cr = eventually("the new pod's CR", Duration::from_secs(30), || async {
+        env.crs.get_opt("new-0").await.ok()?
+    })
+    .await;
+    let elapsed = t0.elapsed();
+    eprintln!("K9: CR of a new selected pod after {elapsed:?}");
+    assert!(elapsed < BOUND, "the new pod's CR came after {elapsed:?}");
+    assert_eq!(
+        cr.labels().get(SCHEDULE_LABEL).map(String::as_str),
+        Some("office")
+    );
+    assert_eq!(cr.spec.desire, Desire::Wake);
+
+    eventually("the CR settled", LONG, || async {
+        let cr = env.crs.get("new-0").await.ok()?;
+        (cr.phase() == Some(Phase::Active)).then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let t0 = std::time::Instant::now();
+    product::set_desire(&env.crs, "new-0", Desire::Hibernate).await;
+    eventually("the override counted", Duration::from_secs(30), || async {
+        let s = schedules.get("office").await.ok()?.status?;
+        (s.overridden == 1).then_some(())
+    })
+    .await;
+    let elapsed = t0.elapsed();
+    eprintln!("K9: a changed CR counted after {elapsed:?}");
+    assert!(
+        elapsed < BOUND,
+        "the override was counted after {elapsed:?}"
+    );
+}
+
 /// K9 K4: where admission did not run (no webhook), a schedule changed to `awake: []`
 /// without `alwaysAsleep` is not acted on: it reports `InvalidSpec` and leaves its CR's
 /// desire alone; deleting it still releases the CR (its finalizer does not hang on the
