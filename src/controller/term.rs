@@ -8,8 +8,10 @@
 
 use super::triggers::Trigger;
 use super::{Context, error_policy, plan, reconcile};
+use crate::api::CocoonHibernation;
 use crate::runtime::gate::Gate;
 use crate::runtime::limits::Turns;
+use crate::runtime::trigger::Triggers;
 use futures::{Stream, StreamExt};
 use kube::ResourceExt;
 use kube::runtime::Controller;
@@ -17,24 +19,24 @@ use kube::runtime::controller::{Action, Config};
 use kube::runtime::reflector::ObjectRef;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::{Mutex, mpsc};
+use tokio::sync::Mutex;
 use tokio_util::sync::CancellationToken;
 
-/// The cache's trigger channel, read by the current term's Controller or drained by the
-/// follower; a mutex rather than a second channel per term, so nothing forwards.
-type Triggers = Arc<Mutex<mpsc::UnboundedReceiver<Trigger>>>;
+/// This controller's trigger channel, read by the current term's Controller or drained by
+/// the follower; a mutex rather than a second channel per term, so nothing forwards.
+type Shared = Arc<Mutex<Triggers<CocoonHibernation>>>;
 
 /// Runs the controller while the gate is open: this replica leads and both stores have
 /// listed. Triggers that
 /// arrive while not leading are dropped: a new term starts by enqueueing every CR.
 pub async fn run(
     ctx: Arc<Context>,
-    triggers: mpsc::UnboundedReceiver<Trigger>,
+    triggers: Triggers<CocoonHibernation>,
     mut gate: Gate,
     concurrency: u16,
     shutdown: CancellationToken,
 ) {
-    let triggers: Triggers = Arc::new(Mutex::new(triggers));
+    let triggers: Shared = Arc::new(Mutex::new(triggers));
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => return,
@@ -88,7 +90,7 @@ enum Term {
 /// both stores hold their first list (S8: the elector leads only on a synced cache that
 /// is not relisting). False when the lease watch, the trigger channel or a store's writer
 /// is gone.
-async fn follow(gate: &mut Gate, triggers: &Triggers) -> bool {
+async fn follow(gate: &mut Gate, triggers: &Shared) -> bool {
     let mut rx = triggers.lock().await;
     let discard = async { while rx.recv().await.is_some() {} };
     tokio::select! {
@@ -99,7 +101,7 @@ async fn follow(gate: &mut Gate, triggers: &Triggers) -> bool {
 
 /// The trigger channel as a stream for one term; it releases the receiver when the term's
 /// Controller is dropped, and cancels `closed` if the cache's driver is gone.
-fn read(triggers: Triggers, closed: CancellationToken) -> impl Stream<Item = Trigger> + Send {
+fn read(triggers: Shared, closed: CancellationToken) -> impl Stream<Item = Trigger> + Send {
     futures::stream::unfold((triggers, closed), |(triggers, closed)| async move {
         let next = triggers.lock().await.recv().await;
         if next.is_none() {

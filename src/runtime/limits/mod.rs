@@ -71,3 +71,44 @@ impl Limits {
         self.events.clone().try_acquire_owned().ok()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// SPEC C2: with every registry slot busy, a pass gives up its wait after
+    /// `REGISTRY_SLOT_WAIT` (then it is deferred and frees its worker); a slot freed
+    /// within the wait is taken.
+    #[tokio::test(start_paused = true)]
+    async fn c2_a_registry_slot_is_waited_for_briefly_then_given_up() {
+        let limits = Limits::new(1);
+        let held = limits.registry_slot().await.expect("a free slot");
+        let asked = tokio::time::Instant::now();
+        assert!(limits.registry_slot().await.is_none(), "every slot busy");
+        assert_eq!(asked.elapsed(), REGISTRY_SLOT_WAIT);
+
+        let waiting = tokio::spawn({
+            let limits = limits.clone();
+            async move { limits.registry_slot().await.is_some() }
+        });
+        tokio::time::sleep(REGISTRY_SLOT_WAIT / 2).await;
+        drop(held);
+        assert!(
+            waiting.await.unwrap(),
+            "a slot freed within the wait is taken"
+        );
+    }
+
+    /// Event slots never wait: beyond `EVENTS_IN_FLIGHT`, none is given.
+    #[test]
+    fn event_slots_never_wait() {
+        let limits = Limits::new(1);
+        let slots: Vec<_> = (0..EVENTS_IN_FLIGHT)
+            .map_while(|_| limits.event_slot())
+            .collect();
+        assert_eq!(slots.len(), EVENTS_IN_FLIGHT);
+        assert!(limits.event_slot().is_none());
+        drop(slots);
+        assert!(limits.event_slot().is_some());
+    }
+}
