@@ -11,7 +11,8 @@ mod error_policy;
 mod finalizer;
 pub mod locks;
 mod own_writes;
-pub mod plan;
+/// The pure rules live in cocoon-core; re-exported under their old path.
+pub use cocoon_core::plan;
 pub mod reconcile;
 mod tag_delete;
 mod term;

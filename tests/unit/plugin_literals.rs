@@ -10,7 +10,7 @@ use std::path::Path;
 const ROOT: &str = env!("CARGO_MANIFEST_DIR");
 
 /// The files whose `pub const NAME: &str = "..."` are the controller's words.
-const DEFINED_IN: &[&str] = &["src/api/conditions.rs", "src/schedule/status.rs"];
+const DEFINED_IN: &[&str] = &["crates/api/src/conditions.rs", "crates/api/src/schedule.rs"];
 
 /// The string literals in `code`, in order; `\"` inside one and the char `'"'` are handled.
 fn literals(code: &str) -> Vec<String> {
@@ -125,7 +125,7 @@ fn the_plugin_matches_controller_words_by_their_constants() {
     }
     assert!(
         found.is_empty(),
-        "use the constants of src/api/conditions.rs, src/schedule/status.rs or \
+        "use the constants of crates/api/src/conditions.rs, crates/api/src/schedule.rs or \
          api::Phase instead of: {found:#?}"
     );
 }

@@ -1,9 +1,9 @@
 //! The slice of a Pod the product reads (A4): its metadata and whether a container runs.
 
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
 use kube::Resource;
-use kube::api::ObjectMeta;
 use serde::{Deserialize, Deserializer};
 use std::collections::BTreeMap;
 
@@ -17,8 +17,10 @@ pub struct NamedVm {
 }
 
 /// Pods per page of [`list_vm_names`]; only their metadata is read.
+#[cfg(feature = "client")]
 const VM_NAME_PAGE: u32 = 500;
 
+#[cfg(feature = "client")]
 /// Every pod `api` lists, read from the apiserver (metadata only, in pages), with the VM it
 /// names: G1's fresh read before a deletion's delete, and the orphan audit's claims.
 pub async fn list_vm_names(api: &kube::Api<Pod>) -> kube::Result<Vec<NamedVm>> {

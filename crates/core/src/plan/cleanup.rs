@@ -2,8 +2,8 @@
 
 use super::delete_rules::vm_running_again;
 use super::{EventKind, PlannedEvent};
-use crate::api::annotations::PodView;
-use crate::api::{CocoonHibernation, Phase};
+use cocoon_api::annotations::PodView;
+use cocoon_api::{CocoonHibernation, Phase};
 
 /// What to do for a CR being deleted (G1, G2).
 #[derive(Clone, Debug, PartialEq, Eq)]

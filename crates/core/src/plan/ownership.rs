@@ -1,7 +1,7 @@
 //! S2: which CR may act on a pod and its VM, from the other CRs in the cache.
 
-use crate::api::CocoonHibernation;
-use crate::api::tenancy;
+use cocoon_api::CocoonHibernation;
+use cocoon_api::tenancy;
 
 /// Whether this CR may act on its pod and VM (S2), from the other CRs in the cache.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

@@ -1,20 +1,13 @@
 //! The schedule's decisions for one pass (K2, K4–K7): which CocoonHibernations to create,
 //! flip, mark or release. Pure; the controller fetches the inputs and executes the plan.
 
-use crate::api::{Desire, Phase};
+use cocoon_api::{Desire, Phase};
 use jiff::Timestamp;
 use std::collections::BTreeMap;
 
-/// Label on every CR a schedule drives: the schedule's name.
-pub const SCHEDULE_LABEL: &str = "cocoonset.cocoonstack.io/schedule";
-/// The uid of the schedule that created the CR: a CR without ours is never adopted (K4).
-pub const SCHEDULE_UID: &str = "cocoonset.cocoonstack.io/schedule-uid";
-/// The desire the schedule last wrote (K5).
-pub const SCHEDULE_DESIRE: &str = "cocoonset.cocoonstack.io/schedule-desire";
-/// The boundary (RFC 3339 instant) that write was for (K2, K5).
-pub const SCHEDULE_BOUNDARY: &str = "cocoonset.cocoonstack.io/schedule-boundary";
-/// A manual override's end (RFC 3339), set by `kubectl cocoon wake --until` (K5).
-pub const OVERRIDE_UNTIL: &str = "cocoonset.cocoonstack.io/override-until";
+pub use cocoon_api::schedule::{
+    OVERRIDE_UNTIL, SCHEDULE_BOUNDARY, SCHEDULE_DESIRE, SCHEDULE_LABEL, SCHEDULE_UID,
+};
 
 /// What the schedule wrote on a CR, read back from its annotations.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -1,11 +1,32 @@
-//! The `CocoonHibernationSchedule` API (K1, K8) and its reading into a [`Calendar`].
+//! The `CocoonHibernationSchedule` API (K1, K8) and the labels and annotations it writes
+//! on the CRs it drives; cocoon-core reads a spec into a calendar.
 
-use super::calendar::{Calendar, MAX_LEAD, Window, parse_hhmm};
-use crate::api::{Condition, Time};
+use crate::{Condition, Time};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
+
+/// Label on every CR a schedule drives: the schedule's name.
+pub const SCHEDULE_LABEL: &str = "cocoonset.cocoonstack.io/schedule";
+/// The uid of the schedule that created the CR: a CR without ours is never adopted (K4).
+pub const SCHEDULE_UID: &str = "cocoonset.cocoonstack.io/schedule-uid";
+/// The desire the schedule last wrote (K5).
+pub const SCHEDULE_DESIRE: &str = "cocoonset.cocoonstack.io/schedule-desire";
+/// The boundary (RFC 3339 instant) that write was for (K2, K5).
+pub const SCHEDULE_BOUNDARY: &str = "cocoonset.cocoonstack.io/schedule-boundary";
+/// A manual override's end (RFC 3339), set by `kubectl cocoon wake --until` (K5).
+pub const OVERRIDE_UNTIL: &str = "cocoonset.cocoonstack.io/override-until";
+
+// The schedule's Ready reasons (K8).
+/// `spec.suspend` is set: nothing is written.
+pub const REASON_SUSPENDED: &str = "Suspended";
+/// Some writes wait for a transition to end or for `maxInFlight`.
+pub const REASON_APPLYING: &str = "Applying";
+/// Every managed pod has the calendar's desire.
+pub const REASON_APPLIED: &str = "Applied";
+/// The spec is not a calendar (admission was bypassed or the webhook was down).
+pub const REASON_INVALID_SPEC: &str = "InvalidSpec";
 
 /// Wakes and hibernates the selected pods on a weekly calendar, through their
 /// CocoonHibernations.
@@ -125,97 +146,10 @@ pub struct CocoonHibernationScheduleStatus {
     pub conditions: Vec<Condition>,
 }
 
-impl Day {
-    fn bit(self) -> u8 {
-        1 << (self as u8)
-    }
-}
-
-/// The spec as a calendar, or every reason it is not one (admission shows them all).
-pub fn calendar(spec: &CocoonHibernationScheduleSpec) -> Result<Calendar, Vec<String>> {
-    let mut errors = Vec::new();
-    let tz = jiff::tz::TimeZone::get(&spec.time_zone)
-        .map_err(|_| {
-            errors.push(format!(
-                "spec.timeZone: {:?} is not an IANA time zone name",
-                spec.time_zone
-            ))
-        })
-        .ok();
-    let mut windows = Vec::new();
-    for (i, w) in spec.awake.iter().enumerate() {
-        let from = parse_hhmm(&w.from, false);
-        let to = parse_hhmm(&w.to, true);
-        match (from, to) {
-            (Ok(from), Ok(to)) => windows.push(Window {
-                days: days(&w.days),
-                from,
-                to,
-            }),
-            (from, to) => {
-                for e in [from.err(), to.err()].into_iter().flatten() {
-                    errors.push(format!("spec.awake[{i}]: {e}"));
-                }
-            }
-        }
-    }
-    let lead = match spec.wake_lead.as_deref().map(crate::api::parse_duration) {
-        None => jiff::SignedDuration::ZERO,
-        Some(Ok(d)) => match jiff::SignedDuration::try_from(d) {
-            Ok(d) if d <= MAX_LEAD => d,
-            _ => {
-                errors.push("spec.wakeLead: must be at most 24h".into());
-                jiff::SignedDuration::ZERO
-            }
-        },
-        Some(Err(e)) => {
-            errors.push(format!("spec.wakeLead: {e}"));
-            jiff::SignedDuration::ZERO
-        }
-    };
-    if let Err(e) = kube::core::Selector::try_from(spec.selector.clone()) {
-        errors.push(format!("spec.selector: {e}"));
-    }
-    errors.extend(never_awake(spec));
-    match tz {
-        Some(tz) if errors.is_empty() => Ok(Calendar::new(tz, windows, lead)),
-        _ => Err(errors),
-    }
-}
-
-fn days(list: &[Day]) -> u8 {
-    if list.is_empty() {
-        Window::EVERY_DAY
-    } else {
-        list.iter().fold(0, |acc, d| acc | d.bit())
-    }
-}
-
-/// K9: a schedule without a window hibernates its pods for ever (with an empty selector,
-/// every VM pod of the namespace), so it must say so; `alwaysAsleep` with a window is a
-/// contradiction, refused rather than guessed.
-fn never_awake(spec: &CocoonHibernationScheduleSpec) -> Option<String> {
-    match (spec.awake.is_empty(), spec.always_asleep) {
-        (true, false) => Some(format!(
-            "spec.awake is empty: {} would hibernate for ever; set spec.alwaysAsleep: true if that is meant",
-            if selects_all(&spec.selector) {
-                "every VM pod of this namespace (the selector is empty)"
-            } else {
-                "the selected pods"
-            }
-        )),
-        (false, true) => Some(
-            "spec.alwaysAsleep: true keeps pods asleep for ever, but spec.awake has windows; leave one of them out".into(),
-        ),
-        _ => None,
-    }
-}
-
 /// A schedule that keeps the pods it selects asleep, in UTC: for tests whose subject is
-/// not the calendar.
-#[cfg(test)]
+/// not the calendar (public so the operator's tests, in another crate, share it).
 impl CocoonHibernationScheduleSpec {
-    pub(crate) fn always_asleep(selector: LabelSelector) -> Self {
+    pub fn always_asleep(selector: LabelSelector) -> Self {
         CocoonHibernationScheduleSpec {
             selector,
             time_zone: "UTC".into(),
@@ -227,12 +161,4 @@ impl CocoonHibernationScheduleSpec {
             on_delete: OnDelete::default(),
         }
     }
-}
-
-fn selects_all(selector: &LabelSelector) -> bool {
-    selector.match_labels.as_ref().is_none_or(|m| m.is_empty())
-        && selector
-            .match_expressions
-            .as_ref()
-            .is_none_or(|e| e.is_empty())
 }

@@ -1,7 +1,7 @@
 //! The knobs the rules depend on, and the timeout each CR gets from them.
 
 use super::Transition;
-use crate::api::CocoonHibernation;
+use cocoon_api::CocoonHibernation;
 use std::time::Duration;
 
 /// Knobs the rules depend on.
@@ -44,7 +44,7 @@ impl Settings {
         };
         match value {
             None => Ok(default),
-            Some(raw) => crate::api::parse_duration(raw).map_err(|e| {
+            Some(raw) => cocoon_api::parse_duration(raw).map_err(|e| {
                 format!("{field} {raw:?} is not a duration such as 90s, 5m or 1h30m: {e}")
             }),
         }

@@ -3,7 +3,7 @@
 use super::pod::PodSlice;
 use json_patch::{AddOperation, Patch, PatchOperation, RemoveOperation, TestOperation};
 use jsonptr::PointerBuf;
-use kube::api::ObjectMeta;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde_json::Value;
 
 /// VM name; also the registry repository holding the snapshot.

@@ -3,14 +3,14 @@
 use super::delete_rules::{DeleteResult, after_delete, owes_tag_delete, vm_running_again};
 use super::pass::{Pass, READY_DONE, READY_PENDING};
 use super::{Ending, EventKind, Plan, PodPatch, Probe, Settings, Timeouts, Transition};
-use crate::api::annotations::PodView;
-use crate::api::conditions::{
+use cocoon_api::annotations::PodView;
+use cocoon_api::conditions::{
     REASON_DONE, REASON_HIBERNATE_NOT_RECORDED, REASON_HIBERNATE_TIMED_OUT,
     REASON_KEPT_FOR_HIBERNATE, REASON_REGISTRY_UNAVAILABLE, REASON_WAITING_FOR_CONTAINER,
     REASON_WAITING_FOR_FRESH_VMID, REASON_WAITING_FOR_LIFECYCLE, REASON_WAITING_FOR_SNAPSHOT,
     REASON_WAKE_TIMED_OUT, SNAPSHOT_DELETED,
 };
-use crate::api::{Desire, Phase};
+use cocoon_api::{Desire, Phase};
 
 impl Pass<'_> {
     pub(super) fn hibernate(

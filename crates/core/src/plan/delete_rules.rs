@@ -1,12 +1,12 @@
 //! The rules of a tag delete: which debt it pays, whether a fresh read still owes it
 //! (S1, S7), and how its outcome shows in status (S5).
 
-use crate::api::annotations::PodView;
-use crate::api::conditions::{
+use cocoon_api::annotations::PodView;
+use cocoon_api::conditions::{
     self, PROGRESSING, REASON_DELETE_FAILED, REASON_DELETING_SNAPSHOT, REASON_DONE,
     REASON_SHARED_DIGEST, REASON_SNAPSHOT_MOVED, SNAPSHOT_DELETED, Update,
 };
-use crate::api::{CocoonHibernation, CocoonHibernationStatus, Desire, Phase};
+use cocoon_api::{CocoonHibernation, CocoonHibernationStatus, Desire, Phase};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 /// Which debt a tag delete pays.

@@ -1,6 +1,6 @@
 //! Admission rules V1–V4 as a pure function of the request and a view of the cache.
 
-use crate::api::CocoonHibernation;
+use cocoon_api::CocoonHibernation;
 
 /// Another CR that targets the same pod.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -123,7 +123,7 @@ fn validate_create(
     }
     // S2: VM names are cluster-wide; a VM has one owner.
     if let Some(held) = view.vm_holder(namespace, pod) {
-        let holder = crate::api::tenancy::name_cr(namespace, &held.namespace, &held.name);
+        let holder = cocoon_api::tenancy::name_cr(namespace, &held.namespace, &held.name);
         return deny(format!(
             "pod {pod} names vm {vm}, which {holder} already holds through another pod; one VM, one owner",
             vm = held.vm

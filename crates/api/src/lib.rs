@@ -1,10 +1,17 @@
-//! The `CocoonHibernation` API (SPEC A1–A3) and the pod annotation contract (A4).
+//! cocoon-api: the contracts every part of cocoon-hibernation shares. The
+//! `CocoonHibernation` API (SPEC A1–A3), the pod annotation contract (A4), the schedule's
+//! CRD ([`schedule`], K1), condition reasons, the activity record (I2) and the duration
+//! grammar of flags and CRD fields ([`flags`]). Types only: kube's `derive`, no client.
+#![forbid(unsafe_code)]
 
 pub mod activity;
 pub mod annotations;
+#[cfg(feature = "client")]
 pub mod cluster;
 pub mod conditions;
+pub mod flags;
 pub mod pod;
+pub mod schedule;
 pub mod tenancy;
 
 use kube::{CustomResource, CustomResourceExt, KubeSchema};

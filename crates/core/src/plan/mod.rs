@@ -20,12 +20,12 @@ pub use delete_rules::{
 pub use ownership::{Ownership, ownership};
 pub use settings::Settings;
 
-use crate::api::annotations::PodView;
-use crate::api::conditions::{
+use cocoon_api::annotations::PodView;
+use cocoon_api::conditions::{
     REASON_CONFLICT, REASON_INVALID_SPEC, REASON_POD_MISSING, REASON_VM_CHANGED,
     REASON_WAITING_FOR_VM,
 };
-use crate::api::{CocoonHibernation, CocoonHibernationStatus, Desire, Phase};
+use cocoon_api::{CocoonHibernation, CocoonHibernationStatus, Desire, Phase};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use pass::{Pass, READY_CONFLICT};
 use std::time::Duration;
@@ -132,7 +132,7 @@ pub fn record_digest(plan: &mut Plan, digest: Option<String>) {
         && status.phase == Some(Phase::Hibernated)
         && plan.finished.is_some()
     {
-        status.snapshot = Some(crate::api::SnapshotStatus {
+        status.snapshot = Some(cocoon_api::SnapshotStatus {
             digest: Some(digest.clone()),
         });
     }

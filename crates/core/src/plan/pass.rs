@@ -2,11 +2,11 @@
 //! Ready and Progressing conditions, failures, events.
 
 use super::{Ending, EventKind, Finished, Plan, PlannedEvent, Settings, Transition};
-use crate::api::conditions::{
+use cocoon_api::conditions::{
     self, PROGRESSING, READY, REASON_CONFLICT, REASON_DONE, REASON_FAILED, REASON_PENDING,
     SNAPSHOT_DELETED, Update,
 };
-use crate::api::{CocoonHibernation, CocoonHibernationStatus, Desire, Failure, Phase};
+use cocoon_api::{CocoonHibernation, CocoonHibernationStatus, Desire, Failure, Phase};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use std::time::Duration;
 

@@ -1,9 +1,11 @@
 //! The elector's rules as one pure function (S1, P2, P4, S8, S11): what to do with the
-//! Lease as last read, judged on this replica's own monotonic clock. The async loop in
-//! [`super::elector`] only carries the decision out.
+//! Lease as last read, judged on this replica's own monotonic clock. The operator's async
+//! elector only carries the decision out. `std`'s `Instant`, not tokio's: core has no
+//! runtime; the elector converts (`tokio::time::Instant::into_std`), paused test clocks
+//! included.
 
 use std::time::Duration;
-use tokio::time::Instant;
+use std::time::Instant;
 
 /// S11: the safety rules this build knows, as one number. Bump it in the change that adds
 /// or tightens a rule that keeps a snapshot safe: a build that knows the new rule then
