@@ -17,7 +17,6 @@ pub mod error;
 pub mod idle;
 pub mod metrics;
 pub mod ownership;
-pub mod plugin;
 pub mod registry;
 pub mod runtime;
 pub mod schedule;

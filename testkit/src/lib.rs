@@ -69,3 +69,42 @@ pub fn cargo_bin(name: &str) -> PathBuf {
     }
     dir.join(format!("{name}{}", std::env::consts::EXE_SUFFIX))
 }
+
+/// The kubectl plugin (crates/kubectl-cocoon), built for the running test. It is another
+/// package's binary, which cargo builds for the root crate's tests only when asked (no
+/// `CARGO_BIN_EXE_` names it), so the first call asks: `cargo build -p kubectl-cocoon`
+/// with the cargo running the tests, into the same target directory, and returns the
+/// executable cargo reports. A failed build fails the test.
+pub fn plugin_bin() -> &'static str {
+    static BIN: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    BIN.get_or_init(build_plugin)
+}
+
+fn build_plugin() -> String {
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let out = std::process::Command::new(&cargo)
+        .args([
+            "build",
+            "--locked",
+            "-p",
+            "kubectl-cocoon",
+            "--bin",
+            "kubectl-cocoon",
+        ])
+        .arg("--message-format=json-render-diagnostics")
+        .current_dir(repo_root())
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .unwrap_or_else(|e| panic!("running {cargo:?} build -p kubectl-cocoon: {e}"));
+    assert!(
+        out.status.success(),
+        "cargo build -p kubectl-cocoon failed ({})",
+        out.status
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .filter(|m| m["reason"] == "compiler-artifact" && m["target"]["name"] == "kubectl-cocoon")
+        .find_map(|m| m["executable"].as_str().map(str::to_owned))
+        .unwrap_or_else(|| panic!("cargo build -p kubectl-cocoon reported no executable"))
+}

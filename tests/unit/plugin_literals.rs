@@ -67,15 +67,14 @@ fn controller_words(root: &Path) -> Vec<String> {
     words
 }
 
-/// The plugin's sources: `src/plugin/*.rs` and its binary.
+/// The plugin's sources: `crates/kubectl-cocoon/src/*.rs`, its binary included.
 fn plugin_files(root: &Path) -> Vec<String> {
-    let mut files: Vec<String> = std::fs::read_dir(root.join("src/plugin"))
-        .expect("src/plugin/")
-        .map(|e| e.expect("src/plugin/ entry").file_name())
-        .map(|n| format!("src/plugin/{}", n.to_string_lossy()))
+    let mut files: Vec<String> = std::fs::read_dir(root.join("crates/kubectl-cocoon/src"))
+        .expect("crates/kubectl-cocoon/src/")
+        .map(|e| e.expect("crates/kubectl-cocoon/src/ entry").file_name())
+        .map(|n| format!("crates/kubectl-cocoon/src/{}", n.to_string_lossy()))
         .filter(|n| n.ends_with(".rs"))
         .collect();
-    files.push("src/bin/kubectl-cocoon.rs".into());
     files.sort();
     files
 }

@@ -2,7 +2,7 @@
 //! still read (see `view.rs`), and pods' metadata.
 
 use super::view::CrView;
-use crate::api::CocoonHibernation;
+use cocoon_api::CocoonHibernation;
 use kube::Api;
 use kube::api::{ApiResource, DynamicObject};
 

@@ -144,7 +144,7 @@ async fn set_desire(
     let mut patch = serde_json::json!({ "spec": { "desire": want.desire() } });
     if let Some(until) = until {
         // K5: a schedule leaves this desire alone until then.
-        let key = crate::schedule::plan::OVERRIDE_UNTIL;
+        let key = cocoon_api::schedule::OVERRIDE_UNTIL;
         patch["metadata"] = serde_json::json!({ "annotations": { key: until.to_string() } });
     }
     let patched = api

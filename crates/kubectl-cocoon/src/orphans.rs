@@ -11,9 +11,9 @@ use super::error::PluginError;
 use super::install;
 use super::table::render;
 use super::terminal::{say, table_layout, warn};
-use crate::api::cluster::cluster_id;
-use crate::registry::{DeleteOutcome, RegistryClient, SnapshotStore};
-use crate::registry::{InstallId, RegistryArgs};
+use cocoon_api::cluster::cluster_id;
+use cocoon_oci::{DeleteOutcome, RegistryClient, SnapshotStore};
+use cocoon_oci::{InstallId, RegistryArgs};
 use futures::{StreamExt as _, TryStreamExt as _};
 
 /// Tag lookups in flight at once.

@@ -28,7 +28,7 @@ pub struct RegistryArgs {
     #[arg(long, env = "COCOON_REGISTRY_CA_FILE", value_delimiter = ',')]
     pub registry_ca_file: Vec<PathBuf>,
     /// Budget of one whole registry operation: a probe, a delete, or the orphan audit's catalog.
-    #[arg(long, env = "COCOON_REGISTRY_TIMEOUT", value_parser = crate::flags::parse_duration, default_value = "10s")]
+    #[arg(long, env = "COCOON_REGISTRY_TIMEOUT", value_parser = cocoon_api::flags::parse_duration, default_value = "10s")]
     pub registry_timeout: Duration,
 }
 

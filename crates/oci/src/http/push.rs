@@ -2,7 +2,7 @@
 //! manifest (S10), and the read of a marker's manifest.
 
 use super::{Session, header};
-use crate::registry::error::{Op, RegistryError, Result};
+use crate::error::{Op, RegistryError, Result};
 use reqwest::{Method, Url};
 
 const OP_BLOB: Op = "push_blob";

@@ -1,8 +1,8 @@
 //! The command line of `kubectl cocoon`. Parsing only; no I/O.
 
-use crate::flags::parse_duration;
-use crate::registry::RegistryArgs;
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use cocoon_api::flags::parse_duration;
+use cocoon_oci::RegistryArgs;
 use std::path::PathBuf;
 use std::time::Duration;
 

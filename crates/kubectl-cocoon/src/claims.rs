@@ -5,7 +5,7 @@ use super::audit::{Claims, PodVm};
 use super::error::PluginError;
 use super::resources;
 use super::view::CrView;
-use crate::api::pod::list_vm_names;
+use cocoon_api::pod::list_vm_names;
 use kube::Api;
 use kube::api::ListParams;
 

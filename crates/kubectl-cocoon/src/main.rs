@@ -2,7 +2,7 @@
 //! `kubectl-cocoon`: the kubectl plugin. Copy it onto PATH and run `kubectl cocoon`.
 
 use clap::Parser;
-use cocoon_hibernation::plugin::{Cli, exit, run};
+use kubectl_cocoon::{Cli, exit, run};
 use std::process::ExitCode;
 
 fn main() -> ExitCode {

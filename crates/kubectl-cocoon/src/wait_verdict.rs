@@ -1,8 +1,8 @@
 //! When a `--wait` is over, decided from the CR alone (pure; the watch is in `wait.rs`).
 
 use super::view::CrView;
-use crate::api::Phase;
-use crate::api::conditions::{READY, REASON_CONFLICT, REASON_VM_CHANGED};
+use cocoon_api::Phase;
+use cocoon_api::conditions::{READY, REASON_CONFLICT, REASON_VM_CHANGED};
 use jiff::Timestamp;
 
 /// What the user asked for.

@@ -8,6 +8,10 @@
 //! `table` (the status table), `audit` (orphan decisions, pure), `claims` (who holds
 //! which VM), `install` (the install audited, and whether its base is its own), `confirm`, `orphans` (the audit command), `schedule` (schedules' next boundaries),
 //! `error` (messages, exit codes).
+//!
+//! It links the API (cocoon-api), the pure calendar (cocoon-core) and the OCI client
+//! (cocoon-oci), never the operator or its metrics.
+#![forbid(unsafe_code)]
 
 mod audit;
 mod change;

@@ -3,8 +3,8 @@
 //! failing the command. This is the one place that knows the status layout; a server
 //! older or newer than the plugin still gets its CRs shown.
 
-use crate::api::Phase;
-use crate::api::conditions::{PROGRESSING, READY, REASON_FAILED};
+use cocoon_api::Phase;
+use cocoon_api::conditions::{PROGRESSING, READY, REASON_FAILED};
 use jiff::Timestamp;
 use serde_json::Value;
 

@@ -4,7 +4,7 @@
 //! registry's owner marker then says whether that base is this install's alone.
 
 use super::error::PluginError;
-use crate::registry::{InstallId, Marker, Ownership, ownership};
+use cocoon_oci::{InstallId, Marker, Ownership, ownership};
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::Api;
 use kube::api::ListParams;
@@ -122,13 +122,13 @@ pub fn refusal(ours: &InstallId, markers: &[Marker], base: &str) -> Option<Strin
         Ownership::Unmarked => Some(format!(
             "{base} has no owner marker of {ours}: its server has not marked it (is it \
              running, with push rights on {base}/{}?), or it uses another base",
-            crate::registry::OWNER_REPOSITORY
+            cocoon_oci::OWNER_REPOSITORY
         )),
         Ownership::Shared { others } => Some(format!(
             "{base} is shared: besides {ours}, it holds the owner marker of {}; a tag no \
              CocoonHibernation of this cluster holds may be theirs. Give each install a \
              base of its own",
-            crate::registry::describe_owners(&others)
+            cocoon_oci::describe_owners(&others)
         )),
     }
 }

@@ -241,7 +241,7 @@ impl SnapshotStore for RegistryClient {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::registry::RegistryAuth;
+    use crate::RegistryAuth;
 
     /// The controller spawns these calls on a multi-threaded runtime (C2).
     #[allow(dead_code)]

@@ -1,7 +1,7 @@
 //! The plugin's errors and exit codes. Messages are for a person at a terminal: they say
 //! what failed and what to do, never a rule ID or a Rust type name.
 
-use crate::registry::RegistryError;
+use cocoon_oci::RegistryError;
 use std::time::Duration;
 
 /// Exit codes, as `--help` documents them.
@@ -39,7 +39,7 @@ pub enum PluginError {
     Refused(String),
     /// The CocoonHibernation went Failed while we waited. A reason that says no more
     /// than "Failed" is left out.
-    #[error("{cr} failed{}: {message}", if reason.is_empty() || reason == crate::api::conditions::REASON_FAILED { String::new() } else { format!(" ({reason})") })]
+    #[error("{cr} failed{}: {message}", if reason.is_empty() || reason == cocoon_api::conditions::REASON_FAILED { String::new() } else { format!(" ({reason})") })]
     Failed {
         cr: String,
         reason: String,
@@ -48,7 +48,7 @@ pub enum PluginError {
     /// The wait ended without an answer: the CR vanished, was replaced or was reversed.
     #[error("{0}")]
     Interrupted(String),
-    #[error("timed out after {} waiting for {cr} to be {want}; it is {now}", crate::plugin::table::human_duration(*.after))]
+    #[error("timed out after {} waiting for {cr} to be {want}; it is {now}", crate::table::human_duration(*.after))]
     TimedOut {
         cr: String,
         want: String,
