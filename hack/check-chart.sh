@@ -299,7 +299,7 @@ image_rootfs() {
   bash "$ROOT/hack/image.sh" --help | grep -q '^usage: hack/image.sh' || die "hack/image.sh --help printed no usage"
   local bin="${COCOON_BIN:-}" r="$WORK/image/rootfs" loader libdirs f
   if [[ -z "$bin" ]]; then
-    (cd "$ROOT" && cargo build -q --locked --bin cocoon-hibernation --bin kubectl-cocoon)
+    (cd "$ROOT" && cargo build -q --locked -p cocoon-hibernation -p kubectl-cocoon)
     bin="${CARGO_TARGET_DIR:-$ROOT/target}/debug/cocoon-hibernation"
   fi
   IMAGE_BIN="$bin" bash "$ROOT/hack/image.sh" stage "$WORK/image"

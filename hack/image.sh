@@ -177,7 +177,7 @@ product_bin() {
   fi
   local t=$SECONDS
   log "cargo build --release (CARGO_TARGET_DIR=$CARGO_TARGET_DIR)"
-  (cd "$ROOT" && cargo build --release --locked --bin cocoon-hibernation --bin kubectl-cocoon)
+  (cd "$ROOT" && cargo build --release --locked -p cocoon-hibernation -p kubectl-cocoon)
   BIN="$CARGO_TARGET_DIR/release/cocoon-hibernation"
   PLUGIN="$CARGO_TARGET_DIR/release/kubectl-cocoon"
   log "release binary ready in $((SECONDS - t))s"

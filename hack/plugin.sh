@@ -31,8 +31,8 @@ EOF
 cargo_version() { sed -n 's/^version = "\(.*\)"$/\1/p' "$ROOT/Cargo.toml" | head -n 1; }
 
 release_bin() {
-  log "cargo build --release --bin kubectl-cocoon (CARGO_TARGET_DIR=$CARGO_TARGET_DIR)"
-  (cd "$ROOT" && cargo build --release --locked --bin kubectl-cocoon)
+  log "cargo build --release -p kubectl-cocoon (CARGO_TARGET_DIR=$CARGO_TARGET_DIR)"
+  (cd "$ROOT" && cargo build --release --locked -p kubectl-cocoon)
   BIN="$CARGO_TARGET_DIR/release/kubectl-cocoon"
   [[ -x "$BIN" ]] || die "cargo built no $BIN"
 }

@@ -40,7 +40,7 @@ def cited(name):
 
 
 def test_functions():
-    files = sorted((ROOT / "tests").rglob("*.rs")) + sorted((ROOT / "src").rglob("*.rs"))
+    files = [f for d in ("tests", "src", "crates") for f in sorted((ROOT / d).rglob("*.rs"))]
     for path in files:
         lines = path.read_text(encoding="utf-8").splitlines()
         in_proptest = False

@@ -49,7 +49,7 @@ cargo build --locked --all-targets
 cargo build --locked "${OFF_TARGETS[@]}"
 # The install suite's image binary, built here rather than beside the tests: a 2-core
 # machine cannot compile and keep the tests' second-scale timeouts at the same time.
-cargo build --locked --release --bin cocoon-hibernation --bin kubectl-cocoon
+cargo build --locked --release -p cocoon-hibernation -p kubectl-cocoon
 # The previous release's binary for the install suite's upgrade: built once, then cached.
 bash hack/old-release.sh build
 step "the kubectl plugin through krew (offline)"

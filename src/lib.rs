@@ -6,16 +6,17 @@
 //! finalizer patches ([`runtime`]).
 #![forbid(unsafe_code)]
 
-pub mod api;
+// The contracts and the pure decisions are crates of their own (crates/api, crates/core);
+// re-exported under their old module names so the operator's paths and tests did not change.
+pub use cocoon_api as api;
+pub use cocoon_api::flags;
 pub mod cache;
 pub mod config;
 pub mod controller;
 pub mod error;
-pub mod flags;
 pub mod idle;
 pub mod metrics;
 pub mod ownership;
-pub mod plugin;
 pub mod registry;
 pub mod runtime;
 pub mod schedule;

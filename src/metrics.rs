@@ -9,31 +9,36 @@ use prometheus_client::registry::Registry;
 use std::fmt::Write as _;
 use std::sync::Arc;
 
-// The plan's own types are the labels: one Transition, no mapping between two.
+// The plan's own types are the labels: one Transition, no mapping between two. They live
+// in cocoon-core, which knows no metrics crate, so the labels wrap them (`Label`).
 pub use crate::controller::plan::{Ending, Transition};
 use crate::registry::RegistryObserver;
 
-impl EncodeLabelValue for Transition {
+/// A plan type as a label value, by its own `as_str`.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+pub struct Label<T>(pub T);
+
+impl EncodeLabelValue for Label<Transition> {
     fn encode(&self, encoder: &mut LabelValueEncoder) -> Result<(), std::fmt::Error> {
-        encoder.write_str(self.as_str())
+        encoder.write_str(self.0.as_str())
     }
 }
 
-impl EncodeLabelValue for Ending {
+impl EncodeLabelValue for Label<Ending> {
     fn encode(&self, encoder: &mut LabelValueEncoder) -> Result<(), std::fmt::Error> {
-        encoder.write_str(self.as_str())
+        encoder.write_str(self.0.as_str())
     }
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PhaseLabels {
-    pub transition: Transition,
-    pub result: Ending,
+    pub transition: Label<Transition>,
+    pub result: Label<Ending>,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReactionLabels {
-    pub transition: Transition,
+    pub transition: Label<Transition>,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -267,13 +272,18 @@ impl Metrics {
 
     pub fn phase_done(&self, transition: Transition, result: Ending, seconds: f64) {
         self.phase_duration
-            .get_or_create(&PhaseLabels { transition, result })
+            .get_or_create(&PhaseLabels {
+                transition: Label(transition),
+                result: Label(result),
+            })
             .observe(seconds);
     }
 
     pub fn reaction(&self, transition: Transition, seconds: f64) {
         self.reaction_seconds
-            .get_or_create(&ReactionLabels { transition })
+            .get_or_create(&ReactionLabels {
+                transition: Label(transition),
+            })
             .observe(seconds);
     }
 

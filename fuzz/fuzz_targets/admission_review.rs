@@ -4,7 +4,7 @@
 
 use cocoon_hibernation::metrics::Metrics;
 use cocoon_hibernation::webhook::handler::{Reply, review};
-use cocoon_hibernation::webhook::validate::{Claim, ClaimView, VmHolder};
+use cocoon_core::admission::{Claim, ClaimView, VmHolder};
 use libfuzzer_sys::fuzz_target;
 use serde::Deserialize;
 use std::sync::LazyLock;

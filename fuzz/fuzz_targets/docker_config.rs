@@ -1,7 +1,7 @@
 //! P3: any docker config.json gives credentials or a clear error; never a panic.
 #![no_main]
 
-use cocoon_hibernation::registry::{RegistryAuth, auth_from_docker_config};
+use cocoon_oci::{RegistryAuth, auth_from_docker_config};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -4,13 +4,13 @@
 #![no_main]
 
 use arbitrary::Arbitrary;
-use cocoon_hibernation::api::annotations::PodView;
-use cocoon_hibernation::api::conditions::{READY, SNAPSHOT_DELETED};
-use cocoon_hibernation::api::{
+use cocoon_api::annotations::PodView;
+use cocoon_api::conditions::{READY, SNAPSHOT_DELETED};
+use cocoon_api::{
     CocoonHibernation, CocoonHibernationSpec, CocoonHibernationStatus, Condition, Desire,
     FINALIZER, Phase, PodRef,
 };
-use cocoon_hibernation::controller::plan::{
+use cocoon_core::plan::{
     Debt, Ownership, Plan, Probe, Settings, plan, plan_cleanup, still_owes,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;

@@ -3,8 +3,8 @@
 //! come from.
 #![no_main]
 
-use cocoon_hibernation::api::annotations::{self, PodView};
-use cocoon_hibernation::api::pod::PodSlice;
+use cocoon_api::annotations::{self, PodView};
+use cocoon_api::pod::PodSlice;
 use k8s_openapi::api::core::v1::Pod;
 use libfuzzer_sys::fuzz_target;
 

@@ -2,7 +2,7 @@
 //! OCI error body, DELETE status and body, tags/list Link) is read without a panic.
 #![no_main]
 
-use cocoon_hibernation::registry::fuzzing;
+use cocoon_oci::fuzzing;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -10,7 +10,8 @@ mod effects;
 mod error_policy;
 mod finalizer;
 mod own_writes;
-pub mod plan;
+/// The pure rules live in cocoon-core; re-exported under their old path.
+pub use cocoon_core::plan;
 pub mod reconcile;
 mod tag_delete;
 mod term;

@@ -159,8 +159,8 @@ impl Elector {
         match decide(
             seen.observed.as_ref(),
             self.me(),
-            now,
-            last,
+            now.into_std(),
+            last.map(Instant::into_std),
             false,
             readiness,
             &self.timing,
@@ -253,7 +253,7 @@ impl Elector {
         let unchanged = seen.lease.is_some() && rv(&seen.lease) == rv(&lease);
         let seen_at = match (&seen.observed, unchanged) {
             (Some(o), true) => o.seen_at,
-            _ => at,
+            _ => at.into_std(),
         };
         seen.observed = lease.as_ref().map(|l| {
             let spec = l.spec.clone().unwrap_or_default();
@@ -383,7 +383,7 @@ impl Elector {
             let decision = decide(
                 seen.observed.as_ref(),
                 self.me(),
-                Instant::now(),
+                Instant::now().into_std(),
                 None,
                 true,
                 Readiness::Ready,

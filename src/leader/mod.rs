@@ -12,7 +12,8 @@
 //!   safety epoch a build stamps on the Lease so an older build never leads after it (S11).
 //! - `elector`: the GET / create / patch loop and the watchdog that closes the fence.
 
-pub mod decide;
+/// The pure rules live in cocoon-core; re-exported under their old path.
+pub use cocoon_core::leader as decide;
 mod elector;
 
 use crate::error::Result;

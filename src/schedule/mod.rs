@@ -3,14 +3,21 @@
 //! [`plan`]; [`controller`] fetches and executes.
 
 pub mod admission;
-pub mod calendar;
 pub mod controller;
 pub mod inputs;
-pub mod plan;
-pub mod spec;
 pub mod status;
 pub mod wakeup;
 pub mod writes;
+
+// The pure parts live in cocoon-core, the CRD in cocoon-api; re-exported under their old
+// paths so callers and tests did not change.
+pub use cocoon_core::schedule::{calendar, plan};
+
+/// The schedule's CRD types (cocoon-api) and their reading into a calendar (cocoon-core).
+pub mod spec {
+    pub use cocoon_api::schedule::*;
+    pub use cocoon_core::schedule::spec::calendar;
+}
 
 pub use spec::{CocoonHibernationSchedule, CocoonHibernationScheduleSpec};
 

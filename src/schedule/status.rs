@@ -6,15 +6,10 @@ use super::spec::{CocoonHibernationSchedule, CocoonHibernationScheduleStatus};
 use crate::api::{Condition, Desire, Time};
 use jiff::Timestamp;
 
-// The schedule's Ready reasons (K8).
-/// `spec.suspend` is set: nothing is written.
-pub const REASON_SUSPENDED: &str = "Suspended";
-/// Some writes wait for a transition to end or for `maxInFlight`.
-pub const REASON_APPLYING: &str = "Applying";
-/// Every managed pod has the calendar's desire.
-pub const REASON_APPLIED: &str = "Applied";
-/// The spec is not a calendar (admission was bypassed or the webhook was down).
-pub const REASON_INVALID_SPEC: &str = "InvalidSpec";
+// The schedule's Ready reasons (K8) are part of its API.
+pub use crate::api::schedule::{
+    REASON_APPLIED, REASON_APPLYING, REASON_INVALID_SPEC, REASON_SUSPENDED,
+};
 
 /// At most this many conflicts are listed; `conflicting` counts them all.
 const CONFLICTS_LISTED: usize = 20;

@@ -3,7 +3,8 @@
 pub mod drain;
 pub mod handler;
 pub mod tls;
-pub mod validate;
+/// The pure rules live in cocoon-core; re-exported under their old path.
+pub use cocoon_core::admission as validate;
 
 use crate::cache::SharedCache;
 use crate::metrics::Metrics;

@@ -69,3 +69,68 @@ pub fn cargo_bin(name: &str) -> PathBuf {
     }
     dir.join(format!("{name}{}", std::env::consts::EXE_SUFFIX))
 }
+
+/// The kubectl plugin (crates/kubectl-cocoon), built for the running test. It is another
+/// package's binary, which cargo builds for the root crate's tests only when asked (no
+/// `CARGO_BIN_EXE_` names it), so the first call asks the cargo running the tests, in the
+/// same target directory, and returns the executable cargo reports. It names the running
+/// test target too (`--test e2e`): the same selection resolves the same features, so
+/// every dependency is reused and only the plugin is built (`-p kubectl-cocoon` alone
+/// would resolve fewer features and rebuild the dependency tree). A failed build fails
+/// the test.
+pub fn plugin_bin() -> &'static str {
+    static BIN: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    BIN.get_or_init(build_plugin)
+}
+
+fn build_plugin() -> String {
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let mut command = std::process::Command::new(&cargo);
+    command.args(["build", "--locked", "--bin", "kubectl-cocoon"]);
+    if let Some(test) = running_test_target() {
+        command.args(["--test", &test]);
+    }
+    // What cargo set for this test's own package: build scripts that watch these (ring's
+    // does) would rerun, and the next outer build would rerun them back.
+    for (key, _) in std::env::vars_os() {
+        let key = key.to_string_lossy();
+        let set_for_us = [
+            "CARGO_PKG_",
+            "CARGO_MANIFEST_",
+            "CARGO_CRATE_",
+            "CARGO_BIN_",
+        ]
+        .iter()
+        .any(|p| key.starts_with(p))
+            || key == "CARGO_PRIMARY_PACKAGE"
+            || key == "CARGO_TARGET_TMPDIR";
+        if set_for_us {
+            command.env_remove(key.as_ref());
+        }
+    }
+    let out = command
+        .arg("--message-format=json-render-diagnostics")
+        .current_dir(repo_root())
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .unwrap_or_else(|e| panic!("running {cargo:?} build --bin kubectl-cocoon: {e}"));
+    assert!(
+        out.status.success(),
+        "cargo build --bin kubectl-cocoon failed ({})",
+        out.status
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .filter(|m| m["reason"] == "compiler-artifact" && m["target"]["name"] == "kubectl-cocoon")
+        .find_map(|m| m["executable"].as_str().map(str::to_owned))
+        .unwrap_or_else(|| panic!("cargo build --bin kubectl-cocoon reported no executable"))
+}
+
+/// The test target running now, from its executable's name (`<target>-<hash>` in `deps/`).
+fn running_test_target() -> Option<String> {
+    let exe = std::env::current_exe().ok()?;
+    let stem = exe.file_stem()?.to_str()?;
+    let (name, hash) = stem.rsplit_once('-')?;
+    (hash.len() == 16 && hash.bytes().all(|b| b.is_ascii_hexdigit())).then(|| name.to_owned())
+}

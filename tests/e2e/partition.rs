@@ -167,7 +167,7 @@ async fn first_held(lease_log: &LeaseLog, who: &str) -> lease_log::Record {
     .await
 }
 
-/// The product's timing for a 6 s lease (src/leader/decide.rs): margin max(6/5, 1) s.
+/// The product's timing for a 6 s lease (crates/core/src/leader.rs): margin max(6/5, 1) s.
 const LEASE_DURATION: Duration = Duration::from_secs(6);
 const MARGIN: Duration = Duration::from_millis(1_200);
 /// renewTime is stamped just before the renewal is sent; the fence counts from the send.

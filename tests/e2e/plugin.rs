@@ -24,7 +24,10 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-const PLUGIN: &str = env!("CARGO_BIN_EXE_kubectl-cocoon");
+/// The plugin binary: another package's, which the test kit builds on first use.
+fn plugin_bin() -> &'static str {
+    testkit::plugin_bin()
+}
 /// No plugin run in these tests takes this long; one that does is stuck.
 const RUN_LIMIT: Duration = Duration::from_secs(120);
 
@@ -68,9 +71,10 @@ async fn run_with(command: Command, vars: &[(&str, &str)]) -> Run {
 
 /// [`run_with`], with `input` written to stdin (instead of a closed stdin).
 async fn run_full(mut command: Command, vars: &[(&str, &str)], input: Option<&str>) -> Run {
+    let bin = plugin_bin();
     assert!(
-        Path::new(PLUGIN).exists(),
-        "the plugin binary is missing at {PLUGIN}: run `cargo build`"
+        Path::new(bin).exists(),
+        "the plugin binary is missing at {bin}"
     );
     command
         .stdin(if input.is_some() {
@@ -130,7 +134,7 @@ async fn run_full(mut command: Command, vars: &[(&str, &str)], input: Option<&st
 
 /// `kubectl-cocoon ARGS --kubeconfig <cluster> -n <ns>`, KUBECONFIG unset.
 async fn plugin(env: &Env, args: &[&str]) -> Run {
-    let mut command = Command::new(PLUGIN);
+    let mut command = Command::new(plugin_bin());
     command
         .args(args)
         .arg("--kubeconfig")
@@ -292,7 +296,7 @@ async fn e2e_plugin_hibernate_and_wake_with_wait_and_status() {
     // Discovery: kubectl runs `kubectl-cocoon` from PATH, a plain copy of the binary.
     let cluster = cluster::cluster();
     let dir = tempfile::tempdir().expect("tempdir");
-    std::fs::copy(PLUGIN, dir.path().join("kubectl-cocoon")).expect("install the plugin");
+    std::fs::copy(plugin_bin(), dir.path().join("kubectl-cocoon")).expect("install the plugin");
     let path = format!(
         "{}:{}",
         dir.path().display(),
@@ -363,7 +367,7 @@ async fn e2e_plugin_wait_ends_nonzero_on_timeout_and_on_failed() {
     // On a terminal (a pty from `script`), one line redrawn in place.
     let kubeconfig = cluster::cluster().kubeconfig.display().to_string();
     let line = [
-        PLUGIN,
+        plugin_bin(),
         "hibernate",
         "w-0",
         "--wait",
@@ -508,7 +512,13 @@ async fn e2e_g1_s2_s10_plugin_orphans_lists_and_deletes_only_the_orphan() {
 
     // On a terminal it asks; anything but `yes` deletes nothing.
     let kubeconfig = cluster.kubeconfig.display().to_string();
-    let mut line = vec![PLUGIN, "orphans", "--delete", "--kubeconfig", &kubeconfig];
+    let mut line = vec![
+        plugin_bin(),
+        "orphans",
+        "--delete",
+        "--kubeconfig",
+        &kubeconfig,
+    ];
     line.extend(registry_flags);
     let line = line
         .iter()
@@ -528,7 +538,7 @@ async fn e2e_g1_s2_s10_plugin_orphans_lists_and_deletes_only_the_orphan() {
 
     // The registry settings come from the environment, as for the server; a base given
     // there only checks the install's.
-    let mut command = Command::new(PLUGIN);
+    let mut command = Command::new(plugin_bin());
     command
         .args(["orphans", "--delete", "--yes", "--install", &install])
         .arg("--kubeconfig")

@@ -16,7 +16,10 @@ use serde_json::json;
 use crate::shell::{Ran, run};
 use crate::world::{Result, World, wait_for};
 
-const PLUGIN: &str = env!("CARGO_BIN_EXE_kubectl-cocoon");
+/// The plugin binary: another package's, which the test kit builds on first use.
+fn plugin_bin() -> &'static str {
+    testkit::plugin_bin()
+}
 const EDITOR: &str = "cocoon-editor";
 const VIEWER: &str = "cocoon-viewer";
 const POD: &str = "rbac-0";
@@ -65,10 +68,11 @@ fn kubeconfig_as(dir: &Path, user: &str) -> Result<PathBuf> {
 }
 
 async fn plugin(world: &World, kubeconfig: &Path, args: &[&str]) -> Result<Ran> {
-    if !Path::new(PLUGIN).exists() {
-        return Err(format!("the plugin binary is missing at {PLUGIN}").into());
+    let bin = plugin_bin();
+    if !Path::new(bin).exists() {
+        return Err(format!("the plugin binary is missing at {bin}").into());
     }
-    let mut command = Command::new(PLUGIN);
+    let mut command = Command::new(bin);
     command
         .arg("--kubeconfig")
         .arg(kubeconfig)

@@ -504,7 +504,7 @@ impl Verdict {
     }
 }
 
-/// Whether `from -> to` is an edge of the phase graph (docs/rules.md, src/controller/plan.rs),
+/// Whether `from -> to` is an edge of the phase graph (docs/rules.md, crates/core/src/plan/mod.rs),
 /// given the desire in the object that carries `to` (a status write carries the
 /// resourceVersion it was planned from, so that is the desire the pass saw).
 pub fn allowed(from: Option<Phase>, to: Phase, desire: Desire) -> bool {

@@ -170,7 +170,7 @@ fn documented_reasons(text: &str, heading: &str) -> BTreeSet<String> {
 #[test]
 fn a3_every_cr_reason_is_in_the_troubleshooting_tables() {
     let ops = doc("docs/operations.md");
-    let written = reason_constants("src/api/conditions.rs");
+    let written = reason_constants("crates/api/src/conditions.rs");
     let documented = documented_reasons(&ops, "## Troubleshooting by Reason");
     let missing: Vec<&String> = written.difference(&documented).collect();
     assert!(
@@ -179,7 +179,7 @@ fn a3_every_cr_reason_is_in_the_troubleshooting_tables() {
     );
     // The schedule's table is a subsection; its reasons are checked below.
     let known: BTreeSet<String> = written
-        .union(&reason_constants("src/schedule/status.rs"))
+        .union(&reason_constants("crates/api/src/schedule.rs"))
         .cloned()
         .collect();
     let stale: Vec<&String> = documented.difference(&known).collect();
@@ -207,7 +207,7 @@ fn a3_every_cr_reason_is_in_the_troubleshooting_tables() {
 #[test]
 fn k8_every_schedule_reason_is_in_the_troubleshooting_tables() {
     let ops = doc("docs/operations.md");
-    let written = reason_constants("src/schedule/status.rs");
+    let written = reason_constants("crates/api/src/schedule.rs");
     let documented = documented_reasons(&ops, "### A schedule's Ready reasons");
     assert_eq!(written, documented, "operations.md's schedule reasons");
 }

@@ -10,7 +10,7 @@ use std::path::Path;
 const ROOT: &str = env!("CARGO_MANIFEST_DIR");
 
 /// The files whose `pub const NAME: &str = "..."` are the controller's words.
-const DEFINED_IN: &[&str] = &["src/api/conditions.rs", "src/schedule/status.rs"];
+const DEFINED_IN: &[&str] = &["crates/api/src/conditions.rs", "crates/api/src/schedule.rs"];
 
 /// The string literals in `code`, in order; `\"` inside one and the char `'"'` are handled.
 fn literals(code: &str) -> Vec<String> {
@@ -67,15 +67,14 @@ fn controller_words(root: &Path) -> Vec<String> {
     words
 }
 
-/// The plugin's sources: `src/plugin/*.rs` and its binary.
+/// The plugin's sources: `crates/kubectl-cocoon/src/*.rs`, its binary included.
 fn plugin_files(root: &Path) -> Vec<String> {
-    let mut files: Vec<String> = std::fs::read_dir(root.join("src/plugin"))
-        .expect("src/plugin/")
-        .map(|e| e.expect("src/plugin/ entry").file_name())
-        .map(|n| format!("src/plugin/{}", n.to_string_lossy()))
+    let mut files: Vec<String> = std::fs::read_dir(root.join("crates/kubectl-cocoon/src"))
+        .expect("crates/kubectl-cocoon/src/")
+        .map(|e| e.expect("crates/kubectl-cocoon/src/ entry").file_name())
+        .map(|n| format!("crates/kubectl-cocoon/src/{}", n.to_string_lossy()))
         .filter(|n| n.ends_with(".rs"))
         .collect();
-    files.push("src/bin/kubectl-cocoon.rs".into());
     files.sort();
     files
 }
@@ -125,7 +124,7 @@ fn the_plugin_matches_controller_words_by_their_constants() {
     }
     assert!(
         found.is_empty(),
-        "use the constants of src/api/conditions.rs, src/schedule/status.rs or \
+        "use the constants of crates/api/src/conditions.rs, crates/api/src/schedule.rs or \
          api::Phase instead of: {found:#?}"
     );
 }
