@@ -2,12 +2,10 @@
 //! started through `cmd`, so every failure names the command that failed.
 #![forbid(unsafe_code)]
 
-// The runners are used by the subcommands being moved from hack/ (remove once one does).
-#[allow(dead_code)]
-mod cmd;
-
 use clap::{Parser, Subcommand};
+use std::path::PathBuf;
 use std::process::ExitCode;
+use xtask::{cluster, cmd};
 
 #[derive(Parser)]
 #[command(
@@ -23,12 +21,43 @@ struct Cli {
 enum Command {
     /// Prints the repository root the harness works in.
     Root,
+    /// Starts (or reuses) the local control plane; prints its env file's path last.
+    ClusterUp {
+        /// A real single-node cluster instead (needs root; hack/node.sh).
+        #[arg(long)]
+        node: bool,
+        /// Restart only kube-apiserver of the running cluster (the soak uses it).
+        #[arg(long)]
+        restart_apiserver: bool,
+        /// Default: $COCOON_STATE_DIR or ~/.cache/cocoon-hibernation/cluster
+        /// (--node: $COCOON_NODE_STATE_DIR or ~/.cache/cocoon-hibernation/node-cluster).
+        state_dir: Option<PathBuf>,
+    },
+    /// Stops the control plane by its pid files and removes its runtime state.
+    ClusterDown {
+        #[arg(long)]
+        node: bool,
+        state_dir: Option<PathBuf>,
+    },
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Root => cmd::repo_root().map(|root| println!("{}", root.display())),
+        Command::ClusterUp {
+            node,
+            restart_apiserver,
+            state_dir,
+        } => cluster::up(&cluster::UpOptions {
+            state_dir,
+            node,
+            restart_apiserver,
+        })
+        .map(|env| println!("{}", env.display())),
+        Command::ClusterDown { node, state_dir } => {
+            cluster::down(&cluster::DownOptions { state_dir, node })
+        }
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
