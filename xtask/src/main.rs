@@ -5,7 +5,7 @@
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
 use std::process::ExitCode;
-use xtask::{cluster, cmd};
+use xtask::{cluster, cmd, tools};
 
 #[derive(Parser)]
 #[command(
@@ -39,6 +39,16 @@ enum Command {
         node: bool,
         state_dir: Option<PathBuf>,
     },
+    /// Finds or builds kube-apiserver, etcd and kubectl (K8S_VERSION, ETCD_VERSION,
+    /// KUBEBUILDER_ASSETS); prints their dir last.
+    ControlPlane {
+        /// Also kubelet, kube-controller-manager and kube-scheduler.
+        #[arg(long)]
+        node: bool,
+    },
+    /// Builds helm, kubeconform, the helm-unittest plugin and promtool once; prints the
+    /// bin dir holding them last (`HELM_PLUGINS=<dir>/helm-plugins` for the plugin).
+    Tools,
 }
 
 fn main() -> ExitCode {
@@ -58,6 +68,10 @@ fn main() -> ExitCode {
         Command::ClusterDown { node, state_dir } => {
             cluster::down(&cluster::DownOptions { state_dir, node })
         }
+        Command::ControlPlane { node } => {
+            tools::control_plane(node).map(|dir| println!("{}", dir.display()))
+        }
+        Command::Tools => tools::chart_tools().map(|dir| println!("{}", dir.display())),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
