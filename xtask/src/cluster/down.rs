@@ -17,14 +17,7 @@ pub fn down(opts: &DownOptions) -> Result<()> {
         .is_some_and(|r| r.node);
     // A real node's containers, mounts and bridge go first (they outlive the daemons).
     if ran_node || dir.join("containerd/config.toml").is_file() {
-        let net = Net::from_env();
-        let plane = Plane {
-            api_host: net.ip.clone(),
-            net: Some(net),
-            dir: dir.clone(),
-            bin_dir: dir.clone(),
-        };
-        node::stop(&plane)?;
+        node::stop(&dir, &Net::from_env())?;
     }
     // Reverse start order: the apiserver goes before the etcd it writes to.
     for name in DAEMONS.iter().rev() {

@@ -183,9 +183,7 @@ pub fn start(plane: &Plane, run: &RunState, taken: &mut Vec<u16>) -> Result<()> 
 /// Containers outlive containerd (their shims keep running): they are killed first, the
 /// daemons stopped, then what the kubelet mounted and the network go, so nothing of the
 /// node stays behind.
-pub fn stop(plane: &Plane) -> Result<()> {
-    let dir = &plane.dir;
-    let net = net(plane)?;
+pub fn stop(dir: &Path, net: &Net) -> Result<()> {
     if daemons::pid(dir, "containerd").is_some() {
         cmd::run(&mut node_sh(dir, net, "drain")?)?;
     }

@@ -403,8 +403,8 @@ fn stop_all(plane: &Plane) {
 }
 
 fn start_all(plane: &Plane) -> Result<RunState> {
-    if plane.net.is_some() {
-        node::stop(plane)?;
+    if let Some(net) = &plane.net {
+        node::stop(&plane.dir, net)?;
     }
     stop_all(plane);
     // Runtime state goes; the PKI stays unless it is incomplete.
