@@ -81,10 +81,10 @@ demo-down:
 	bash hack/demo.sh down
 
 cluster-up:
-	bash hack/cluster-up.sh
+	cargo xtask cluster-up
 
 cluster-down:
-	bash hack/cluster-down.sh
+	cargo xtask cluster-down
 
 chart-check:
 	bash hack/check-chart.sh

@@ -1,31 +1,14 @@
-# Shared helpers for hack/cluster-up.sh and hack/cluster-down.sh. Source it; do not run it.
+# Shared helpers of the scripts left in hack/ (log, die; the demo's daemons). Source it;
+# do not run it. The control plane itself is `cargo xtask cluster-up` (xtask/src/cluster).
 # shellcheck shell=bash
 
 # shellcheck disable=SC2034 # used by the scripts that source this file
 HACK_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 
-# Every daemon we start, in start order; each has $STATE_DIR/<name>.pid and <name>.log.
-DAEMONS=(etcd kube-apiserver registry)
-
 log() { echo "[${LOG_TAG:-cluster}] $*" >&2; }
 die() {
   log "ERROR: $*"
   exit 1
-}
-
-# resolve_state_dir [DIR]: sets STATE_DIR (absolute) from the argument or the default.
-resolve_state_dir() {
-  STATE_DIR="${1:-${COCOON_STATE_DIR:-$HOME/.cache/cocoon-hibernation/cluster}}"
-  [[ "$STATE_DIR" != *[[:space:]]* ]] || die "state dir must not contain whitespace: $STATE_DIR"
-  mkdir -p "$STATE_DIR"
-  STATE_DIR="$(cd "$STATE_DIR" && pwd)"
-}
-
-# take_lock: serializes cluster-up/down across processes (several test binaries may start
-# at once). fd 9 is closed for every daemon we start so they never hold the lock.
-take_lock() {
-  exec 9>"$STATE_DIR/.lock"
-  flock 9
 }
 
 # The executable a daemon's pid file points at must still be ours: guards against pid reuse.
@@ -80,14 +63,6 @@ stop_daemon() {
   rm -f "$STATE_DIR/$name.pid"
 }
 
-stop_all() {
-  local i
-  # Reverse start order: the apiserver goes before the etcd it writes to.
-  for ((i = ${#DAEMONS[@]} - 1; i >= 0; i--)); do
-    stop_daemon "${DAEMONS[$i]}"
-  done
-}
-
 port_in_use() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 
 # free_port: a loopback port nobody listens on, below the kernel's ephemeral range so
@@ -104,16 +79,4 @@ free_port() {
     return 0
   done
   die "no free loopback port found"
-}
-
-# wait_until SECONDS DESCRIPTION CMD...: polls CMD every 100 ms.
-wait_until() {
-  local timeout="$1" what="$2"
-  shift 2
-  local deadline=$((SECONDS + timeout))
-  until "$@" >/dev/null 2>&1; do
-    ((SECONDS < deadline)) || return 1
-    sleep 0.1
-  done
-  log "$what ready"
 }

@@ -1,9 +1,10 @@
-//! Test support: the local control plane started by `hack/cluster-up.sh`.
+//! Test support: the local control plane started by `cargo xtask cluster-up`.
 //!
 //! The first call to
 //! [`cluster()`] in a test process either reads the env file named by
-//! `COCOON_CLUSTER_ENV` or runs `hack/cluster-up.sh` (which takes a file lock, so test
-//! binaries starting at once share one cluster) and reads `$STATE_DIR/env`.
+//! `COCOON_CLUSTER_ENV` or starts the control plane in-process with
+//! [`xtask::cluster::up`] (which takes a file lock, so test binaries starting at once
+//! share one cluster) and reads `$STATE_DIR/env`.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
@@ -16,9 +17,9 @@ use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{Api, ObjectMeta, PostParams};
 use kube::config::{Config, KubeConfigOptions, Kubeconfig};
 
-/// Subject CN of the CA that `hack/cluster-up.sh` generates. [`Cluster::serving_cert`]
-/// rebuilds the issuer name from it, so both must agree byte for byte.
-const CA_COMMON_NAME: &str = "cocoon-hibernation-test-ca";
+/// Subject CN of the CA that cluster-up generates. [`Cluster::serving_cert`] rebuilds the
+/// issuer name from it, so both must agree byte for byte.
+const CA_COMMON_NAME: &str = xtask::cluster::CA_COMMON_NAME;
 
 /// Everything a test needs to reach the local control plane.
 #[derive(Clone, Debug)]
@@ -56,12 +57,23 @@ pub fn cluster() -> &'static Cluster {
     })
 }
 
-/// Runs `hack/cluster-up.sh` and says, past libtest's output capture, that the control
-/// plane stays up after the tests and how to stop it: nothing else would tell the user.
+/// Starts (or reuses) the control plane and says, past libtest's output capture, that it
+/// stays up after the tests and how to stop it: nothing else would tell the user.
 fn run_cluster_up() -> PathBuf {
-    let (env_file, started) = cluster_up();
-    let state_dir = env_file.parent().unwrap_or(&env_file).display().to_string();
-    let how = if started {
+    let up = xtask::cluster::up_report(&xtask::cluster::UpOptions::default()).unwrap_or_else(|e| {
+        panic!(
+            "cargo xtask cluster-up failed: {e}. It needs: Go >= 1.26 (first build of \
+             kube-apiserver/etcd, or set KUBEBUILDER_ASSETS to a dir with kube-apiserver, etcd, \
+             kubectl) and the Debian packages `bash hack/prereqs.sh demo` installs or names."
+        )
+    });
+    let state_dir = up
+        .env_file
+        .parent()
+        .unwrap_or(&up.env_file)
+        .display()
+        .to_string();
+    let how = if up.started {
         "started a"
     } else {
         "reused the running"
@@ -70,39 +82,9 @@ fn run_cluster_up() -> PathBuf {
         std::io::stderr(),
         "testkit: COCOON_CLUSTER_ENV is unset, so this test {how} local control plane in \
          {state_dir} (etcd, kube-apiserver, a registry; about 500 MB). It keeps running for \
-         the next test run; stop it with: bash hack/cluster-down.sh {state_dir}"
+         the next test run; stop it with: cargo xtask cluster-down {state_dir}"
     );
-    env_file
-}
-
-/// The env file's path, and whether the script started the control plane (else reused it).
-fn cluster_up() -> (PathBuf, bool) {
-    let script = crate::repo_root().join("hack/cluster-up.sh");
-    let out = Command::new("bash")
-        .arg(&script)
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {}: {e}", script.display()));
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    if !out.status.success() {
-        panic!(
-            "{} failed ({}). It needs: Go >= 1.26 (first build of kube-apiserver/etcd, or set \
-             KUBEBUILDER_ASSETS to a dir with kube-apiserver, etcd, kubectl) and the Debian \
-             packages `bash hack/prereqs.sh demo` installs or names.\n--- its output ---\n{stderr}{}",
-            script.display(),
-            out.status,
-            String::from_utf8_lossy(&out.stdout),
-        );
-    }
-    // The script prints the env file's path on its last line.
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let last = stdout.lines().last().unwrap_or_default().trim();
-    assert!(
-        !last.is_empty(),
-        "cluster-up.sh printed no env file path\n{stderr}"
-    );
-    // hack/cluster-up.sh's own words for "not reused".
-    let started = stderr.contains("starting a fresh cluster");
-    (PathBuf::from(last), started)
+    up.env_file
 }
 
 /// Parses `KEY=value` lines; quotes around a value are stripped.

@@ -34,6 +34,9 @@
 //!   its world, load generator, audit counts and report (also the soak's report).
 #![forbid(unsafe_code)]
 
+/// The harness (`cargo xtask`): the soak starts and stops its control plane through it.
+pub use xtask;
+
 pub mod api_tap;
 pub mod bench;
 pub mod cluster;

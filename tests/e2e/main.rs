@@ -1,5 +1,5 @@
 //! The end-to-end test binary: the real product against the shared local control plane
-//! (`hack/cluster-up.sh`, or the env file named by `COCOON_CLUSTER_ENV`) and a real
+//! (`cargo xtask cluster-up`, or the env file named by `COCOON_CLUSTER_ENV`) and a real
 //! registry. One module per area; every test works in namespaces of its own, so the
 //! tests share the process and its thread pool. A test whose product watches every
 //! namespace, or whose load would starve the others' timeouts, goes to `tests/e2e_alone`.

@@ -1,5 +1,5 @@
 //! The install suite (`make install-test`): the chart as it ships, installed with helm on
-//! a real node (kubelet, containerd, CNI; `hack/cluster-up.sh --node`) from the image
+//! a real node (kubelet, containerd, CNI; `cargo xtask cluster-up --node`) from the image
 //! `make image` built, then upgraded, failed over and uninstalled under load. The release
 //! first installed is the previous one (`hack/old-release.sh`: its chart and image), which
 //! the suite upgrades to this tree by the documented command and by `--reuse-values`

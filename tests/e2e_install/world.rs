@@ -1,4 +1,4 @@
-//! The install suite's world: the real node cluster from `hack/cluster-up.sh --node`, the
+//! The install suite's world: the real node cluster from `cargo xtask cluster-up --node`, the
 //! image `make image` pushed, helm, and small helpers over them.
 
 use std::collections::BTreeMap;
@@ -63,7 +63,7 @@ impl World {
         };
         if get("COCOON_NODE")? != "1" {
             return Err(
-                "COCOON_NODE_CLUSTER_ENV is not a real-node cluster (hack/cluster-up.sh --node)"
+                "COCOON_NODE_CLUSTER_ENV is not a real-node cluster (cargo xtask cluster-up --node)"
                     .into(),
             );
         }

@@ -136,25 +136,14 @@ fn log(started: Instant, msg: impl AsRef<str>) {
     );
 }
 
-fn hack(script: &str) -> PathBuf {
-    testkit::repo_root().join("hack").join(script)
-}
-
-/// Runs `hack/cluster-up.sh [args] <state dir>`; returns the env file it printed.
-fn cluster_up(args: &[&str], state_dir: &Path) -> PathBuf {
-    let out = std::process::Command::new("bash")
-        .arg(hack("cluster-up.sh"))
-        .args(args)
-        .arg(state_dir)
-        .output()
-        .expect("run hack/cluster-up.sh");
-    assert!(
-        out.status.success(),
-        "hack/cluster-up.sh {args:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    PathBuf::from(stdout.lines().last().unwrap_or_default().trim())
+/// `cargo xtask cluster-up [--restart-apiserver] <state dir>`, in-process; its env file.
+fn cluster_up(restart_apiserver: bool, state_dir: &Path) -> PathBuf {
+    testkit::xtask::cluster::up(&testkit::xtask::cluster::UpOptions {
+        state_dir: Some(state_dir.to_path_buf()),
+        node: false,
+        restart_apiserver,
+    })
+    .unwrap_or_else(|e| panic!("cluster-up (restart_apiserver={restart_apiserver}) failed: {e}"))
 }
 
 /// Retries `f` every 500 ms for up to `budget` (the apiserver may be restarting).
@@ -685,10 +674,7 @@ impl World {
                 // before that relist would be hidden from the S1 judge (undecidable).
                 self.api_proxy.hold(true);
                 let state_dir = self.cluster.state_dir.clone();
-                let r = tokio::task::spawn_blocking(move || {
-                    cluster_up(&["--restart-apiserver"], &state_dir)
-                })
-                .await;
+                let r = tokio::task::spawn_blocking(move || cluster_up(true, &state_dir)).await;
                 if let Err(e) = r {
                     self.harness_error(format!("apiserver restart: {e}"));
                 }
@@ -919,7 +905,7 @@ async fn run(cfg: Cfg) -> bool {
         format!("control plane in {}", cfg.state_dir.display()),
     );
     let state_dir = cfg.state_dir.clone();
-    let env_file = tokio::task::spawn_blocking(move || cluster_up(&[], &state_dir))
+    let env_file = tokio::task::spawn_blocking(move || cluster_up(false, &state_dir))
         .await
         .expect("cluster-up");
     let cluster = cluster::Cluster::from_env_file(&env_file);
@@ -1795,10 +1781,13 @@ async fn run(cfg: Cfg) -> bool {
 
     drop(world);
     if !cfg.keep_cluster {
-        let _ = std::process::Command::new("bash")
-            .arg(hack("cluster-down.sh"))
-            .arg(&cfg.state_dir)
-            .output();
+        let down = testkit::xtask::cluster::DownOptions {
+            state_dir: Some(cfg.state_dir.clone()),
+            node: false,
+        };
+        if let Err(e) = testkit::xtask::cluster::down(&down) {
+            eprintln!("cluster-down {}: {e}", cfg.state_dir.display());
+        }
     }
     println!("{summary}");
     violations == 0 && harness_errors.is_empty()

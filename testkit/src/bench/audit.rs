@@ -109,7 +109,7 @@ pub struct Tally {
 /// that only changes a condition, such as a `Progressing` reason). Counted over
 /// `events[from..to]`, with the phases before `from` taken from the earlier events.
 /// `None` when the audit log holds no status bodies (a control plane started before its
-/// audit policy logged them: restart it with `hack/cluster-down.sh`).
+/// audit policy logged them: restart it with `cargo xtask cluster-down`).
 pub fn same_phase_status_writes(
     events: &[Value],
     from: usize,

@@ -1,5 +1,5 @@
 //! System benchmark (issue 8, "Performance at scale"): the release binary against the real
-//! local control plane (kube-apiserver + etcd + registry from `hack/cluster-up.sh`).
+//! local control plane (kube-apiserver + etcd + registry from `cargo xtask cluster-up`).
 //! It measures, it never changes what the product does.
 //!
 //! Run: `make bench` (or `bash hack/bench.sh [--n 100] [--scale-n 0] ...`). Parts, in order:

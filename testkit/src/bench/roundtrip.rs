@@ -165,7 +165,7 @@ pub(super) async fn roundtrip(
         let same_phase = audit::same_phase_status_writes(&tail.events, a0, a2, |u| u == user);
         if same_phase.is_none() {
             log(
-                "the audit log holds no status bodies: rt.reason_writes is na (restart the control plane: hack/cluster-down.sh)",
+                "the audit log holds no status bodies: rt.reason_writes is na (restart the control plane: cargo xtask cluster-down)",
             );
         }
         let reg_hib = metrics::delta(&m0, &m1, metrics::REGISTRY_CALLS);

@@ -14,31 +14,16 @@ pub fn chart_dir() -> PathBuf {
     crate::repo_root().join("charts/cocoon-hibernation")
 }
 
-/// helm, found the way `hack/check-chart.sh` finds it: `hack/install-tools.sh` builds it
-/// on first use (Go needed) and prints its bin dir. Panics, never skips, without it.
+/// helm, found the way the chart checks find it: [`xtask::tools::chart_tools`] builds it
+/// on first use (Go needed). Panics, never skips, without it.
 pub fn helm() -> &'static Path {
     static HELM: OnceLock<PathBuf> = OnceLock::new();
     HELM.get_or_init(|| {
-        let script = crate::repo_root().join("hack/install-tools.sh");
-        let out = Command::new("bash")
-            .arg(&script)
-            .output()
-            .unwrap_or_else(|e| panic!("cannot run {}: {e}", script.display()));
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        assert!(
-            out.status.success(),
-            "{} failed ({}); it builds helm with Go >= 1.24 on a cold cache\n{}",
-            script.display(),
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let helm = Path::new(stdout.lines().last().unwrap_or_default().trim()).join("helm");
-        assert!(
-            helm.is_file(),
-            "{} printed no bin dir holding helm (got {})",
-            script.display(),
-            helm.display()
-        );
+        let bin = xtask::tools::chart_tools().unwrap_or_else(|e| {
+            panic!("cargo xtask tools failed: {e}; it builds helm with Go >= 1.24 on a cold cache")
+        });
+        let helm = bin.join("helm");
+        assert!(helm.is_file(), "{} holds no helm", bin.display());
         helm
     })
 }

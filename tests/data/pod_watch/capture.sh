@@ -1,7 +1,7 @@
 #!/bin/bash
 # Captures one pod watch (streamed initial list) as protobuf and as JSON from a real
 # apiserver, for src/cache/pod_wire/tests.rs. Usage: capture.sh STATE_DIR OUT_DIR, on a
-# cluster from hack/cluster-up.sh.
+# cluster from `cargo xtask cluster-up`.
 set -euo pipefail
 S=$1; OUT=$2
 set -a

@@ -21,7 +21,7 @@ fn host_jiffies() -> Option<(f64, f64)> {
     Some((total - idle, total))
 }
 
-/// A daemon's pid from `hack/cluster-up.sh`'s `<state dir>/<name>.pid`.
+/// A daemon's pid from cluster-up's `<state dir>/<name>.pid`.
 pub(super) fn daemon_pid(state_dir: &Path, name: &str) -> Option<u32> {
     std::fs::read_to_string(state_dir.join(format!("{name}.pid")))
         .ok()?
