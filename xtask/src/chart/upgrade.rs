@@ -22,7 +22,7 @@
 //! old-release`) is tested with its image, on the real node, under load: the install suite
 //! (tests/e2e_install/upgrade.rs).
 
-use super::{Steps, Tools, Work, log, mkdir, read, run_quiet_stdout, write};
+use super::{Steps, Tools, Work, log, mkdir, read, write};
 use crate::cmd::{self, Error, Result, fail};
 use serde_json::{Map, Value, json};
 use std::fs;
@@ -482,19 +482,17 @@ impl Upgrade<'_> {
         // The new schema is the one served: the versions' schemas against the file's.
         let name = self.crd_name();
         let live = self.get_json(&["crd", &name], "the CRD")?;
-        let file = parse(
-            &cmd::output(
-                self.kubectl()
-                    .args(["create", "--dry-run=client", "-o", "json", "-f"])
-                    .arg(new_crds.join("crd.yaml")),
-            )?,
-            "the new CRDs",
+        // One JSON object per document (kubectl prints them one after the other).
+        let file = cmd::output(
+            self.kubectl()
+                .args(["create", "--dry-run=client", "-o", "json", "-f"])
+                .arg(new_crds.join("crd.yaml")),
         )?;
-        let want = file["items"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .find(|d| d["metadata"]["name"] == name.as_str());
+        let docs = serde_json::Deserializer::from_str(&file)
+            .into_iter::<Value>()
+            .collect::<std::result::Result<Vec<_>, _>>()
+            .map_err(|e| Error(format!("the new CRDs are not JSON: {e}")))?;
+        let want = docs.iter().find(|d| d["metadata"]["name"] == name.as_str());
         let schemas = |crd: &Value| -> Vec<(Value, Value)> {
             crd["spec"]["versions"]
                 .as_array()
@@ -522,7 +520,7 @@ impl Upgrade<'_> {
     /// Removes the release, its namespace and the renamed CRDs, whatever happened.
     fn cleanup(&self) {
         let quiet = |c: &mut Command| {
-            let _ = run_quiet_stdout(c.stderr(std::process::Stdio::null()));
+            super::succeeds(c);
         };
         quiet(
             self.helm()
