@@ -14,7 +14,7 @@ pub fn chart_dir() -> PathBuf {
     crate::repo_root().join("charts/cocoon-hibernation")
 }
 
-/// helm, found the way `hack/check-chart.sh` finds it: `hack/install-tools.sh` builds it
+/// helm, found the way `cargo xtask chart-check` finds it: `hack/install-tools.sh` builds it
 /// on first use (Go needed) and prints its bin dir. Panics, never skips, without it.
 pub fn helm() -> &'static Path {
     static HELM: OnceLock<PathBuf> = OnceLock::new();

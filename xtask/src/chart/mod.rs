@@ -15,6 +15,7 @@ use std::fs;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 /// `${COCOON_CACHE:-~/.cache/cocoon-hibernation}`: tools, schemas, old releases, plugin.
@@ -56,6 +57,26 @@ pub fn plugin_package_args(root: &Path) -> Vec<&'static str> {
 /// Prints `[tag] msg` on stderr, as the scripts did.
 pub fn log(tag: &str, msg: impl AsRef<str>) {
     eprintln!("[{tag}] {}", msg.as_ref());
+}
+
+static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+
+/// On Ctrl-C the running tool (same process group) stops and its step fails, and no
+/// further step starts: the check then removes what it made on a shared control plane
+/// instead of dying with it left behind.
+pub fn clean_up_on_interrupt() {
+    let _ = ctrlc::set_handler(|| {
+        INTERRUPTED.store(true, Ordering::SeqCst);
+        eprintln!("[xtask] interrupted: cleaning up");
+    });
+}
+
+fn not_interrupted() -> Result<()> {
+    if INTERRUPTED.load(Ordering::SeqCst) {
+        fail("interrupted")
+    } else {
+        Ok(())
+    }
 }
 
 /// Lowercase hex sha256 of `data`.
@@ -155,7 +176,7 @@ impl Steps {
 
     /// Runs one step, timed and logged.
     pub fn step(&mut self, name: &str, f: impl FnOnce() -> Result<()>) -> Result<()> {
-        self.current = name.to_string();
+        self.at(name)?;
         let t = Instant::now();
         log(self.name, format!("---- {name}"));
         f()?;
@@ -165,6 +186,12 @@ impl Steps {
         );
         self.passed.push(name.to_string());
         Ok(())
+    }
+
+    /// Names the part now running (for the summary); an error once interrupted.
+    pub fn at(&mut self, name: &str) -> Result<()> {
+        self.current = name.to_string();
+        not_interrupted()
     }
 
     /// Marks a part as passed without timing it.

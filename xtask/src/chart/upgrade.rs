@@ -37,6 +37,7 @@ const REFUSED: &str = "vmIdentityPolicy (S3) is on by default and names no write
 
 /// Runs the check; prints the summary line on stdout (`chart-upgrade-check: PASS ...`).
 pub fn run(root: &Path) -> Result<()> {
+    super::clean_up_on_interrupt();
     let tools = Tools {
         bin: super::tools_bin(root)?,
         kubectl: super::find_kubectl()?,
@@ -304,20 +305,20 @@ impl Upgrade<'_> {
         write(&values, values_yaml(&self.scope, true))?;
 
         // 1. The documented commands.
-        steps.current = "install documented".into();
+        steps.at("install documented")?;
         let before = self.install_old(&old_chart, &values)?;
-        steps.current = "crd upgrade".into();
+        steps.at("crd upgrade")?;
         self.crd_upgrade(&new_crds)?;
         steps.passed("crd-upgrade");
-        steps.current = "documented upgrade".into();
+        steps.at("documented upgrade")?;
         self.upgrade("--reset-then-reuse-values")?;
         self.same_safety(&before, "documented upgrade (--reset-then-reuse-values)")?;
         steps.passed("documented");
 
         // 2. --reuse-values, from a fresh old release.
-        steps.current = "install reuse".into();
+        steps.at("install reuse")?;
         let before = self.install_old(&old_chart, &values)?;
-        steps.current = "reuse-values upgrade".into();
+        steps.at("reuse-values upgrade")?;
         self.upgrade("--reuse-values")?;
         self.same_safety(&before, "helm upgrade --reuse-values")?;
         steps.passed("reuse-values");
@@ -326,7 +327,7 @@ impl Upgrade<'_> {
         // rendered it only with writers). Upgrading it by either command turns S3 on, so
         // it is refused with the message naming vmIdentityPolicy, never carried on
         // silently without the policy; the release stays as it was.
-        steps.current = "no writers refused".into();
+        steps.at("no writers refused")?;
         cmd::output(self.helm().args(["uninstall", &self.release, "--wait"]))?;
         let no_writers = self.work.path("no-writers.yaml");
         write(&no_writers, values_yaml(&self.scope, false))?;

@@ -73,6 +73,7 @@ spec:
 
 /// Runs every step; prints the summary line on stdout.
 pub fn run(root: &Path) -> Result<()> {
+    super::clean_up_on_interrupt();
     let mut steps = Steps::new(TAG);
     let work = Work::new("chart-check")?;
     let result = Check::new(root, &work).and_then(|c| c.all(&mut steps));
