@@ -37,11 +37,33 @@ pub fn target_dir() -> Result<PathBuf> {
     }
 }
 
-/// The cargo that runs this harness (`CARGO`), with the target dir made explicit.
+/// The cargo that runs this harness (`CARGO`), with the target dir made explicit and
+/// without the variables `cargo run` set for this harness: build scripts watch some (ring's
+/// watches CARGO_MANIFEST_DIR), so inheriting them would rebuild the whole tree here and
+/// again at the next plain `cargo build`.
 pub fn cargo(root: &Path) -> Result<Command> {
     let mut c = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+    for (name, _) in std::env::vars_os() {
+        if is_cargo_run_var(&name.to_string_lossy()) {
+            c.env_remove(name);
+        }
+    }
     c.current_dir(root).env("CARGO_TARGET_DIR", target_dir()?);
     Ok(c)
+}
+
+/// A variable `cargo run` sets for the program it runs (not a setting of cargo's own).
+fn is_cargo_run_var(name: &str) -> bool {
+    name.starts_with("CARGO_PKG_")
+        || matches!(
+            name,
+            "CARGO_MANIFEST_DIR"
+                | "CARGO_MANIFEST_PATH"
+                | "CARGO_CRATE_NAME"
+                | "CARGO_BIN_NAME"
+                | "CARGO_PRIMARY_PACKAGE"
+                | "OUT_DIR"
+        )
 }
 
 /// The cargo arguments that select the kubectl plugin's binary: its own package once it
@@ -350,6 +372,27 @@ impl Tools {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_the_variables_cargo_run_sets_are_dropped_for_nested_cargo() {
+        for v in [
+            "CARGO_MANIFEST_DIR",
+            "CARGO_PKG_NAME",
+            "CARGO_PKG_VERSION_MAJOR",
+            "OUT_DIR",
+        ] {
+            assert!(is_cargo_run_var(v), "{v}");
+        }
+        for v in [
+            "CARGO_TARGET_DIR",
+            "CARGO_HOME",
+            "CARGO_BUILD_JOBS",
+            "CARGO_TERM_COLOR",
+            "CARGO",
+        ] {
+            assert!(!is_cargo_run_var(v), "{v}");
+        }
+    }
 
     #[test]
     fn env_file_values_are_found_by_exact_key() {
