@@ -18,11 +18,11 @@ image:
 # prints where it is and the line that puts it on PATH.
 .PHONY: plugin plugin-dist
 plugin:
-	bash hack/plugin.sh build $(PLUGIN_DIR)
+	cargo xtask plugin build $(PLUGIN_DIR)
 
 # The plugin's release tarball (linux/amd64) and its krew manifest with the tarball's sha256.
 plugin-dist:
-	bash hack/plugin.sh dist
+	cargo xtask plugin dist
 
 crd:
 	@cargo run --quiet --locked -- crd
@@ -87,12 +87,12 @@ cluster-down:
 	cargo xtask cluster-down
 
 chart-check:
-	bash hack/check-chart.sh
+	cargo xtask chart-check
 
 # When a chart version ships: record its files' digest (hack/chart-releases.txt), so
 # `make test` fails when they change without a version bump.
 chart-release:
-	python3 hack/chart-version.py --release
+	cargo xtask chart-version --release
 
 fmt:
 	cargo fmt --all

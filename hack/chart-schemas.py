@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Offline JSON schemas for kubeconform, used by hack/check-chart.sh (stdlib + PyYAML).
+"""Offline JSON schemas for kubeconform, used by `cargo xtask chart-check` (stdlib + PyYAML).
 
   chart-schemas.py swagger OPENAPI_V2.json OUTDIR   built-in kinds, from the apiserver
   chart-schemas.py crd CRD.yaml OUTDIR              each served version of a CRD

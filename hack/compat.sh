@@ -78,7 +78,7 @@ run_version() {
     source "$env_file"
     set +a
     KUBECTL="$COCOON_BIN_DIR/kubectl" COCOON_BIN="$CARGO_TARGET_DIR/debug/cocoon-hibernation" \
-      CHECK_NAMESPACE="cocoon-compat-check" bash "$HACK_DIR/check-chart.sh"
+      CHECK_NAMESPACE="cocoon-compat-check" cargo xtask chart-check
   ) >>"$log_file" 2>&1 || chart=fail
   stop_cluster
   RESULTS+=("compat: $v passed=$passed failed=$failed chart=$chart took_s=$((SECONDS - t0))")

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # `make install-test`: the install suite (tests/e2e_install) — the chart as users install
-# it, on a real node, first the previous release (hack/old-release.sh: its chart and
+# it, on a real node, first the previous release (`cargo xtask old-release`: its chart and
 # image), then upgraded to this tree. Builds what it needs (the node's binaries, helm,
 # both images; the old release binary once, cached by commit), starts
 # a fresh node cluster (hack/cluster-up.sh --node), runs the suite and stops the cluster
@@ -22,7 +22,7 @@ t0=$SECONDS
 TOOLS_BIN="$(bash hack/install-tools.sh | tail -n 1)" || die "hack/install-tools.sh failed"
 # The previous release's binary (cached by commit; a cold build takes minutes), before
 # the cluster starts: its clocks should not race a compile.
-bash hack/old-release.sh build >/dev/null || die "hack/old-release.sh build failed"
+cargo xtask old-release build >/dev/null || die "cargo xtask old-release build failed"
 # A fresh node: what an earlier run left (releases, CRs, tags) would change what it sees.
 bash hack/cluster-down.sh --node >/dev/null 2>&1 || true
 stop_node_cluster() {
@@ -41,12 +41,12 @@ source "$ENV_FILE"
 set +a
 
 # The previous release: its image (from the cached binary) and its chart.
-old_line="$(IMAGE_REGISTRY="$COCOON_REGISTRY" bash hack/old-release.sh image | tail -n 1)" ||
-  die "hack/old-release.sh image failed"
-[[ "$old_line" =~ ^image:\ ([^ ]+@sha256:[0-9a-f]{64})\  ]] || die "hack/old-release.sh image printed no pushed reference: $old_line"
+old_line="$(IMAGE_REGISTRY="$COCOON_REGISTRY" cargo xtask old-release image | tail -n 1)" ||
+  die "cargo xtask old-release image failed"
+[[ "$old_line" =~ ^image:\ ([^ ]+@sha256:[0-9a-f]{64})\  ]] || die "cargo xtask old-release image printed no pushed reference: $old_line"
 OLD_IMAGE_REF="${BASH_REMATCH[1]}"
-OLD_CHART="$(bash hack/old-release.sh chart "$COCOON_STATE_DIR/old-chart" | tail -n 1)"
-OLD_COMMIT="$(bash hack/old-release.sh commit)"
+OLD_CHART="$(cargo xtask old-release chart "$COCOON_STATE_DIR/old-chart" | tail -n 1)"
+OLD_COMMIT="$(cargo xtask old-release commit)"
 log "previous release ${OLD_COMMIT:0:7}: image $OLD_IMAGE_REF, chart $OLD_CHART"
 
 # The image users build, pushed to the node's registry (containerd pulls it from there).

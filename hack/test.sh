@@ -22,8 +22,9 @@ cargo fmt --all -- --check
 step "rule IDs cited by tests are defined in docs/rules.md"
 python3 hack/rule-index.py
 step "chart files changed only with a version bump and a CHANGELOG section"
-python3 hack/chart-version.py
-bash hack/chart-version-test.sh
+cargo xtask chart-version
+# The check's own cases, on temporary copies (and the rest of the harness's unit tests).
+cargo test --locked -p xtask
 step "every link in README and docs resolves inside the repository"
 python3 hack/check-links.py
 step "shellcheck: every tracked shell script"
@@ -51,9 +52,9 @@ cargo build --locked "${OFF_TARGETS[@]}"
 # machine cannot compile and keep the tests' second-scale timeouts at the same time.
 cargo build --locked --release -p cocoon-hibernation -p kubectl-cocoon
 # The previous release's binary for the install suite's upgrade: built once, then cached.
-bash hack/old-release.sh build
+cargo xtask old-release build
 step "the kubectl plugin through krew (offline)"
-bash hack/plugin.sh krew-test
+cargo xtask plugin krew-test
 
 step "certs/ tooling"
 bash certs/test.sh
@@ -96,7 +97,7 @@ lane_tests() {
   cargo test --locked "${CLUSTER_TESTS[@]}" -- --test-threads="${COCOON_TEST_THREADS:-4}"
   echo "cargo test took $((SECONDS - t0))s"
   step "chart checks"
-  COCOON_BIN="$CARGO_TARGET_DIR/debug/cocoon-hibernation" bash hack/check-chart.sh
+  COCOON_BIN="$CARGO_TARGET_DIR/debug/cocoon-hibernation" cargo xtask chart-check
 }
 
 # Lane "soak": 60 CRs, every fault kind, on a control plane of its own, because it

@@ -30,7 +30,7 @@ pub enum Command {
     /// Run the webhook, controller and metrics server (the default).
     Run(Box<ServerArgs>),
     /// Print the bounds of the duration flags the chart checks (its
-    /// files/value-limits.yaml); with --samples, the sample values hack/check-chart.sh
+    /// files/value-limits.yaml); with --samples, the sample values `cargo xtask chart-check`
     /// renders the chart with.
     #[command(hide = true)]
     ValueLimits {
@@ -212,7 +212,7 @@ enum Given {
 /// table for the binary's check (`validate`) and the chart's: the values schema's
 /// minimum/maximum and the duration bounds in the chart's files/value-limits.yaml are
 /// checked against it (tests/unit/chart_values.rs), that file is this table printed
-/// (`cocoon-hibernation value-limits`), and hack/check-chart.sh renders the chart with
+/// (`cocoon-hibernation value-limits`), and `cargo xtask chart-check` renders the chart with
 /// every sample value below, expecting exactly the binary's refusals.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Limit {
@@ -396,7 +396,7 @@ impl Limit {
 
 /// `cocoon-hibernation value-limits --samples`: one line per sample value of every flag
 /// with a chart value, `<value>\t<integer|string>\t<refused|accepted>\t<sample>`, for
-/// hack/check-chart.sh.
+/// `cargo xtask chart-check`.
 pub fn value_samples_tsv() -> String {
     let mut out = String::new();
     for limit in LIMITS {

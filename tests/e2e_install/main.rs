@@ -1,7 +1,7 @@
 //! The install suite (`make install-test`): the chart as it ships, installed with helm on
 //! a real node (kubelet, containerd, CNI; `cargo xtask cluster-up --node`) from the image
 //! `make image` built, then upgraded, failed over and uninstalled under load. The release
-//! first installed is the previous one (`hack/old-release.sh`: its chart and image), which
+//! first installed is the previous one (`cargo xtask old-release`: its chart and image), which
 //! the suite upgrades to this tree by the documented command and by `--reuse-values`
 //! (upgrade.rs). VM pods run on the vk-cocoon simulator's virtual node. Steps run in order
 //! and stop at the first failure; the last line sums up:

@@ -1,5 +1,5 @@
 //! The upgrade from the previous release (S11): the chart and image of the commit
-//! `hack/old-release.sh` pins are installed first; the suite then upgrades to this tree as
+//! `cargo xtask old-release` pins are installed first; the suite then upgrades to this tree as
 //! docs/install.md says (CRDs with `kubectl apply --server-side --force-conflicts` on the
 //! CRDs Helm installed, then `helm upgrade --reset-then-reuse-values`), and again with
 //! `helm upgrade --reuse-values`, each under load (steps::upgrade). After each, the
@@ -22,8 +22,10 @@ pub struct OldRelease {
 
 fn required(name: &str) -> Result<String> {
     std::env::var(name).map_err(|_| {
-        format!("{name} is not set: run this suite with `make install-test` (hack/old-release.sh)")
-            .into()
+        format!(
+            "{name} is not set: run this suite with `make install-test` (cargo xtask old-release)"
+        )
+        .into()
     })
 }
 

@@ -1,6 +1,6 @@
 //! SPEC P5 A1 A2: the Helm chart ships exactly the CRD the binary generates, so the CEL
 //! rule, short name and printer columns a chart install gets are the tested ones.
-//! `hack/check-chart.sh` covers the rest of the chart (lint, kubeconform, dry run).
+//! `cargo xtask chart-check` covers the rest of the chart (lint, kubeconform, dry run).
 
 #[test]
 fn p5_chart_crd_is_byte_identical_to_the_generated_crd() {

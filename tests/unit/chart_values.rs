@@ -2,7 +2,7 @@
 //! in one table, `config::LIMITS`; these tests hold the chart to it: values.schema.json
 //! (form and integer ranges), files/value-limits.yaml (duration bounds, checked by
 //! templates/validate-limits.yaml) and the env var each value becomes.
-//! `hack/check-chart.sh` renders the chart with every sample of the table.
+//! `cargo xtask chart-check` renders the chart with every sample of the table.
 
 use cocoon_hibernation::config::{Bound, ChartValue, Cli, LIMITS, value_limits_yaml};
 use cocoon_hibernation::flags::{CHART_DURATION_MAX_LENGTH, CHART_DURATION_PATTERN};

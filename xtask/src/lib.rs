@@ -2,6 +2,7 @@
 //! test kit and the soak (which start control planes themselves) are the others.
 #![forbid(unsafe_code)]
 
+pub mod chart;
 pub mod cluster;
 pub mod cmd;
 pub mod tools;

@@ -5,7 +5,7 @@
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
 use std::process::ExitCode;
-use xtask::{cluster, cmd, tools};
+use xtask::{chart, cluster, cmd, tools};
 
 #[derive(Parser)]
 #[command(
@@ -49,6 +49,32 @@ enum Command {
     /// Builds helm, kubeconform, the helm-unittest plugin and promtool once; prints the
     /// bin dir holding them last (`HELM_PLUGINS=<dir>/helm-plugins` for the plugin).
     Tools,
+    /// The chart checks of `make test` (`make chart-check`): CRD drift, helm unittest,
+    /// promtool, lint, value limits, kubeconform, server-side dry run, the upgrade check
+    /// and the image's root filesystem. Needs KUBECONFIG or COCOON_CLUSTER_ENV.
+    ChartCheck,
+    /// S11: a 0.3.0 release upgraded to this chart on the real apiserver (the documented
+    /// command and --reuse-values) keeps S3's policy and every safety setting.
+    ChartUpgradeCheck,
+    /// The chart's version follows its files (hack/chart-releases.txt and CHANGELOG.md).
+    ChartVersion {
+        /// Record the current version's digest (`make chart-release`, when the chart ships).
+        #[arg(long)]
+        release: bool,
+        /// The repository (default: this one).
+        #[arg(long)]
+        root: Option<PathBuf>,
+    },
+    /// The previous release (chart 0.4.0) for the install suite's upgrade.
+    OldRelease {
+        #[command(subcommand)]
+        action: chart::old_release::Action,
+    },
+    /// The kubectl plugin as users get it (`make plugin`, `make plugin-dist`, krew).
+    Plugin {
+        #[command(subcommand)]
+        action: chart::plugin::Action,
+    },
 }
 
 fn main() -> ExitCode {
@@ -72,6 +98,15 @@ fn main() -> ExitCode {
             tools::control_plane(node).map(|dir| println!("{}", dir.display()))
         }
         Command::Tools => tools::chart_tools().map(|dir| println!("{}", dir.display())),
+        Command::ChartCheck => cmd::repo_root().and_then(|r| chart::check::run(&r)),
+        Command::ChartUpgradeCheck => cmd::repo_root().and_then(|r| chart::upgrade::run(&r)),
+        Command::ChartVersion { release, root } => root
+            .map_or_else(cmd::repo_root, Ok)
+            .and_then(|r| chart::version::run(&r, release)),
+        Command::OldRelease { action } => {
+            cmd::repo_root().and_then(|r| chart::old_release::run(&r, action))
+        }
+        Command::Plugin { action } => cmd::repo_root().and_then(|r| chart::plugin::run(&r, action)),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
