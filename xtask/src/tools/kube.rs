@@ -1,7 +1,8 @@
 //! kube-apiserver, kubectl and etcd (and, for a real node, kubelet,
 //! kube-controller-manager and kube-scheduler), built from the Go module proxy into
 //! `<cache>/bin/k8s-<K8S_VERSION>-etcd-<ETCD_VERSION>`. A `KUBEBUILDER_ASSETS` dir holding
-//! them wins. `K8S_VERSION` and `ETCD_VERSION` pick other versions.
+//! them wins, then the `PATH` entry holding kube-apiserver when it has them all.
+//! `K8S_VERSION` and `ETCD_VERSION` pick other versions.
 
 use super::{env_nonempty, go, is_executable, log, mkdir, write};
 use crate::cmd::{self, Result};
@@ -40,6 +41,17 @@ pub fn control_plane(node: bool) -> Result<PathBuf> {
             ),
         );
     }
+    // Binaries already on PATH win too, unless a version was asked for (`make compat`).
+    if env_nonempty("K8S_VERSION").is_none()
+        && let Some(dir) = dir_on_path("kube-apiserver")
+        && has_all(&dir, node)
+    {
+        log(
+            TAG,
+            format!("using the binaries on PATH in {}", dir.display()),
+        );
+        return Ok(dir);
+    }
     let k8s = env_nonempty("K8S_VERSION").unwrap_or_else(|| K8S_VERSION.to_owned());
     let etcd = env_nonempty("ETCD_VERSION").unwrap_or_else(|| ETCD_VERSION.to_owned());
     let cache = super::cache_root()?;
@@ -70,6 +82,12 @@ pub fn control_plane(node: bool) -> Result<PathBuf> {
     }
     log(TAG, format!("built into {}", out.display()));
     Ok(out)
+}
+
+/// The first `PATH` entry holding an executable `name`.
+fn dir_on_path(name: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path).find(|dir| is_executable(&dir.join(name)))
 }
 
 /// `go` in `dir` with CGO off and modules resolved on the fly (the caller's GOFLAGS kept).
