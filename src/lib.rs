@@ -16,6 +16,7 @@ pub mod idle;
 pub mod metrics;
 pub mod ownership;
 pub mod plugin;
+pub mod proxy;
 pub mod registry;
 pub mod runtime;
 pub mod schedule;
