@@ -1,0 +1,556 @@
+//! End-to-end: the wake proxy (Q1–Q8) on the real control plane. The product and the vk
+//! simulator run as in every e2e; the simulator's awake VMs serve HTTP and a TCP echo on
+//! an address of their own ([`vk_sim::SimKnobs::set_serve`]) and refuse while hibernated.
+//! The proxy is the real binary (`cocoon-hibernation proxy`) under a Role that grants only
+//! what Q8 allows, so a verb it lacks fails here.
+
+use cocoon_hibernation::api::activity::lease_name;
+use cocoon_hibernation::api::{CocoonHibernation, Desire, Phase};
+use cocoon_hibernation::idle::CocoonIdlePolicy;
+use cocoon_hibernation::idle::spec::{CocoonIdlePolicySpec, HttpRoute, TcpRoute, WakeOnRequest};
+use env::{Env, Setup, setup};
+use http_body_util::{BodyExt, Empty};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
+use kube::{Api, CustomResourceExt};
+use product::{eventually, free_port};
+use std::collections::BTreeMap;
+use std::io::Read;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+use testkit::{cluster, env, product};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+const HTTP_PORT: u16 = 8080;
+const ECHO_PORT: u16 = 2222;
+const DOMAIN: &str = "proxy.test";
+
+/// The wake proxy process; killed on drop.
+struct WakeProxy {
+    child: Child,
+    http: u16,
+    admin: u16,
+    log: tempfile::NamedTempFile,
+    user: String,
+}
+
+impl Drop for WakeProxy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl WakeProxy {
+    /// Starts `cocoon-hibernation proxy` for the env's namespace, listening for TCP on
+    /// `tcp`, as a user holding only the Q8 Role.
+    async fn start_on(env: &Env, tcp: u16) -> Self {
+        let cluster = cluster::cluster();
+        let user = format!("wake-proxy-{}", env.ns);
+        grant_q8(&env.client, &env.ns, &user).await;
+        let dir = tempfile::tempdir().unwrap();
+        let kubeconfig = dir.path().join("kubeconfig");
+        std::fs::write(&kubeconfig, cluster.kubeconfig_for(&user, &[])).unwrap();
+        let (http, admin) = (free_port(), free_port());
+        let log = tempfile::NamedTempFile::new().unwrap();
+        let child = Command::new(product::bin())
+            .args([
+                "proxy".to_owned(),
+                format!("--http-addr=127.0.0.1:{http}"),
+                format!("--tcp-addr=127.0.0.1:{tcp}"),
+                format!("--admin-addr=127.0.0.1:{admin}"),
+                format!("--namespaces={}", env.ns),
+                format!("--identity={user}"),
+                "--log-filter=info,cocoon_hibernation=debug".to_owned(),
+            ])
+            .env("KUBECONFIG", &kubeconfig)
+            .stdin(Stdio::null())
+            .stdout(log.reopen().unwrap())
+            .stderr(log.reopen().unwrap())
+            .spawn()
+            .unwrap_or_else(|e| panic!("start {}: {e}", product::bin().display()));
+        // The kubeconfig is read at start; the directory may go once it is up.
+        let mut me = Self {
+            child,
+            http,
+            admin,
+            log,
+            user,
+        };
+        let started = Instant::now();
+        loop {
+            if let Ok(Some(status)) = me.child.try_wait() {
+                panic!("wake proxy exited with {status}:\n{}", me.log_text());
+            }
+            if get(&format!("http://127.0.0.1:{}/readyz", me.admin))
+                .await
+                .is_some_and(|(s, _)| s == 200)
+            {
+                break;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(60),
+                "wake proxy not ready:\n{}",
+                me.log_text()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        drop(dir);
+        me
+    }
+
+    fn log_text(&self) -> String {
+        let mut s = String::new();
+        let _ = self.log.reopen().map(|mut f| f.read_to_string(&mut s));
+        s
+    }
+
+    async fn metrics(&self) -> String {
+        get(&format!("http://127.0.0.1:{}/metrics", self.admin))
+            .await
+            .map(|(_, body)| body)
+            .unwrap_or_default()
+    }
+
+    /// An HTTP/1.1 request for `pod`'s route: (status, body, the proxy's answer header).
+    async fn request(&self, pod: &str, path: &str) -> (u16, String, Option<String>) {
+        let resp = reqwest::Client::new()
+            .post(format!("http://127.0.0.1:{}{path}", self.http))
+            .header("host", format!("{pod}.{DOMAIN}"))
+            .body("hello")
+            .timeout(Duration::from_secs(90))
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("request through the proxy: {e}"));
+        let status = resp.status().as_u16();
+        let answer = resp
+            .headers()
+            .get("x-cocoon-wake-proxy")
+            .map(|v| v.to_str().unwrap_or_default().to_owned());
+        (status, resp.text().await.unwrap_or_default(), answer)
+    }
+}
+
+async fn get(url: &str) -> Option<(u16, String)> {
+    let resp = reqwest::Client::new()
+        .get(url)
+        .timeout(Duration::from_secs(3))
+        .send()
+        .await
+        .ok()?;
+    let status = resp.status().as_u16();
+    Some((status, resp.text().await.ok()?))
+}
+
+/// Q8: pods, CRs and idle policies read; CR desires and Leases written; nothing else.
+async fn grant_q8(client: &kube::Client, ns: &str, user: &str) {
+    let rule = |group: &str, resources: &[&str], verbs: &[&str]| PolicyRule {
+        api_groups: Some(vec![group.to_owned()]),
+        resources: Some(resources.iter().map(|r| (*r).to_owned()).collect()),
+        verbs: verbs.iter().map(|v| (*v).to_owned()).collect(),
+        ..PolicyRule::default()
+    };
+    let role = Role {
+        metadata: ObjectMeta {
+            name: Some("wake-proxy".into()),
+            ..ObjectMeta::default()
+        },
+        rules: Some(vec![
+            rule("", &["pods"], &["get", "list", "watch"]),
+            rule(
+                "cocoonset.cocoonstack.io",
+                &["cocoonhibernations"],
+                &["get", "list", "watch", "patch"],
+            ),
+            rule(
+                "cocoonset.cocoonstack.io",
+                &["cocoonidlepolicies"],
+                &["get", "list", "watch"],
+            ),
+            rule(
+                "coordination.k8s.io",
+                &["leases"],
+                &["get", "create", "patch"],
+            ),
+        ]),
+    };
+    let binding = RoleBinding {
+        metadata: ObjectMeta {
+            name: Some("wake-proxy".into()),
+            ..ObjectMeta::default()
+        },
+        role_ref: RoleRef {
+            api_group: "rbac.authorization.k8s.io".into(),
+            kind: "Role".into(),
+            name: "wake-proxy".into(),
+        },
+        subjects: Some(vec![Subject {
+            kind: "User".into(),
+            name: user.to_owned(),
+            api_group: Some("rbac.authorization.k8s.io".into()),
+            ..Subject::default()
+        }]),
+    };
+    Api::<Role>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &role)
+        .await
+        .unwrap();
+    Api::<RoleBinding>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &binding)
+        .await
+        .unwrap();
+}
+
+/// The idle policies' CRD, applied as `ensure_crd` applies the others.
+async fn ensure_policy_crd(client: &kube::Client) {
+    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let crd = CocoonIdlePolicy::crd();
+    let name = crd.metadata.name.clone().unwrap();
+    api.patch(
+        &name,
+        &PatchParams::apply("cocoon-e2e").force(),
+        &Patch::Apply(&crd),
+    )
+    .await
+    .expect("apply the idle policy CRD");
+    eventually(
+        "idle policy CRD established",
+        Duration::from_secs(30),
+        || async {
+            let crd = api.get(&name).await.ok()?;
+            crd.status?
+                .conditions?
+                .iter()
+                .any(|c| c.type_ == "Established" && c.status == "True")
+                .then_some(())
+        },
+    )
+    .await;
+}
+
+/// A world: the product, the simulator serving, the policy with an HTTP route by
+/// `{pod}` and a TCP route to `tcp_pod`, and the proxy.
+async fn world(prefix: &str, max_wait: &str, tcp_pod: &str, tcp_port: u16) -> Env {
+    let env = setup(prefix, Setup::default()).await;
+    env.sim.knobs.set_serve(Some((HTTP_PORT, ECHO_PORT)));
+    ensure_policy_crd(&env.client).await;
+    let policy = CocoonIdlePolicy::new(
+        "idle",
+        CocoonIdlePolicySpec {
+            selector: LabelSelector {
+                match_labels: Some(BTreeMap::from([("app".into(), "vm".into())])),
+                ..LabelSelector::default()
+            },
+            idle_after: "1h".into(),
+            min_awake: None,
+            suspend: false,
+            wake_on_request: Some(WakeOnRequest {
+                http: vec![HttpRoute {
+                    host: format!("{{pod}}.{DOMAIN}"),
+                    path_prefix: None,
+                    pod: None,
+                    port: HTTP_PORT,
+                }],
+                tcp: vec![TcpRoute {
+                    listen_port: tcp_port,
+                    pod: tcp_pod.to_owned(),
+                    port: ECHO_PORT,
+                }],
+                max_wait: Some(max_wait.to_owned()),
+                max_pending: Some(100),
+                probe_paths: vec!["/healthz".into()],
+                wake_during_scheduled_sleep: false,
+            }),
+        },
+    );
+    Api::<CocoonIdlePolicy>::namespaced(env.client.clone(), &env.ns)
+        .create(&PostParams::default(), &policy)
+        .await
+        .unwrap();
+    env
+}
+
+/// A selected VM pod, serving, then hibernated through its CR (as its idle policy would
+/// leave it). Returns the address its VM served on before.
+async fn hibernated_pod(env: &Env, pod: &str, wake_timeout: Option<&str>) -> String {
+    env.pod(pod).await;
+    let patch = serde_json::json!({ "metadata": { "labels": { "app": "vm" } } });
+    env.pods
+        .patch(pod, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+    let ip = eventually(&format!("{pod} serving"), env::LONG, || async {
+        let p = env.pods.get(pod).await.ok()?;
+        p.status?.pod_ip
+    })
+    .await;
+    let mut cr = product::new_cr(pod, pod, Desire::Hibernate);
+    cr.spec.wake_timeout = wake_timeout.map(str::to_owned);
+    env.crs.create(&PostParams::default(), &cr).await.unwrap();
+    product::wait_phase(&env.crs, pod, Phase::Hibernated, env::LONG, &mut vec![]).await;
+    ip
+}
+
+fn vm_id(pod: &k8s_openapi::api::core::v1::Pod) -> String {
+    cocoon_hibernation::api::annotations::PodView::of(pod)
+        .vm_id
+        .unwrap_or_default()
+}
+
+/// The CR writes `user` made after `mark`.
+fn cr_writes_by(mark: cluster::AuditMark, ns: &str, user: &str) -> usize {
+    cluster::cluster().count_audit_writes(mark, |e| {
+        e["objectRef"]["namespace"].as_str() == Some(ns)
+            && e["objectRef"]["resource"].as_str() == Some("cocoonhibernations")
+            && e["user"]["username"].as_str() == Some(user)
+    })
+}
+
+/// A TCP session through the proxy: the banner naming the VM that served it, and the
+/// echo of `line`.
+async fn tcp_session(port: u16, line: &str) -> (String, String) {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+    s.write_all(line.as_bytes()).await.unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 256];
+    let want = line.len();
+    tokio::time::timeout(Duration::from_secs(90), async {
+        loop {
+            let n = s.read(&mut buf).await.unwrap();
+            assert!(n > 0, "closed after {:?}", String::from_utf8_lossy(&got));
+            got.extend_from_slice(&buf[..n]);
+            let text = String::from_utf8_lossy(&got);
+            if let Some((banner, rest)) = text.split_once('\n')
+                && rest.len() >= want
+            {
+                return (banner.to_owned(), rest.to_owned());
+            }
+        }
+    })
+    .await
+    .expect("TCP session answered within 90 s")
+}
+
+/// SPEC Q1, Q2, Q3, Q4, Q5, Q7, Q8: a probe to a hibernated VM is answered and wakes
+/// nothing; then 50 concurrent HTTP requests and 5 TCP sessions to it write exactly one
+/// desire flip, and every one is served by the woken VM (none lost); the warm path then
+/// forwards HTTP/2 too; traffic renewed the activity Lease; the proxy's metrics saw it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn q1_q2_q3_q4_q5_q7_q8_burst_to_a_hibernated_vm_wakes_it_once_and_all_are_served() {
+    let tcp_listen = free_port();
+    let env = world("proxy-burst", "60s", "web-0", tcp_listen).await;
+    let old_ip = hibernated_pod(&env, "web-0", None).await;
+    // The simulator refuses on a hibernated VM's address.
+    assert!(
+        TcpStream::connect((old_ip.as_str(), HTTP_PORT))
+            .await
+            .is_err(),
+        "a hibernated VM still answers on {old_ip}"
+    );
+    let proxy = WakeProxy::start_on(&env, tcp_listen).await;
+    let mark = cluster::cluster().audit_mark();
+
+    // Q5: a probe gets the fixed answer, wakes nothing and reports nothing.
+    let (status, body, answer) = proxy.request("web-0", "/healthz").await;
+    assert_eq!(
+        (status, body.as_str(), answer.as_deref()),
+        (200, "ok\n", Some("probe"))
+    );
+    // Q5: a pod the policy does not select is no route, and names nothing.
+    let (status, _, answer) = proxy.request("stranger", "/").await;
+    assert_eq!((status, answer.as_deref()), (404, Some("no_route")));
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let cr = env.crs.get("web-0").await.unwrap();
+    assert_eq!(cr.spec.desire, Desire::Hibernate, "a probe woke the VM");
+    let leases: Api<Lease> = Api::namespaced(env.client.clone(), &env.ns);
+    let lease = lease_name("web-0").unwrap();
+    assert!(
+        leases.get_opt(&lease).await.unwrap().is_none(),
+        "a probe counted as activity"
+    );
+
+    // Q2: the burst.
+    let started = Instant::now();
+    let http: Vec<_> = (0..50)
+        .map(|i| {
+            let (port, path) = (proxy.http, format!("/req/{i}"));
+            tokio::spawn(async move {
+                let resp = reqwest::Client::new()
+                    .post(format!("http://127.0.0.1:{port}{path}"))
+                    .header("host", format!("web-0.{DOMAIN}"))
+                    .body(format!("body-{i}"))
+                    .timeout(Duration::from_secs(90))
+                    .send()
+                    .await
+                    .unwrap();
+                (resp.status().as_u16(), resp.text().await.unwrap(), path)
+            })
+        })
+        .collect();
+    let tcp: Vec<_> = (0..5)
+        .map(|i| tokio::spawn(async move { tcp_session(tcp_listen, &format!("ping-{i}\n")).await }))
+        .collect();
+    let mut http_results = Vec::new();
+    for t in http {
+        http_results.push(t.await.unwrap());
+    }
+    let mut tcp_results = Vec::new();
+    for t in tcp {
+        tcp_results.push(t.await.unwrap());
+    }
+    let served_in = started.elapsed();
+
+    let pod = env.pods.get("web-0").await.unwrap();
+    let woken = vm_id(&pod);
+    let new_ip = pod.status.as_ref().and_then(|s| s.pod_ip.clone()).unwrap();
+    assert_ne!(new_ip, old_ip, "the woken VM serves on a fresh address");
+    for (status, body, path) in &http_results {
+        assert_eq!(
+            *status,
+            200,
+            "{path}: {body}\nproxy log:\n{}",
+            proxy.log_text()
+        );
+        // Served by the woken VM, the path and the body (7 or 8 bytes) intact.
+        assert!(
+            body.starts_with(&format!("vm={woken} pod=web-0 path={path} body=")),
+            "{body}"
+        );
+    }
+    for (i, (banner, echo)) in tcp_results.iter().enumerate() {
+        assert_eq!(banner, &format!("vm={woken}"));
+        assert_eq!(echo, &format!("ping-{i}\n"));
+    }
+    assert_eq!(
+        cr_writes_by(mark, &env.ns, &proxy.user),
+        1,
+        "exactly one desire flip for 55 held requests"
+    );
+    let cr: CocoonHibernation = env.crs.get("web-0").await.unwrap();
+    assert_eq!(cr.spec.desire, Desire::Wake);
+    assert_eq!(
+        cr.metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(cocoon_hibernation::proxy::IDLE_DESIRE))
+            .map(String::as_str),
+        Some("Wake"),
+        "the flip is recorded as the idle policy's"
+    );
+    eprintln!("burst of 55 served in {served_in:?}");
+
+    // Q3: the warm path, HTTP/2 with prior knowledge included.
+    let stream = TcpStream::connect(("127.0.0.1", proxy.http)).await.unwrap();
+    let (mut send, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(stream),
+    )
+    .await
+    .unwrap();
+    tokio::spawn(conn);
+    let req = http::Request::get(format!("http://web-0.{DOMAIN}/h2"))
+        .body(Empty::<bytes::Bytes>::new())
+        .unwrap();
+    let resp = send.send_request(req).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    assert!(String::from_utf8_lossy(&body).starts_with(&format!("vm={woken} pod=web-0 path=/h2")));
+
+    // Q4: the traffic renewed the pod's activity Lease, as this proxy.
+    let lease = eventually("activity Lease written", env::LONG, || async {
+        leases.get_opt(&lease).await.ok().flatten()
+    })
+    .await;
+    let spec = lease.spec.unwrap_or_default();
+    assert_eq!(spec.holder_identity.as_deref(), Some(proxy.user.as_str()));
+    assert!(spec.renew_time.is_some());
+
+    // Q7: held, the hold histogram, activity reports.
+    let m = proxy.metrics().await;
+    for want in [
+        "cocoon_wake_proxy_held 0",
+        "cocoon_wake_proxy_wakes_total 1",
+        "cocoon_wake_proxy_hold_seconds_count 55",
+        "cocoon_wake_proxy_refusals_total{cause=\"no_route\"} 1",
+    ] {
+        assert!(m.contains(want), "{want} missing from:\n{m}");
+    }
+    assert!(
+        !m.contains("cocoon_wake_proxy_activity_reports_total 0"),
+        "{m}"
+    );
+}
+
+/// SPEC Q5, Q6: a wake that ends Failed answers its held request 503 with the CR's
+/// reason at once (not at maxWait); a CR Failed so is not woken again by requests; with
+/// the product down a held request waits maxWait, then 503 with Retry-After, and the CR's
+/// state does not move.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn q5_q6_failed_wake_and_product_down_answer_503() {
+    let tcp_listen = free_port();
+    let mut env = world("proxy-faults", "20s", "down-0", tcp_listen).await;
+    hibernated_pod(&env, "fail-0", Some("3s")).await;
+    let proxy = WakeProxy::start_on(&env, tcp_listen).await;
+
+    // The VM never comes back: vk ignores the wake, the CR fails after 3 s.
+    env.sim.knobs.set_never_complete(true);
+    let started = Instant::now();
+    let (status, body, answer) = proxy.request("fail-0", "/").await;
+    let took = started.elapsed();
+    assert_eq!(
+        (status, answer.as_deref()),
+        (503, Some("wake_failed")),
+        "{body}"
+    );
+    assert!(body.contains("WakeTimedOut"), "{body}");
+    assert!(
+        took < Duration::from_secs(15),
+        "answered after {took:?}, not at once"
+    );
+    // Q5: a CR Failed after a wake answers at once and writes nothing more.
+    let mark = cluster::cluster().audit_mark();
+    let (status, _, answer) = proxy.request("fail-0", "/").await;
+    assert_eq!((status, answer.as_deref()), (503, Some("wake_failed")));
+    assert_eq!(cr_writes_by(mark, &env.ns, &proxy.user), 0);
+
+    // The product down: held requests time out at maxWait (20 s), nothing moves.
+    env.sim.knobs.set_never_complete(false);
+    hibernated_pod(&env, "down-0", None).await;
+    env.product.kill9();
+    let started = Instant::now();
+    let (http, tcp) = tokio::join!(proxy.request("down-0", "/"), async {
+        let mut s = TcpStream::connect(("127.0.0.1", tcp_listen)).await.unwrap();
+        let mut buf = [0u8; 16];
+        // Q2: TCP has no status line: the connection is closed unserved.
+        tokio::time::timeout(Duration::from_secs(60), s.read(&mut buf)).await
+    });
+    let took = started.elapsed();
+    let (status, body, answer) = http;
+    assert_eq!(
+        (status, answer.as_deref()),
+        (503, Some("timed_out")),
+        "{body}"
+    );
+    assert!(body.contains("did not wake within 20s"), "{body}");
+    assert!(
+        took >= Duration::from_secs(19) && took < Duration::from_secs(40),
+        "held {took:?}, maxWait 20s"
+    );
+    assert!(matches!(tcp, Ok(Ok(0))), "TCP not closed unserved: {tcp:?}");
+    let cr = env.crs.get("down-0").await.unwrap();
+    assert_eq!(cr.status.and_then(|s| s.phase), Some(Phase::Hibernated));
+    let pod = env.pods.get("down-0").await.unwrap();
+    assert!(
+        vm_id(&pod).is_empty(),
+        "the VM came back with the product down"
+    );
+    let m = proxy.metrics().await;
+    assert!(
+        m.contains("cocoon_wake_proxy_refusals_total{cause=\"timed_out\"} 2"),
+        "{m}"
+    );
+}
