@@ -22,6 +22,15 @@ const RECHECK: Duration = Duration::from_secs(1);
 /// (namespace, pod).
 pub type VmKey = (String, String);
 
+/// Why a desire flip was not written.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum WakeError {
+    /// Someone wrote the CR since the proxy read it: look again at the next change.
+    Conflict,
+    /// Anything else (apiserver unreachable, forbidden): retried after [`WAKE_RETRY`].
+    Other(String),
+}
+
 /// What the holding loop needs from the cluster: the current verdict for a target, the
 /// desire flip, and a signal when the cache changed.
 pub trait World: Send + Sync {
@@ -32,7 +41,7 @@ pub trait World: Send + Sync {
         target: &Target,
         cr: &str,
         resource_version: Option<&str>,
-    ) -> impl Future<Output = Result<(), String>> + Send;
+    ) -> impl Future<Output = Result<(), WakeError>> + Send;
     fn changed(&self) -> &Notify;
 }
 
@@ -189,15 +198,16 @@ pub async fn resolve<W: World>(
                     match world.wake(target, &cr, resource_version.as_deref()).await {
                         Ok(()) => {
                             metrics.wakes.inc();
+                            continue;
                         }
-                        Err(e) => {
-                            // A conflict (someone wrote first) or an unreachable apiserver:
-                            // look again; the next look may claim it again.
-                            tracing::info!(ns = %key.0, pod = %key.1, error = %e, "wake not written");
-                            holds.settle(&key);
+                        // Someone wrote first: the next change may need a flip again.
+                        Err(WakeError::Conflict) => holds.settle(&key),
+                        // The claim stays: no retry before WAKE_RETRY, so a refusing
+                        // apiserver is not hammered.
+                        Err(WakeError::Other(e)) => {
+                            tracing::warn!(ns = %key.0, pod = %key.1, error = %e, "wake not written");
                         }
                     }
-                    continue;
                 }
             }
             Verdict::Wait => {}
@@ -267,7 +277,7 @@ mod tests {
                 }
             }
         }
-        async fn wake(&self, _: &Target, _: &str, _: Option<&str>) -> Result<(), String> {
+        async fn wake(&self, _: &Target, _: &str, _: Option<&str>) -> Result<(), WakeError> {
             self.flips.fetch_add(1, Ordering::SeqCst);
             let mut s = self.state.lock();
             if *s == State::Asleep {

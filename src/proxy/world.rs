@@ -5,7 +5,7 @@
 
 use super::IDLE_DESIRE;
 use super::decide::{CrFacts, PodFacts, Verdict, decide};
-use super::hold::World;
+use super::hold::{WakeError, World};
 use super::routes::{Namespaces, PolicyInput, RouteTable, Target};
 use crate::api::CocoonHibernation;
 use crate::api::annotations::PodView;
@@ -197,7 +197,7 @@ impl World for Cluster {
         target: &Target,
         cr: &str,
         resource_version: Option<&str>,
-    ) -> Result<(), String> {
+    ) -> Result<(), WakeError> {
         let api: Api<CocoonHibernation> = Api::namespaced(self.client.clone(), target.namespace());
         let patch = json!({
             "metadata": {
@@ -211,7 +211,10 @@ impl World for Cluster {
             .map(|_| {
                 tracing::info!(ns = %target.namespace(), pod = %target.pod, %cr, "woken on request");
             })
-            .map_err(|e| e.to_string())
+            .map_err(|e| match e {
+                kube::Error::Api(s) if s.code == 409 => WakeError::Conflict,
+                e => WakeError::Other(e.to_string()),
+            })
     }
 
     fn changed(&self) -> &Notify {
