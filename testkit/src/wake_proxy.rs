@@ -273,17 +273,7 @@ pub async fn world(prefix: &str, max_wait: &str, tcp_pod: &str, tcp_port: u16) -
 /// A selected VM pod, serving, then hibernated through its CR (as its idle policy would
 /// leave it). Returns the address its VM served on before.
 pub async fn hibernated_pod(env: &Env, pod: &str, wake_timeout: Option<&str>) -> String {
-    env.pod(pod).await;
-    let patch = serde_json::json!({ "metadata": { "labels": { "app": "vm" } } });
-    env.pods
-        .patch(pod, &PatchParams::default(), &Patch::Merge(&patch))
-        .await
-        .unwrap();
-    let ip = eventually(&format!("{pod} serving"), crate::env::LONG, || async {
-        let p = env.pods.get(pod).await.ok()?;
-        p.status?.pod_ip
-    })
-    .await;
+    let ip = serving_pod(env, pod).await;
     let mut cr = product::new_cr(pod, pod, Desire::Hibernate);
     cr.spec.wake_timeout = wake_timeout.map(str::to_owned);
     env.crs.create(&PostParams::default(), &cr).await.unwrap();
@@ -296,4 +286,19 @@ pub async fn hibernated_pod(env: &Env, pod: &str, wake_timeout: Option<&str>) ->
     )
     .await;
     ip
+}
+
+/// A VM pod the world's policy selects, awake and serving: its address.
+pub async fn serving_pod(env: &Env, pod: &str) -> String {
+    env.pod(pod).await;
+    let patch = serde_json::json!({ "metadata": { "labels": { "app": "vm" } } });
+    env.pods
+        .patch(pod, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+    eventually(&format!("{pod} serving"), crate::env::LONG, || async {
+        let p = env.pods.get(pod).await.ok()?;
+        p.status?.pod_ip
+    })
+    .await
 }
