@@ -49,6 +49,11 @@ impl Coalescer {
         }
     }
 
+    /// Every owed report, whatever its window.
+    pub fn drain(&mut self) -> Vec<VmKey> {
+        self.owed.drain().collect()
+    }
+
     /// The owed reports whose window ended by `now`, marked written.
     pub fn due(&mut self, now: Instant) -> Vec<VmKey> {
         let due: Vec<VmKey> = self
@@ -98,6 +103,14 @@ impl Reporter {
             let me = self.clone();
             let key = key.clone();
             tokio::spawn(async move { me.write(&key).await });
+        }
+    }
+
+    /// Writes every owed report now (at exit: a restart loses no activity, Q6).
+    pub async fn flush_all(&self) {
+        let owed = self.coalescer.lock().drain();
+        for key in owed {
+            self.write(&key).await;
         }
     }
 
@@ -161,10 +174,10 @@ mod tests {
         ("ns".into(), p.into())
     }
 
-    /// SPEC Q4: the first traffic reports at once; more within 10 s is owed, not written,
+    /// SPEC Q4, Q6: the first traffic reports at once; more within 10 s is owed, not written,
     /// and is written when the window ends; another VM has its own window.
     #[tokio::test(start_paused = true)]
-    async fn q4_reports_coalesce_per_vm_and_owed_ones_are_written_later() {
+    async fn q4_q6_reports_coalesce_per_vm_and_owed_ones_are_written_later() {
         let mut c = Coalescer::new(COALESCE);
         let t0 = Instant::now();
         assert!(c.note(&key("a"), t0));
@@ -176,6 +189,11 @@ mod tests {
         assert!(!c.note(&key("a"), t0 + Duration::from_secs(15)));
         assert!(c.note(&key("a"), t0 + Duration::from_secs(20)));
         assert!(c.due(t0 + Duration::from_secs(40)).is_empty());
+        // Q6: at exit, what is owed is written at once.
+        assert!(c.note(&key("c"), t0 + Duration::from_secs(41)));
+        assert!(!c.note(&key("c"), t0 + Duration::from_secs(42)));
+        assert_eq!(c.drain(), vec![key("c")]);
+        assert!(c.drain().is_empty());
     }
 
     /// SPEC Q4: at most one write per VM per 10 s, whatever the traffic.

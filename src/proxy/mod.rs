@@ -104,7 +104,8 @@ pub async fn run(args: ProxyArgs) -> Result<()> {
     }
     tracing::info!(http = %args.http_addr, tcp = ?args.tcp_addrs, "wake proxy serving");
     crate::server::wait_for_signal().await;
-    tracing::info!("SIGTERM: exiting");
+    tracing::info!("SIGTERM: writing owed activity reports, exiting");
+    proxy.reporter.flush_all().await;
     Ok(())
 }
 
