@@ -237,12 +237,13 @@ async fn q1_q2_q3_q4_q5_q7_q8_burst_to_a_hibernated_vm_wakes_it_once_and_all_are
     );
 }
 
-/// SPEC Q5, Q6: a wake that ends Failed answers its held request 503 with the CR's
+/// SPEC Q2, Q5, Q6: a wake that ends Failed answers its held request 503 with the CR's
 /// reason at once (not at maxWait); a CR Failed so is not woken again by requests; with
-/// the product down a held request waits maxWait, then 503 with Retry-After, and the CR's
-/// state does not move.
+/// the product down a client that gives up frees its place at once, a held request waits
+/// maxWait, then 503 with Retry-After, a held TCP connection is closed, and the CR's state
+/// does not move.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn q5_q6_failed_wake_and_product_down_answer_503() {
+async fn q2_q5_q6_failed_wake_and_product_down_answer_503() {
     let tcp_listen = free_port();
     let mut env = world("proxy-faults", "20s", "down-0", tcp_listen).await;
     hibernated_pod(&env, "fail-0", Some("3s")).await;
@@ -273,6 +274,33 @@ async fn q5_q6_failed_wake_and_product_down_answer_503() {
     env.sim.knobs.set_never_complete(false);
     hibernated_pod(&env, "down-0", None).await;
     env.product.kill9();
+    // Q2: a client that gives up while held frees its place at once.
+    let gives_up = reqwest::Client::new()
+        .get(format!("http://127.0.0.1:{}/", proxy.http))
+        .header("host", format!("down-0.{DOMAIN}"))
+        .timeout(Duration::from_secs(3))
+        .send();
+    let (gave_up, ()) = tokio::join!(gives_up, async {
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let m = proxy.metrics().await;
+        assert!(m.contains("cocoon_wake_proxy_held 1"), "not held:\n{m}");
+    });
+    assert!(
+        gave_up.is_err(),
+        "answered while the product is down: {gave_up:?}"
+    );
+    eventually(
+        "the abandoned request's place freed",
+        Duration::from_secs(5),
+        || async {
+            proxy
+                .metrics()
+                .await
+                .contains("cocoon_wake_proxy_held 0")
+                .then_some(())
+        },
+    )
+    .await;
     let started = Instant::now();
     let (http, tcp) = tokio::join!(proxy.request("down-0", "/"), async {
         let mut s = TcpStream::connect(("127.0.0.1", tcp_listen)).await.unwrap();
