@@ -191,24 +191,33 @@ async fn load(addr: &str, host: &str, secs: Duration) -> Load {
         .map(|_| {
             let (addr, host) = (addr.to_owned(), host.to_owned());
             tokio::spawn(async move {
-                let stream = TcpStream::connect(&addr).await.expect("connect");
-                let _ = stream.set_nodelay(true);
-                let io = hyper_util::rt::TokioIo::new(stream);
-                let (mut send, conn) = hyper::client::conn::http1::handshake(io)
-                    .await
-                    .expect("handshake");
-                tokio::spawn(conn);
                 let mut lat = Vec::new();
+                // A server may close a keep-alive connection after so many requests:
+                // connect again, as a client would.
                 while started.elapsed() < secs {
-                    let req = http::Request::get("/warm")
-                        .header("host", &host)
-                        .body(Empty::<Bytes>::new())
-                        .expect("request");
-                    let t = Instant::now();
-                    let resp = send.send_request(req).await.expect("response");
-                    assert_eq!(resp.status(), 200, "warm path through {addr}");
-                    resp.into_body().collect().await.expect("body");
-                    lat.push(ms(t.elapsed()));
+                    let stream = TcpStream::connect(&addr).await.expect("connect");
+                    let _ = stream.set_nodelay(true);
+                    let io = hyper_util::rt::TokioIo::new(stream);
+                    let (mut send, conn) = hyper::client::conn::http1::handshake(io)
+                        .await
+                        .expect("handshake");
+                    tokio::spawn(conn);
+                    while started.elapsed() < secs {
+                        let req = http::Request::get("/warm")
+                            .header("host", &host)
+                            .body(Empty::<Bytes>::new())
+                            .expect("request");
+                        if send.ready().await.is_err() {
+                            break;
+                        }
+                        let t = Instant::now();
+                        let Ok(resp) = send.send_request(req).await else {
+                            break;
+                        };
+                        assert_eq!(resp.status(), 200, "warm path through {addr}");
+                        resp.into_body().collect().await.expect("body");
+                        lat.push(ms(t.elapsed()));
+                    }
                 }
                 lat
             })
@@ -256,6 +265,7 @@ http {{
   upstream vm {{ server {upstream}; keepalive 64; }}
   server {{
     listen 127.0.0.1:{port};
+    keepalive_requests 1000000;
     location / {{ proxy_pass http://vm; proxy_http_version 1.1; proxy_set_header Connection \"\"; proxy_set_header Host $host; }}
   }}
 }}
