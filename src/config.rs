@@ -29,6 +29,8 @@ pub enum Command {
     Crd,
     /// Run the webhook, controller and metrics server (the default).
     Run(Box<ServerArgs>),
+    /// Run the wake proxy (Q1): HTTP and TCP in front of idle policies' VM pods.
+    Proxy(Box<ProxyArgs>),
     /// Print the bounds of the duration flags the chart checks (its
     /// files/value-limits.yaml); with --samples, the sample values `cargo xtask chart-check`
     /// renders the chart with.
@@ -171,6 +173,35 @@ pub struct ElectionArgs {
     /// play an older build. A higher one is refused: it would lock the newer builds out.
     #[arg(long, env = "COCOON_PRETEND_SAFETY_EPOCH", hide = true)]
     pub pretend_safety_epoch: Option<u64>,
+}
+
+/// The wake proxy's settings (`cocoon-hibernation proxy`).
+#[derive(Args, Debug, Clone)]
+pub struct ProxyArgs {
+    /// Address of the HTTP listener (HTTP/1.1 and HTTP/2 without TLS).
+    #[arg(long, env = "COCOON_PROXY_HTTP_ADDR", default_value = "0.0.0.0:8000")]
+    pub http_addr: SocketAddr,
+    /// TCP listeners, comma-separated; a connection is routed by the port it came in on
+    /// (an idle policy's `tcp[].listenPort`).
+    #[arg(
+        long = "tcp-addr",
+        env = "COCOON_PROXY_TCP_ADDRS",
+        value_delimiter = ','
+    )]
+    pub tcp_addrs: Vec<SocketAddr>,
+    /// Namespaces served, comma-separated; all when empty (Q5).
+    #[arg(long, env = "COCOON_PROXY_NAMESPACES", value_delimiter = ',')]
+    pub namespaces: Vec<String>,
+    /// Plain-HTTP address for /healthz, /readyz and /metrics.
+    #[arg(long, env = "COCOON_ADMIN_ADDR", default_value = "0.0.0.0:8080")]
+    pub admin_addr: SocketAddr,
+    /// Who the activity reports name as their holder (the chart passes the pod name).
+    #[arg(long, env = "POD_NAME", default_value = "cocoon-wake-proxy")]
+    pub identity: String,
+    #[arg(long, env = "COCOON_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+    #[arg(long, env = "COCOON_LOG", default_value = "info")]
+    pub log_filter: String,
 }
 
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]

@@ -17,6 +17,7 @@ pub mod error;
 pub mod idle;
 pub mod metrics;
 pub mod ownership;
+pub mod proxy;
 pub mod registry;
 pub mod runtime;
 pub mod schedule;

@@ -31,12 +31,20 @@ fn main() -> ExitCode {
         }
         return ExitCode::SUCCESS;
     }
+    if let Some(Command::Proxy(args)) = &cli.command {
+        init_logging(args.log_format, &args.log_filter);
+        return run_async(cocoon_hibernation::proxy::run((**args).clone()));
+    }
     let args = cli.server_args();
     if let Err(e) = args.validate() {
         eprintln!("error: {e}");
         return ExitCode::from(2);
     }
     init_logging(args.log_format, &args.log_filter);
+    run_async(cocoon_hibernation::server::run(args))
+}
+
+fn run_async(task: impl Future<Output = cocoon_hibernation::Result<()>>) -> ExitCode {
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -47,7 +55,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(cocoon_hibernation::server::run(args)) {
+    match runtime.block_on(task) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!(error = %e, "exiting");

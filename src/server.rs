@@ -342,7 +342,7 @@ fn flatten(res: std::result::Result<std::io::Result<()>, tokio::task::JoinError>
     }
 }
 
-async fn wait_for_signal() {
+pub(crate) async fn wait_for_signal() {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{SignalKind, signal};

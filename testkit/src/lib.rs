@@ -28,6 +28,7 @@
 //! - proxies between the product and the world: [`tcp_proxy`] (cut, hold),
 //!   [`tls_proxy`] and [`api_tap`] (the apiserver, request by request), [`slow_proxy`]
 //!   (a registry that stalls);
+//! - [`wake_proxy`]: the wake proxy binary under its Q8 Role, and the idle policies' CRD;
 //! - [`lease_log`]: every Lease holder change, for the leader tests;
 //! - [`ports`]: loopback ports unique within the process;
 //! - [`bench`]: the system benchmark (`make bench`, its short run in the e2e binary) with
@@ -50,6 +51,7 @@ pub mod tcp_proxy;
 pub mod tls_proxy;
 pub mod virtual_node;
 pub mod vk_sim;
+pub mod wake_proxy;
 
 use std::path::{Path, PathBuf};
 

@@ -11,6 +11,7 @@ mod leader;
 mod lifecycle;
 mod partition;
 mod plugin;
+mod proxy;
 mod registry_stall;
 mod safety;
 mod schedule;

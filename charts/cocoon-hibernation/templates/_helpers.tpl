@@ -252,3 +252,17 @@ entries of the same name replace these (duplicate names break server-side apply)
 {{- fail "webhook.port and adminPort must differ" }}
 {{- end }}
 {{- end }}
+
+{{/* The wake proxy's pods: a name label of their own, so no controller selector matches them. */}}
+{{- define "cocoon-hibernation.proxySelectorLabels" -}}
+app.kubernetes.io/name: {{ include "cocoon-hibernation.name" . }}-wake-proxy
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "cocoon-hibernation.proxyLabels" -}}
+helm.sh/chart: {{ include "cocoon-hibernation.chart" . }}
+{{ include "cocoon-hibernation.proxySelectorLabels" . }}
+app.kubernetes.io/component: wake-proxy
+app.kubernetes.io/part-of: cocoonstack
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end }}

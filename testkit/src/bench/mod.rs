@@ -14,6 +14,8 @@
 //! - scale: RSS and time to /readyz with S realistic pods (3 containers, ~8 KB) and S CRs;
 //! - schedule: N pods of one CocoonHibernationSchedule, a boundary reached through the
 //!   product's shifted clock: boundary → all Hibernated, and CR writes per pod (K2);
+//! - proxy (only when asked for: `--parts proxy`): the wake proxy's warm path beside
+//!   direct and nginx, and its cold path against the CR's own wake (`proxy.rs`);
 //! - capacity (only when asked for: `--parts capacity`): one leader under a rising
 //!   population and burst size until something saturates (`capacity/`).
 //!
@@ -29,6 +31,7 @@ pub mod load;
 pub mod metrics;
 mod overhead;
 pub mod pods;
+mod proxy;
 pub mod report;
 mod roundtrip;
 mod scale;
@@ -50,6 +53,8 @@ use std::time::{Duration, Instant};
 pub struct Opts {
     /// CRs in the round-trip run.
     n: usize,
+    /// Seconds of each warm load of the proxy part.
+    proxy_s: f64,
     /// Realistic pods without a CR beside the N simulated ones (the cache's load in the
     /// short variant of `make test`).
     filler_pods: usize,
@@ -140,6 +145,7 @@ impl Opts {
         let n = num("n", "1000") as usize;
         Self {
             n,
+            proxy_s: num("proxy_s", "5"),
             filler_pods: num("filler_pods", "0") as usize,
             fresh_n: num("fresh_n", &n.min(100).to_string()) as usize,
             quiet_s: num("quiet_s", "60") as u64,
@@ -272,6 +278,9 @@ pub async fn measure(o: &Opts) -> (Figures, serde_json::Map<String, Value>) {
     }
     if o.part("schedule") && o.n > 0 {
         schedule::schedule(o, &mut figs, &mut detail).await;
+    }
+    if o.part("proxy") {
+        proxy::proxy(o, &mut figs, &mut detail).await;
     }
     if o.part("capacity") {
         capacity::capacity(o, cluster, &mut detail).await;

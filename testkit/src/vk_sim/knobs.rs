@@ -36,6 +36,8 @@ pub struct SimKnobs {
     /// 0: the default, [`super::RESYNC`].
     resync_ms: AtomicU64,
     timings: Timings,
+    /// The ports each awake VM serves HTTP and a TCP echo on; `None`: VMs serve nothing.
+    serve_ports: Mutex<Option<(u16, u16)>>,
 }
 
 impl SimKnobs {
@@ -190,6 +192,17 @@ impl SimKnobs {
     pub fn set_resync(&self, d: Duration) {
         self.resync_ms
             .store(d.as_millis().max(1) as u64, Ordering::Relaxed);
+    }
+    /// With `Some((http, tcp))`, every awake VM serves HTTP on `http` and a TCP echo on
+    /// `tcp` at a loopback address of its own, reported as the pod's IP, and refuses
+    /// while hibernated (see `serve.rs`). Off by default: most tests need no traffic.
+    pub fn set_serve(&self, ports: Option<(u16, u16)>) {
+        if let Ok(mut p) = self.serve_ports.lock() {
+            *p = ports;
+        }
+    }
+    pub fn serve_ports(&self) -> Option<(u16, u16)> {
+        self.serve_ports.lock().ok().and_then(|p| *p)
     }
     /// When the simulator saw each request and finished its own work, per VM.
     pub fn timings(&self) -> &Timings {

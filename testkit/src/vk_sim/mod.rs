@@ -22,6 +22,9 @@
 //! created pod from an existing tag. [`SimKnobs::restores_without_snapshot`] counts the
 //! VMs lost because their tag was gone when vk restored them.
 //!
+//! With [`SimKnobs::set_serve`], each awake VM serves HTTP and a TCP echo on a loopback
+//! address reported as the pod's IP, and refuses while hibernated (`serve.rs`).
+//!
 //! Each request carried out is timed per VM ([`SimKnobs::timings`]): the bench takes the
 //! simulator's own time out of a round's wall. Also used by
 //! `examples/vk_cocoon_simulator.rs` (`make demo`).
@@ -29,6 +32,7 @@
 mod knobs;
 mod pods;
 mod registry;
+mod serve;
 mod timing;
 
 pub use knobs::SimKnobs;
@@ -115,6 +119,7 @@ pub fn spawn(
         registry: registry.clone(),
         knobs: knobs.clone(),
         in_flight: Arc::new(Mutex::new(HashSet::new())),
+        servers: Arc::new(serve::Servers::default()),
     };
     let task = tokio::spawn(sim.run(api));
     SimHandle {
@@ -161,6 +166,10 @@ fn plan(pod: &Pod, knobs: &SimKnobs) -> Option<Action> {
 
 type PodKey = (String, String);
 
+fn key_of(pod: &Pod) -> Option<PodKey> {
+    Some((pod.metadata.namespace.clone()?, pod.metadata.name.clone()?))
+}
+
 #[derive(Clone)]
 struct Sim {
     client: kube::Client,
@@ -169,6 +178,8 @@ struct Sim {
     /// Pods with a worker running; events for them are left to that worker, which
     /// re-reads the pod before every write.
     in_flight: Arc<Mutex<HashSet<PodKey>>>,
+    /// The awake VMs' servers (with [`SimKnobs::set_serve`]).
+    servers: Arc<serve::Servers>,
 }
 
 impl Sim {
@@ -191,9 +202,12 @@ impl Sim {
                     None => return,
                 },
                 () = &mut resync => {
-                    for pod in store.state() {
-                        self.consider(&pod, &mut workers);
+                    let pods = store.state();
+                    for pod in &pods {
+                        self.consider(pod, &mut workers);
                     }
+                    let known: HashSet<PodKey> = pods.iter().filter_map(|p| key_of(p)).collect();
+                    self.servers.retain(|k| known.contains(k));
                     let next = tokio::time::Instant::now() + self.knobs.resync();
                     resync.as_mut().reset(next);
                 }
@@ -203,6 +217,7 @@ impl Sim {
     }
 
     fn consider(&self, pod: &Pod, workers: &mut JoinSet<()>) {
+        self.serve(pod, workers);
         if plan(pod, &self.knobs).is_none() {
             return;
         }
@@ -217,6 +232,44 @@ impl Sim {
         workers.spawn(async move {
             sim.work(&key.0, &key.1, seen).await;
             sim.in_flight.lock().unwrap().remove(&key);
+        });
+    }
+
+    /// With serving on: a VM that is gone or asked to hibernate stops serving; an awake
+    /// one (e.g. created awake by a test) serves, and its address is reported.
+    fn serve(&self, pod: &Pod, workers: &mut JoinSet<()>) {
+        let (Some(ports), Some(key)) = (self.knobs.serve_ports(), key_of(pod)) else {
+            return;
+        };
+        let view = PodView::of(pod);
+        if view.hibernate_requested || view.vm_id.is_none() {
+            self.servers.stop(&key);
+            return;
+        }
+        let awake = view.container_running && view.lifecycle_state.as_deref() == Some(STATE_READY);
+        let Some(vm_id) = view.vm_id.filter(|_| awake) else {
+            return;
+        };
+        let ip = match self.servers.ensure(&key, &vm_id, ports) {
+            Ok(ip) => ip.to_string(),
+            Err(e) => {
+                tracing::warn!(ns = %key.0, pod = %key.1, error = %e, "vk-sim: serve");
+                return;
+            }
+        };
+        let reported = pod.status.as_ref().and_then(|s| s.pod_ip.as_deref());
+        if reported == Some(ip.as_str()) {
+            return;
+        }
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), &key.0);
+        workers.spawn(async move {
+            let patch = json!({ "status": { "podIP": ip, "podIPs": [{ "ip": ip }] } });
+            if let Err(e) = api
+                .patch_status(&key.1, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+            {
+                tracing::warn!(pod = %key.1, error = %e, "vk-sim: report the pod IP");
+            }
         });
     }
 
@@ -474,7 +527,13 @@ impl Sim {
                 vm_id
             }
         };
-        let status = running_status(pod, &vm_id);
+        let mut status = running_status(pod, &vm_id);
+        // The woken VM serves before it is reported Running, on a fresh address.
+        if let (Some(ports), Some(key)) = (self.knobs.serve_ports(), key_of(pod)) {
+            let ip = self.servers.ensure(&key, &vm_id, ports)?;
+            status["status"]["podIP"] = json!(ip.to_string());
+            status["status"]["podIPs"] = json!([{ "ip": ip.to_string() }]);
+        }
         api.patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
             .await?;
         tracing::info!(%name, %vm_id, "vk-sim: container Running");
