@@ -53,7 +53,7 @@ cleanup() {
   local rc=$?
   helm uninstall "$RELEASE" -n "$NS" --wait=false >/dev/null 2>&1 || true
   kubectl delete namespace "$NS" --wait=false --ignore-not-found >/dev/null 2>&1 || true
-  kubectl delete crd "cocoonhibernations.$GROUP" "cocoonhibernationschedules.$GROUP" \
+  kubectl delete crd "cocoonhibernations.$GROUP" "cocoonhibernationschedules.$GROUP" "cocoonidlepolicies.$GROUP" \
     --ignore-not-found >/dev/null 2>&1 || true
   if ((rc == 0)); then
     echo "check-upgrade: PASS (${PASSED[*]}) in $((SECONDS - START))s"

@@ -1,7 +1,11 @@
 //! CocoonIdlePolicy (I1–I6): hibernates the pods it selects when their activity record
 //! (I2, [`crate::api::activity`]) says nobody used them for `idleAfter`; the wake proxy
-//! (Q1–Q8) reads its wake-on-request settings.
+//! (Q1–Q8) reads its wake-on-request settings. The API in [`spec`], its checks in
+//! [`validate`] and [`admission`].
 
+pub mod admission;
+pub mod plan;
 pub mod spec;
+pub mod validate;
 
 pub use spec::{CocoonIdlePolicy, CocoonIdlePolicySpec};

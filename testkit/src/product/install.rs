@@ -98,6 +98,17 @@ pub async fn install_webhook(
                     "expression": "request.operation == 'CREATE' || object.spec != oldObject.spec",
                 }]),
             ),
+            // I1: idle policies, as the chart's third webhook.
+            hook(
+                "validate.cocoonidlepolicy.cocoonstack.io",
+                "/validate-cocoonidlepolicy",
+                "v1alpha1",
+                "cocoonidlepolicies",
+                json!([{
+                    "name": "create-or-spec-change",
+                    "expression": "request.operation == 'CREATE' || object.spec != oldObject.spec",
+                }]),
+            ),
         ],
     }))
     .expect("valid webhook configuration");
