@@ -4,8 +4,11 @@
 //! [`validate`] and [`admission`].
 
 pub mod admission;
+pub mod controller;
+pub mod inputs;
 pub mod plan;
 pub mod spec;
 pub mod validate;
+pub mod writes;
 
 pub use spec::{CocoonIdlePolicy, CocoonIdlePolicySpec};

@@ -7,6 +7,7 @@
 //! | the pod's CR                                   | the idle policy                         |
 //! |------------------------------------------------|-----------------------------------------|
 //! | none                                           | creates it (desire Wake), marked ours   |
+//! | none, and a schedule selects the pod           | waits for the schedule to create it     |
 //! | a person's (no mark of a policy or schedule)   | never adopted: left alone (overridden)  |
 //! | ours or a schedule's, `override-until` ahead   | left alone until then (overridden)      |
 //! | a schedule's, the schedule last wrote Hibernate| left alone: the schedule keeps it asleep|
@@ -81,6 +82,9 @@ pub struct PodInput {
     /// `None`: the pod has no activity Lease yet.
     pub activity: Option<Activity>,
     pub cr: Option<CrState>,
+    /// A live schedule of the namespace selects the pod: the CR is the schedule's to
+    /// create (I4: a schedule precedes idleness).
+    pub scheduled: bool,
 }
 
 #[derive(Clone, Debug)]
@@ -92,6 +96,10 @@ pub struct Inputs {
     pub suspend: bool,
     /// Selected pods naming a VM, by name.
     pub pods: BTreeMap<String, PodInput>,
+    /// CRs carrying our mark whose pod the policy no longer selects.
+    pub strays: Vec<String>,
+    /// The policy is being deleted: release every CR of ours, decide nothing.
+    pub deleting: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -103,6 +111,8 @@ pub enum Action {
     CreateCr { pod: String },
     /// The pod is idle: take its Lease on the version read, then hibernate (I3).
     Hibernate { pod: String },
+    /// Remove our label and mark from the CR (never delete it, never change its desire).
+    Release { cr: String },
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -182,6 +192,24 @@ fn failed_wakes(cr: &CrState) -> u32 {
 /// The whole pass for one policy.
 pub fn plan(input: &Inputs) -> Plan {
     let mut plan = Plan::default();
+    let ours_now = |pod: &String| {
+        let p = input.pods.get(pod);
+        let cr = p.and_then(|p| p.cr.as_ref());
+        cr.and_then(|c| c.mark.as_ref())
+            .is_some_and(|m| m.uid == input.uid)
+    };
+    let releases = input.strays.iter().cloned().chain(
+        input
+            .pods
+            .keys()
+            .filter(|pod| input.deleting && ours_now(pod))
+            .cloned(),
+    );
+    plan.actions
+        .extend(releases.map(|cr| Action::Release { cr }));
+    if input.deleting {
+        return plan;
+    }
     for (pod, p) in &input.pods {
         if p.driven_by.is_some() {
             plan.conflicting += 1;
@@ -191,7 +219,7 @@ pub fn plan(input: &Inputs) -> Plan {
             plan.actions.push(Action::CreateLease { pod: pod.clone() });
         }
         let Some(cr) = &p.cr else {
-            if !input.suspend {
+            if !input.suspend && !p.scheduled {
                 plan.managed += 1;
                 plan.awake += 1;
                 plan.actions.push(Action::CreateCr { pod: pod.clone() });

@@ -24,6 +24,8 @@ fn input(pods: &[(&str, PodInput)]) -> Inputs {
         idle_after: 30 * MIN,
         min_awake: 5 * MIN,
         suspend: false,
+        strays: Vec::new(),
+        deleting: false,
         pods: pods
             .iter()
             .map(|(n, p)| ((*n).to_owned(), p.clone()))
@@ -62,6 +64,7 @@ fn pod(activity: Option<Activity>, cr: Option<CrState>) -> PodInput {
         driven_by: None,
         activity,
         cr,
+        scheduled: false,
     }
 }
 
@@ -131,6 +134,7 @@ fn i4_precedence(
             Action::CreateLease { .. } => "create-lease",
             Action::CreateCr { .. } => "create-cr",
             Action::Hibernate { .. } => "hibernate",
+            Action::Release { .. } => "release",
         })
         .collect();
     assert_eq!(got, want, "{p:?}");
@@ -236,4 +240,51 @@ fn i3_next_look_is_the_soonest_idle_instant() {
         ("b", pod(Some(active(20)), Some(ours(600)))),
     ]));
     assert_eq!(out.next, Some(ago(-10)));
+}
+
+/// SPEC I4: a pod a schedule selects gets its CR from the schedule, not from the idle
+/// policy, so the schedule drives it (the policy only shortens its awake windows).
+#[test]
+fn i4_a_scheduled_pod_waits_for_the_schedules_cr() {
+    let mut p = pod(Some(active(60)), None);
+    p.scheduled = true;
+    let out = plan(&input(&[("web-0", p)]));
+    assert!(out.actions.is_empty(), "{out:?}");
+}
+
+/// SPEC I4: CRs of ours whose pod left the selector are released, and a deleted policy
+/// releases all of its CRs and decides nothing; nothing is ever deleted or flipped by it.
+#[test]
+fn i4_release_strays_and_on_delete() {
+    let mut i = input(&[
+        ("mine", pod(Some(active(600)), Some(ours(600)))),
+        (
+            "persons",
+            pod(
+                Some(active(600)),
+                Some(CrState {
+                    mark: None,
+                    ..ours(600)
+                }),
+            ),
+        ),
+    ]);
+    i.strays = vec!["left".into()];
+    let out = plan(&i);
+    assert_eq!(
+        out.actions,
+        [
+            Action::Release { cr: "left".into() },
+            Action::Hibernate { pod: "mine".into() }
+        ]
+    );
+    i.deleting = true;
+    let out = plan(&i);
+    assert_eq!(
+        out.actions,
+        [
+            Action::Release { cr: "left".into() },
+            Action::Release { cr: "mine".into() }
+        ]
+    );
 }
