@@ -550,12 +550,12 @@ mod tests {
             "{path}"
         );
         assert_eq!(body["metadata"]["resourceVersion"], "41");
-        assert_eq!(call.await.unwrap().unwrap(), Fenced::Activity);
-        let more = tokio::time::timeout(Duration::from_millis(200), handle.next_request()).await;
+        let more = tokio::time::timeout(Duration::from_millis(300), handle.next_request()).await;
         assert!(
             !matches!(more, Ok(Some(_))),
             "a CR write went out after the fence failed"
         );
+        assert_eq!(call.await.unwrap().unwrap(), Fenced::Activity);
     }
 
     /// SPEC I3: with the Lease taken, the CR is flipped on the version read.
