@@ -532,6 +532,53 @@ mod tests {
         (method, path, body)
     }
 
+    /// SPEC I6 I5: the status shows the plan's counts and next idle instant, keeps the
+    /// proxy's held count, and says why wake on request stopped.
+    #[test]
+    fn i6_status_counts_next_idle_and_wake_stopped() {
+        let mut p = CocoonIdlePolicy::new(
+            "sleepy",
+            crate::idle::CocoonIdlePolicySpec {
+                selector: Default::default(),
+                idle_after: "30m".into(),
+                min_awake: None,
+                suspend: false,
+                wake_on_request: None,
+            },
+        );
+        p.status = Some(CocoonIdlePolicyStatus {
+            held_requests: 4,
+            ..Default::default()
+        });
+        let plan = Plan {
+            managed: 3,
+            idle: 1,
+            awake: 2,
+            next: Some(at()),
+            wake_stopped: vec!["web-0: 3 wakes in a row ended Failed".into()],
+            ..Plan::default()
+        };
+        let st = status(&p, &plan);
+        assert_eq!(
+            (st.managed, st.idle, st.awake, st.held_requests),
+            (3, 1, 2, 4)
+        );
+        assert_eq!(st.next_idle, Some(Time(at())));
+        let wake = st
+            .conditions
+            .iter()
+            .find(|c| c.type_ == "WakeOnRequest")
+            .unwrap();
+        assert_eq!(
+            (wake.status.as_str(), wake.reason.as_str()),
+            ("False", "WakesFailed")
+        );
+        assert!(wake.message.contains("web-0"));
+        assert_eq!(requeue_after(&plan, at(), false), SOONEST);
+        assert_eq!(requeue_after(&Plan::default(), at(), false), RESYNC);
+        assert_eq!(requeue_after(&plan, at(), true), RETRY);
+    }
+
     /// SPEC I3: the fence. The Lease is taken first, on the version the decision read;
     /// when a report landed in between (409), the CR is never written.
     #[tokio::test]
