@@ -19,6 +19,7 @@ pub async fn ensure_crd(client: &kube::Client) {
     for crd in [
         CocoonHibernation::crd(),
         cocoon_hibernation::schedule::CocoonHibernationSchedule::crd(),
+        cocoon_hibernation::idle::CocoonIdlePolicy::crd(),
     ] {
         let name = crd.metadata.name.clone().expect("crd name");
         api.patch(

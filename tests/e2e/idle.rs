@@ -1,0 +1,164 @@
+//! End-to-end: CocoonIdlePolicy (I2–I4) on the real control plane. The product runs with
+//! a clock offset (testing only), so a pod is idle at once instead of after `idleAfter`
+//! of real time; a heartbeat written at the product's now keeps a pod awake.
+
+use cocoon_hibernation::api::activity::{ACTIVITY_FOR, lease_name};
+use cocoon_hibernation::api::{Desire, Phase};
+use cocoon_hibernation::idle::plan::IDLE_LABEL;
+use cocoon_hibernation::idle::{CocoonIdlePolicy, CocoonIdlePolicySpec};
+use env::{LONG, Setup, setup};
+use jiff::{SignedDuration, Timestamp};
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, MicroTime};
+use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
+use kube::{Api, ResourceExt};
+use product::eventually;
+use std::time::Duration;
+use testkit::{env, product};
+
+/// How far ahead the product's clock runs: far past `idleAfter` (1m) after any wake.
+const OFFSET: SignedDuration = SignedDuration::from_mins(30);
+
+fn product_now() -> Timestamp {
+    Timestamp::now().checked_add(OFFSET).unwrap()
+}
+
+fn lease(pod: &str, renewed: Timestamp) -> Lease {
+    Lease {
+        metadata: ObjectMeta {
+            name: lease_name(pod),
+            labels: Some([(ACTIVITY_FOR.to_owned(), pod.to_owned())].into()),
+            ..ObjectMeta::default()
+        },
+        spec: Some(LeaseSpec {
+            renew_time: Some(MicroTime(renewed)),
+            ..LeaseSpec::default()
+        }),
+    }
+}
+
+/// I3 I4 I2: of two selected pods with no CR, the policy creates both CRs (awake, marked
+/// as its own); the one nobody reports for is hibernated; the one whose agent heartbeats
+/// (a Lease patch at the product's now, every 5 s) stays awake through many passes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e2e_i3_i4_an_idle_pod_sleeps_and_a_heartbeat_keeps_one_awake() {
+    let env = setup(
+        "idle-i3",
+        Setup {
+            extra_args: vec![format!("--schedule-clock-offset={}s", OFFSET.as_secs())],
+            ..Setup::default()
+        },
+    )
+    .await;
+    let leases: Api<Lease> = Api::namespaced(env.client.clone(), &env.ns);
+    for name in ["quiet-0", "busy-0"] {
+        env.pod(name).await;
+        let patch = serde_json::json!({ "metadata": { "labels": { "tier": "dev" } } });
+        env.pods
+            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .unwrap();
+        // Last activity an hour before the product's now.
+        let old = product_now() - SignedDuration::from_hours(1);
+        leases
+            .create(&PostParams::default(), &lease(name, old))
+            .await
+            .unwrap();
+    }
+    let heartbeat = {
+        let leases = leases.clone();
+        tokio::spawn(async move {
+            loop {
+                let patch =
+                    serde_json::json!({ "spec": { "renewTime": MicroTime(product_now()) } });
+                let name = lease_name("busy-0").unwrap();
+                if let Err(e) = leases
+                    .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                    .await
+                {
+                    eprintln!("heartbeat: {e}");
+                }
+                tokio::time::sleep(Duration::from_secs(5)).await;
+            }
+        })
+    };
+    let policies: Api<CocoonIdlePolicy> = Api::namespaced(env.client.clone(), &env.ns);
+    let policy = CocoonIdlePolicy::new(
+        "sleepy",
+        CocoonIdlePolicySpec {
+            selector: LabelSelector {
+                match_labels: Some([("tier".to_owned(), "dev".to_owned())].into()),
+                ..LabelSelector::default()
+            },
+            idle_after: "1m".into(),
+            min_awake: Some("0s".into()),
+            suspend: false,
+            wake_on_request: None,
+        },
+    );
+    policies
+        .create(&PostParams::default(), &policy)
+        .await
+        .unwrap();
+
+    let cr = eventually("the quiet pod hibernated", LONG * 2, || async {
+        let cr = env.crs.get_opt("quiet-0").await.ok()??;
+        (cr.spec.desire == Desire::Hibernate && cr.phase() == Some(Phase::Hibernated)).then_some(cr)
+    })
+    .await;
+    assert_eq!(
+        cr.labels().get(IDLE_LABEL).map(String::as_str),
+        Some("sleepy")
+    );
+    let taken = leases.get(&lease_name("quiet-0").unwrap()).await.unwrap();
+    assert!(
+        taken
+            .annotations()
+            .contains_key(cocoon_hibernation::api::activity::IDLE_DECISION),
+        "the fence was taken before the flip"
+    );
+    // The busy pod: several passes later, still awake.
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let busy = env.crs.get("busy-0").await.unwrap();
+    assert_eq!(
+        busy.spec.desire,
+        Desire::Wake,
+        "a heartbeating pod was hibernated"
+    );
+    assert_eq!(
+        busy.labels().get(IDLE_LABEL).map(String::as_str),
+        Some("sleepy"),
+        "the policy created the busy pod's CR too"
+    );
+    let status = policies.get("sleepy").await.unwrap().status.unwrap();
+    assert_eq!((status.managed, status.idle, status.awake), (2, 1, 1));
+    heartbeat.abort();
+}
+
+/// I1: the webhook refuses an idleAfter under 1m and a route naming no pod, with both
+/// reasons at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e2e_i1_admission_refuses_a_bad_policy() {
+    let env = setup("idle-i1", Setup::default()).await;
+    let policies: Api<CocoonIdlePolicy> = Api::namespaced(env.client.clone(), &env.ns);
+    let mut bad: CocoonIdlePolicy = serde_json::from_value(serde_json::json!({
+        "apiVersion": "cocoonset.cocoonstack.io/v1alpha1", "kind": "CocoonIdlePolicy",
+        "metadata": { "name": "bad" },
+        "spec": { "selector": {}, "idleAfter": "2m",
+                  "wakeOnRequest": { "http": [{ "host": "ide.example.com", "port": 80 }],
+                                     "tcp": [{ "listenPort": 22, "pod": "a", "port": 22 },
+                                             { "listenPort": 22, "pod": "b", "port": 22 }] } },
+    }))
+    .unwrap();
+    let err = policies
+        .create(&PostParams::default(), &bad)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("http[0]") && err.contains("tcp[1].listenPort"),
+        "{err}"
+    );
+    bad.spec.wake_on_request = None;
+    policies.create(&PostParams::default(), &bad).await.unwrap();
+}
