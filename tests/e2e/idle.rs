@@ -162,3 +162,94 @@ async fn e2e_i1_admission_refuses_a_bad_policy() {
     bad.spec.wake_on_request = None;
     policies.create(&PostParams::default(), &bad).await.unwrap();
 }
+
+/// I3, the fence: the policy decides a pod is idle, and while its take of the Lease is
+/// held on the way to the apiserver, a heartbeat lands. The take then fails (409) and
+/// nothing is flipped: the CR stays `Wake`, and the passes after it see the heartbeat.
+/// With the fence removed (the flip made whatever the take's answer), this test fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e2e_i3_a_heartbeat_between_the_read_and_the_take_flips_nothing() {
+    use crate::partition::{fresh_namespace, product_tap, quick_sim, via};
+    use testkit::api_tap::Kind;
+    let (cluster, client, ns) = fresh_namespace("idle-fence").await;
+    let tap = product_tap(cluster).await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut opts = product::ProductOptions::new(&ns, &cluster.registry);
+    opts.extra_args
+        .push(format!("--schedule-clock-offset={}s", OFFSET.as_secs()));
+    let opts = via(cluster, opts, &tap.url(), dir.path()).await;
+    let _sim = quick_sim(cluster, &client, &ns);
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client.clone(), &ns);
+    let leases: Api<Lease> = Api::namespaced(client.clone(), &ns);
+    let crs: Api<cocoon_hibernation::api::CocoonHibernation> = Api::namespaced(client.clone(), &ns);
+    testkit::vk_sim::create_vm_pod(&client, &ns, "agent-0", &format!("vm-{ns}-agent-0"))
+        .await
+        .unwrap();
+    let patch = serde_json::json!({ "metadata": { "labels": { "tier": "dev" } } });
+    pods.patch("agent-0", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+    let old = product_now() - SignedDuration::from_hours(1);
+    leases
+        .create(&PostParams::default(), &lease("agent-0", old))
+        .await
+        .unwrap();
+    tap.hold_activity_takes(true);
+    let _product = product::Product::start(cluster, &opts).await;
+    let policies: Api<CocoonIdlePolicy> = Api::namespaced(client.clone(), &ns);
+    let mut policy: CocoonIdlePolicy = serde_json::from_value(serde_json::json!({
+        "apiVersion": "cocoonset.cocoonstack.io/v1alpha1", "kind": "CocoonIdlePolicy",
+        "metadata": { "name": "sleepy" },
+        "spec": { "selector": { "matchLabels": { "tier": "dev" } }, "idleAfter": "1m",
+                  "minAwake": "0s" },
+    }))
+    .unwrap();
+    policy.metadata.namespace = Some(ns.clone());
+    policies
+        .create(&PostParams::default(), &policy)
+        .await
+        .unwrap();
+
+    // The decision is made and its take is on its way: held.
+    eventually("the idle decision's take", LONG, || async {
+        (tap.takes_held() >= 1).then_some(())
+    })
+    .await;
+    // The heartbeat, straight to the apiserver, then the take goes on.
+    let beat = serde_json::json!({ "spec": { "renewTime": MicroTime(product_now()) } });
+    leases
+        .patch(
+            &lease_name("agent-0").unwrap(),
+            &PatchParams::default(),
+            &Patch::Merge(&beat),
+        )
+        .await
+        .unwrap();
+    tap.hold_activity_takes(false);
+
+    eventually("the take answered 409", Duration::from_secs(10), || async {
+        tap.calls()
+            .iter()
+            .any(|c| {
+                c.kind == Kind::LeaseWrite && c.path.contains("cocoon-activity-") && c.status == 409
+            })
+            .then_some(())
+    })
+    .await;
+    // Passes after it see the heartbeat; nothing was flipped.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let cr = crs.get("agent-0").await.unwrap();
+    assert_eq!(
+        cr.spec.desire,
+        Desire::Wake,
+        "the pod was hibernated after a heartbeat"
+    );
+    let taken = tap
+        .calls()
+        .iter()
+        .filter(|c| {
+            c.kind == Kind::LeaseWrite && c.path.contains("cocoon-activity-") && c.status == 200
+        })
+        .count();
+    assert_eq!(taken, 0, "no take succeeded");
+}
