@@ -253,3 +253,96 @@ async fn e2e_i3_a_heartbeat_between_the_read_and_the_take_flips_nothing() {
         .count();
     assert_eq!(taken, 0, "no take succeeded");
 }
+
+/// I4 with a schedule and a person on the same pods: the pod a schedule selects gets its
+/// CR from the schedule (the idle policy waits for it), and inside the schedule's awake
+/// window the idle policy hibernates it when idle, which the schedule then counts as an
+/// override; a person's CR on a selected pod is never touched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e2e_i4_k5_a_schedule_and_a_person_share_pods_with_an_idle_policy() {
+    use cocoon_hibernation::schedule::CocoonHibernationSchedule;
+    use cocoon_hibernation::schedule::plan::SCHEDULE_LABEL;
+    let env = setup(
+        "idle-i4",
+        Setup {
+            extra_args: vec![format!("--schedule-clock-offset={}s", OFFSET.as_secs())],
+            ..Setup::default()
+        },
+    )
+    .await;
+    let leases: Api<Lease> = Api::namespaced(env.client.clone(), &env.ns);
+    for (name, tier) in [("sched-0", "office"), ("hand-0", "dev")] {
+        env.pod(name).await;
+        let patch =
+            serde_json::json!({ "metadata": { "labels": { "tier": tier, "idle": "yes" } } });
+        env.pods
+            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .unwrap();
+        let old = product_now() - SignedDuration::from_hours(1);
+        leases
+            .create(&PostParams::default(), &lease(name, old))
+            .await
+            .unwrap();
+    }
+    product::create_cr(&env.crs, "hand-0", "hand-0", Desire::Wake).await;
+    let schedules: Api<CocoonHibernationSchedule> = Api::namespaced(env.client.clone(), &env.ns);
+    let office: CocoonHibernationSchedule = serde_json::from_value(serde_json::json!({
+        "apiVersion": "cocoonset.cocoonstack.io/v1alpha1", "kind": "CocoonHibernationSchedule",
+        "metadata": { "name": "office" },
+        "spec": { "selector": { "matchLabels": { "tier": "office" } }, "timeZone": "UTC",
+                  "awake": [{ "from": "00:00", "to": "24:00" }] },
+    }))
+    .unwrap();
+    schedules
+        .create(&PostParams::default(), &office)
+        .await
+        .unwrap();
+    let policies: Api<CocoonIdlePolicy> = Api::namespaced(env.client.clone(), &env.ns);
+    let policy: CocoonIdlePolicy = serde_json::from_value(serde_json::json!({
+        "apiVersion": "cocoonset.cocoonstack.io/v1alpha1", "kind": "CocoonIdlePolicy",
+        "metadata": { "name": "sleepy" },
+        "spec": { "selector": { "matchLabels": { "idle": "yes" } }, "idleAfter": "1m",
+                  "minAwake": "0s" },
+    }))
+    .unwrap();
+    policies
+        .create(&PostParams::default(), &policy)
+        .await
+        .unwrap();
+
+    let cr = eventually("the scheduled pod idle-hibernated", LONG * 2, || async {
+        let cr = env.crs.get_opt("sched-0").await.ok()??;
+        (cr.spec.desire == Desire::Hibernate).then_some(cr)
+    })
+    .await;
+    assert_eq!(
+        cr.labels().get(SCHEDULE_LABEL).map(String::as_str),
+        Some("office"),
+        "the schedule made the CR"
+    );
+    assert_eq!(
+        cr.labels().get(IDLE_LABEL).map(String::as_str),
+        Some("sleepy"),
+        "the idle policy flipped it"
+    );
+    eventually(
+        "the schedule counts the idle flip as an override",
+        LONG,
+        || async {
+            let s = schedules.get("office").await.ok()?.status?;
+            (s.overridden == 1).then_some(())
+        },
+    )
+    .await;
+    // A few passes later, the person's CR is as the person left it.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let hand = env.crs.get("hand-0").await.unwrap();
+    assert_eq!(hand.spec.desire, Desire::Wake);
+    assert!(
+        !hand.labels().contains_key(IDLE_LABEL),
+        "a person's CR was adopted"
+    );
+    let status = policies.get("sleepy").await.unwrap().status.unwrap();
+    assert_eq!((status.managed, status.idle), (1, 1));
+}
