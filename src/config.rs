@@ -81,8 +81,9 @@ pub struct ServerArgs {
     /// progress several times within the limit.
     #[arg(long, env = "COCOON_INFORMER_STALL_LIMIT", value_parser = parse_duration, default_value = "5m")]
     pub informer_stall_limit: Duration,
-    /// Testing only, hidden: shifts the schedules' clock (K2) by a signed duration such as
-    /// `90m` or `-2h`, so an e2e reaches a boundary without waiting for it.
+    /// Testing only, hidden: shifts the schedules' and idle policies' clock (K2, I3) by a
+    /// signed duration such as `90m` or `-2h`, so an e2e reaches a boundary or an idle
+    /// instant without waiting for it.
     #[arg(long, env = "COCOON_SCHEDULE_CLOCK_OFFSET", value_parser = crate::schedule::parse_offset, default_value = "0s", hide = true)]
     pub schedule_clock_offset: jiff::SignedDuration,
     /// S10: this install's name in the registry's owner marker, `<namespace>/<release>`

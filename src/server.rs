@@ -131,8 +131,24 @@ pub async fn run(args: ServerArgs) -> Result<()> {
     let gate = crate::runtime::gate::Gate::new(election.leading.clone(), cache.clone());
     // K1: schedules run in this process, on this cache, while this replica leads; their
     // watch is on the watch client, ended by the apiserver like the cache's (S8).
-    let mut schedule_task = tokio::spawn(crate::schedule::controller::run(
+    let schedules = crate::schedule::controller::run(
         crate::schedule::controller::Wiring {
+            watch_client: watch_client.clone(),
+            client: client.clone(),
+            cache: cache.clone(),
+            metrics: metrics.clone(),
+            clock: crate::schedule::Clock {
+                offset: args.schedule_clock_offset,
+            },
+            gate: gate.clone(),
+            namespace: args.controller.watch_namespace.clone(),
+            watch_timeout: liveness::watch_timeout(stall_limit),
+        },
+        shutdown.clone(),
+    );
+    // I3: idle policies likewise, on the same clock (the testing offset moves both).
+    let idle = crate::idle::controller::run(
+        crate::idle::controller::Wiring {
             watch_client,
             client: client.clone(),
             cache: cache.clone(),
@@ -145,7 +161,14 @@ pub async fn run(args: ServerArgs) -> Result<()> {
             watch_timeout: liveness::watch_timeout(stall_limit),
         },
         shutdown.clone(),
-    ));
+    );
+    // One task for both: either ending ends it, and S8 notices.
+    let mut schedule_task = tokio::spawn(async move {
+        tokio::select! {
+            () = schedules => {}
+            () = idle => {}
+        }
+    });
     // S10: the owner marker; it never holds up start-up or a pass.
     let owner_task = match args.install_name() {
         Some(name) => Some(tokio::spawn(crate::ownership::keep(

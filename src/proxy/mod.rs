@@ -37,10 +37,7 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 use world::Cluster;
 
-/// Annotation on a CocoonHibernation: the desire an idle policy's wake on request last
-/// wrote (`Wake`), as schedules record theirs (K5), so a person's later change is told
-/// from it.
-pub const IDLE_DESIRE: &str = "cocoonset.cocoonstack.io/idle-desire";
+pub use cocoon_api::idle::IDLE_DESIRE;
 /// Timeout of the proxy's own apiserver writes.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 

@@ -35,6 +35,7 @@ pub fn router<V: validate::ClaimView + Clone + Send + Sync + 'static>(
             crate::schedule::admission::PATH,
             post(validate_schedule::<V>),
         )
+        .route(crate::idle::admission::PATH, post(validate_idle::<V>))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .layer(tower_http::timeout::TimeoutLayer::with_status_code(
             axum::http::StatusCode::REQUEST_TIMEOUT,
@@ -56,6 +57,14 @@ async fn validate_schedule<V: Clone + Send + Sync + 'static>(
     body: Bytes,
 ) -> impl IntoResponse {
     crate::schedule::admission::review(&body, &state.metrics)
+}
+
+/// I1: idle policies need no cache either.
+async fn validate_idle<V: Clone + Send + Sync + 'static>(
+    State(state): State<WebhookState<V>>,
+    body: Bytes,
+) -> impl IntoResponse {
+    crate::idle::admission::review(&body, &state.metrics)
 }
 
 /// The production router over the shared cache.

@@ -18,6 +18,10 @@
 //!   410 Gone (so the informer relists), and the next streamed CR list is cut after its
 //!   first object, before its end bookmark (so kube starts that list over, S4).
 //!
+//! - [`ApiTap::hold_activity_takes`]: PATCHes of activity Leases (`cocoon-activity-*`,
+//!   the idle policy's fence, I3) are held, then forwarded once the switch is off, so a
+//!   test can write a heartbeat between the decision's read and its take.
+//!
 //! The TLS ends and the forwarding are [`crate::tls_proxy`]'s.
 
 use crate::tls_proxy::{self, BoxError};
@@ -128,6 +132,8 @@ struct Log {
 #[derive(Clone)]
 struct Switches {
     stall_leases: watch::Receiver<bool>,
+    hold_takes: watch::Receiver<bool>,
+    takes_held: Arc<AtomicUsize>,
     hold_pods: watch::Receiver<bool>,
     frozen: watch::Receiver<bool>,
     /// Informer requests that arrived while frozen.
@@ -154,6 +160,8 @@ struct CrRelist {
 pub struct ApiTap {
     pub port: u16,
     stall_leases: watch::Sender<bool>,
+    hold_takes: watch::Sender<bool>,
+    takes_held: Arc<AtomicUsize>,
     hold_pods: watch::Sender<bool>,
     frozen: watch::Sender<bool>,
     held: Arc<AtomicUsize>,
@@ -180,6 +188,8 @@ impl ApiTap {
         let (acceptor, connector) = tls_proxy::tls_ends(&serving, &client, ca_pem);
         let connect = tls_proxy::tls_connect(connector, upstream);
         let (stall_leases, stall_rx) = watch::channel(false);
+        let (hold_takes, takes_rx) = watch::channel(false);
+        let takes_held = Arc::new(AtomicUsize::new(0));
         let (hold_pods, hold_rx) = watch::channel(false);
         let (frozen, frozen_rx) = watch::channel(false);
         let held = Arc::new(AtomicUsize::new(0));
@@ -194,6 +204,8 @@ impl ApiTap {
         });
         let switches = Switches {
             stall_leases: stall_rx,
+            hold_takes: takes_rx,
+            takes_held: takes_held.clone(),
             hold_pods: hold_rx,
             frozen: frozen_rx,
             held: held.clone(),
@@ -219,6 +231,8 @@ impl ApiTap {
         Self {
             port,
             stall_leases,
+            hold_takes,
+            takes_held,
             hold_pods,
             frozen,
             held,
@@ -231,6 +245,16 @@ impl ApiTap {
     /// `https://127.0.0.1:<port>`.
     pub fn url(&self) -> String {
         format!("https://127.0.0.1:{}", self.port)
+    }
+
+    /// While on, PATCHes of activity Leases wait here; turned off, they are forwarded.
+    pub fn hold_activity_takes(&self, on: bool) {
+        self.hold_takes.send_replace(on);
+    }
+
+    /// Activity Lease PATCHes held so far.
+    pub fn takes_held(&self) -> usize {
+        self.takes_held.load(Ordering::SeqCst)
     }
 
     /// While on, Lease writes are held unanswered and never reach the apiserver; turned
@@ -349,6 +373,13 @@ async fn handle(
         // Never forwarded: a renewal that could land later would reopen the fence.
         until(switches.stall_leases.clone(), false).await;
         return Ok(empty(503));
+    }
+    if req.method() == Method::PATCH
+        && path.contains("/leases/cocoon-activity-")
+        && *switches.hold_takes.borrow()
+    {
+        switches.takes_held.fetch_add(1, Ordering::SeqCst);
+        until(switches.hold_takes.clone(), false).await;
     }
     if informer && *switches.frozen.borrow() {
         switches.held.fetch_add(1, Ordering::SeqCst);

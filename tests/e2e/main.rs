@@ -7,6 +7,7 @@
 mod admission;
 mod cache;
 mod harness_smoke;
+mod idle;
 mod leader;
 mod lifecycle;
 mod partition;

@@ -101,7 +101,7 @@ fn replica(ns: &str, registry: &str, identity: &str) -> ProductOptions {
 
 /// `opts` for a product that reaches the apiserver through `server_url` (its kubeconfig
 /// written to `dir`), with a 2 s apiserver timeout so a cut call fails fast.
-async fn via(
+pub(crate) async fn via(
     cluster: &cluster::Cluster,
     mut opts: ProductOptions,
     server_url: &str,
@@ -116,7 +116,9 @@ async fn via(
 }
 
 /// The shared cluster, an admin client and a fresh namespace, with the CRD installed.
-async fn fresh_namespace(prefix: &str) -> (&'static cluster::Cluster, kube::Client, String) {
+pub(crate) async fn fresh_namespace(
+    prefix: &str,
+) -> (&'static cluster::Cluster, kube::Client, String) {
     let cluster = cluster::cluster();
     let client = cluster.client().await;
     product::ensure_crd(&client).await;
@@ -125,7 +127,11 @@ async fn fresh_namespace(prefix: &str) -> (&'static cluster::Cluster, kube::Clie
 }
 
 /// The vk-cocoon simulator on `ns`, 200 ms per hibernate and per wake.
-fn quick_sim(cluster: &cluster::Cluster, client: &kube::Client, ns: &str) -> vk_sim::SimHandle {
+pub(crate) fn quick_sim(
+    cluster: &cluster::Cluster,
+    client: &kube::Client,
+    ns: &str,
+) -> vk_sim::SimHandle {
     vk_sim::spawn(
         client.clone(),
         Some(ns.to_owned()),
@@ -692,7 +698,7 @@ async fn s4_refused_streamed_lists_fall_back_to_pages(
 // S1, S7, S8: partial partitions, a paused leader, a lagging pod informer.
 
 /// An [`api_tap::ApiTap`] that reaches the apiserver as the product's own identity.
-async fn product_tap(cluster: &cluster::Cluster) -> api_tap::ApiTap {
+pub(crate) async fn product_tap(cluster: &cluster::Cluster) -> api_tap::ApiTap {
     let identity = product::product_identity(cluster).await;
     let groups: Vec<&str> = identity.groups.iter().map(String::as_str).collect();
     api_tap::ApiTap::start(

@@ -17,6 +17,13 @@ pub const ACTIVITY_FOR: &str = "cocoonset.cocoonstack.io/activity-for";
 /// Annotation on the Lease: RFC 3339 instant until which the pod counts as busy
 /// (`kubectl cocoon keepalive POD --for 2h`).
 pub const BUSY_UNTIL: &str = "cocoonset.cocoonstack.io/busy-until";
+/// Annotation on the Lease, set by the wake proxy: how many proxied connections to the
+/// pod are open now (a decimal count; absent or `0`: none). An open one keeps the pod
+/// awake whatever the last activity (I3).
+pub const OPEN_CONNECTIONS: &str = "cocoonset.cocoonstack.io/open-connections";
+/// Annotation on the Lease: the RFC 3339 instant of the idle decision that took it (I3).
+/// The take leaves `renewTime` alone, so it is never mistaken for activity.
+pub const IDLE_DECISION: &str = "cocoonset.cocoonstack.io/idle-decision";
 /// One reporter writes at most once per VM per this long (I2, Q4).
 pub const COALESCE: Duration = Duration::from_secs(10);
 /// Object names are DNS subdomains: at most 253 characters.

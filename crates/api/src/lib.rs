@@ -10,6 +10,7 @@ pub mod annotations;
 pub mod cluster;
 pub mod conditions;
 pub mod flags;
+pub mod idle;
 pub mod pod;
 pub mod schedule;
 pub mod tenancy;
@@ -205,14 +206,16 @@ pub fn parse_duration(raw: &str) -> Result<std::time::Duration, String> {
     humantime::parse_duration(raw).map_err(|e| e.to_string())
 }
 
-/// Both CRDs (CocoonHibernation, then CocoonHibernationSchedule, K1) as one YAML stream,
-/// exactly as `cocoon-hibernation crd` prints it.
+/// The CRDs (CocoonHibernation, CocoonHibernationSchedule K1, CocoonIdlePolicy I1) as
+/// one YAML stream, exactly as `cocoon-hibernation crd` prints it.
 pub fn crd_yaml() -> Result<String, serde_norway::Error> {
     let schedule = crate::schedule::CocoonHibernationSchedule::crd();
+    let idle = crate::idle::CocoonIdlePolicy::crd();
     Ok(format!(
-        "{}---\n{}",
+        "{}---\n{}---\n{}",
         serde_norway::to_string(&CocoonHibernation::crd())?,
-        serde_norway::to_string(&schedule)?
+        serde_norway::to_string(&schedule)?,
+        serde_norway::to_string(&idle)?
     ))
 }
 

@@ -117,6 +117,21 @@ Show the CocoonHibernationSchedules (short name `chs`) of the namespace, or the 
 and for each pod a schedule drives: its desire and phase, when it next hibernates and
 next wakes by the calendar, and whether a manual override holds it (K5).")]
     Schedule(ScheduleArgs),
+    /// Keep a pod awake: mark it busy for a while on its activity Lease (idle policies).
+    #[command(long_about = "\
+Mark a pod busy until --for from now on its activity Lease (cocoon-activity-POD), and
+report activity now: no CocoonIdlePolicy hibernates it before that time plus its
+idleAfter. Creates the Lease when no idle policy has made it yet.")]
+    Keepalive(KeepaliveArgs),
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct KeepaliveArgs {
+    /// The pod to keep awake.
+    pub pod: String,
+    /// How long it counts as busy, e.g. 90m, 2h.
+    #[arg(long = "for", value_parser = parse_duration, value_name = "DURATION")]
+    pub r#for: Duration,
 }
 
 #[derive(Args, Debug, Clone)]

@@ -21,6 +21,7 @@ mod confirm;
 mod connect;
 mod error;
 mod install;
+mod keepalive;
 mod orphans;
 mod resources;
 mod schedule;
@@ -46,6 +47,7 @@ pub async fn run(cli: Cli) -> Result<(), PluginError> {
         Command::Status(args) => status::run(&conn, args).await,
         Command::Orphans(args) => orphans::run(&conn, args).await,
         Command::Schedule(args) => schedule::run(&conn, args).await,
+        Command::Keepalive(args) => keepalive::run(&conn, args).await,
     };
     result.map_err(|e| e.at_server(&conn.server))
 }

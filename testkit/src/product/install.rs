@@ -19,6 +19,7 @@ pub async fn ensure_crd(client: &kube::Client) {
     for crd in [
         CocoonHibernation::crd(),
         cocoon_hibernation::schedule::CocoonHibernationSchedule::crd(),
+        cocoon_hibernation::idle::CocoonIdlePolicy::crd(),
     ] {
         let name = crd.metadata.name.clone().expect("crd name");
         api.patch(
@@ -93,6 +94,17 @@ pub async fn install_webhook(
                 "/validate-cocoonhibernationschedule",
                 "v1alpha1",
                 "cocoonhibernationschedules",
+                json!([{
+                    "name": "create-or-spec-change",
+                    "expression": "request.operation == 'CREATE' || object.spec != oldObject.spec",
+                }]),
+            ),
+            // I1: idle policies, as the chart's third webhook.
+            hook(
+                "validate.cocoonidlepolicy.cocoonstack.io",
+                "/validate-cocoonidlepolicy",
+                "v1alpha1",
+                "cocoonidlepolicies",
                 json!([{
                     "name": "create-or-spec-change",
                     "expression": "request.operation == 'CREATE' || object.spec != oldObject.spec",

@@ -539,6 +539,7 @@ impl Upgrade<'_> {
             "crd",
             &format!("cocoonhibernations.{}", self.group),
             &format!("cocoonhibernationschedules.{}", self.group),
+            &format!("cocoonidlepolicies.{}", self.group),
             "--ignore-not-found",
         ]));
     }

@@ -1,10 +1,21 @@
-//! The `CocoonIdlePolicy` API (I1, I6) and its wake-on-request settings (Q1–Q5).
+//! The `CocoonIdlePolicy` API (I1, I6) and its wake-on-request settings (Q1–Q5), read by
+//! the idle controller and the wake proxy.
 
-use crate::api::{Condition, Time};
+use crate::{Condition, Time};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
+
+/// Label on every CR an idle policy created or hibernated: the policy's name.
+pub const IDLE_LABEL: &str = "cocoonset.cocoonstack.io/idle-policy";
+/// The uid of the idle policy that created or last hibernated the CR (I4).
+pub const IDLE_UID: &str = "cocoonset.cocoonstack.io/idle-policy-uid";
+/// The desire the idle policy last wrote (I4, like K5); the wake proxy
+/// records its `Wake` here too, so a person's later change is told from it.
+pub const IDLE_DESIRE: &str = "cocoonset.cocoonstack.io/idle-desire";
+/// When it wrote it (RFC 3339): one idle hibernate per pod per `minAwake` (I5).
+pub const IDLE_AT: &str = "cocoonset.cocoonstack.io/idle-at";
 
 /// Hibernates the selected pods when nobody has used them for `idleAfter`, through their
 /// CocoonHibernations; optionally wakes them on the first request (the wake proxy).

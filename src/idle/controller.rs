@@ -1,0 +1,629 @@
+//! The idle policy controller (I2–I6): one pass per policy reads the shared cache, the
+//! activity Leases and the namespace's schedules, plans, writes, records status and
+//! events, and requeues when the next pod may turn idle. Each hibernate is fenced (I3):
+//! the Lease is taken on the version the decision read, and only then is the CR flipped.
+
+use super::inputs::{self, Fetched};
+use super::plan::{self, Action, Plan};
+use super::spec::{CocoonIdlePolicy, CocoonIdlePolicyStatus};
+use super::{validate, writes};
+use crate::api::activity::{ACTIVITY_FOR, lease_name};
+use crate::api::{CocoonHibernation, Condition, Time};
+use crate::cache::SharedCache;
+use crate::cache::arrivals::Arrival;
+use crate::cache::change::Change;
+use crate::error::{Error, Result};
+use crate::metrics::Metrics;
+use crate::runtime::finalizers;
+use crate::runtime::gate::Gate;
+use crate::runtime::trigger;
+use crate::schedule::{Clock, CocoonHibernationSchedule};
+use futures::StreamExt;
+use jiff::Timestamp;
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::runtime::controller::Action as Requeue;
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{Controller, WatchStreamExt, watcher};
+use kube::{Resource, ResourceExt};
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+/// Holds the policy until its CRs are released (I4).
+pub const FINALIZER: &str = "cocoonidlepolicy.cocoonset.cocoonstack.io/finalizer";
+/// While a write failed or was fenced off: look again this soon.
+const RETRY: Duration = Duration::from_secs(3);
+/// Without a pod turning idle sooner: a pass this often.
+const RESYNC: Duration = Duration::from_secs(30);
+/// Never sooner than this: a pod due now but not settled waits for its transition.
+const SOONEST: Duration = Duration::from_secs(1);
+
+pub struct Context {
+    pub client: kube::Client,
+    pub cache: SharedCache,
+    pub policies: Store<CocoonIdlePolicy>,
+    pub leases: Store<Lease>,
+    pub recorder: Recorder,
+    pub metrics: Metrics,
+    pub clock: Clock,
+    pub gate: Gate,
+    failures: Mutex<HashMap<String, u32>>,
+}
+
+/// What the idle controller runs on (as the schedule controller's).
+pub struct Wiring {
+    pub watch_client: kube::Client,
+    pub client: kube::Client,
+    pub cache: SharedCache,
+    pub metrics: Metrics,
+    pub clock: Clock,
+    pub gate: Gate,
+    pub namespace: String,
+    pub watch_timeout: u32,
+}
+
+fn api_in<K>(client: kube::Client, namespace: &str) -> Api<K>
+where
+    K: Resource<Scope = k8s_openapi::NamespaceResourceScope>,
+    K::DynamicType: Default,
+{
+    if namespace.is_empty() {
+        Api::all(client)
+    } else {
+        Api::namespaced(client, namespace)
+    }
+}
+
+/// The policies of `namespace`, as reconcile requests.
+/// K9 for idle policies: a VM pod arriving, leaving or relabelled, or a CR new, changed
+/// or gone, wakes the policies of its namespace (selectors are cheap to re-check in the
+/// pass; most namespaces have none). A pod change a CR pass reads wakes nothing here.
+struct IdleTriggers {
+    policies: Store<CocoonIdlePolicy>,
+}
+
+impl trigger::Policy for IdleTriggers {
+    type Kind = CocoonIdlePolicy;
+
+    fn wakes(&self, change: &Change, _cache: &SharedCache) -> Vec<ObjectRef<CocoonIdlePolicy>> {
+        let namespace = match change {
+            Change::Arrival(Arrival::Pod { namespace, .. })
+            | Change::Cr((namespace, _))
+            | Change::CrGone { namespace, .. } => namespace,
+            Change::Pod(_) | Change::VmReleased(_) => return Vec::new(),
+        };
+        policies_in(&self.policies, Some(namespace.clone()))
+    }
+}
+
+fn policies_in(
+    store: &Store<CocoonIdlePolicy>,
+    namespace: Option<String>,
+) -> Vec<ObjectRef<CocoonIdlePolicy>> {
+    store
+        .state()
+        .iter()
+        .filter(|p| p.namespace() == namespace)
+        .map(|p| ObjectRef::from_obj(p.as_ref()))
+        .collect()
+}
+
+/// Watches policies and activity Leases and drives the policies until `shutdown`. A
+/// Lease changing (a report, a new Lease), a pod or CR arriving, or the gate opening
+/// brings the policies of its namespace to a pass.
+pub async fn run(w: Wiring, shutdown: CancellationToken) {
+    let watch_config = watcher::Config::default().timeout(w.watch_timeout);
+    let controller = Controller::new(
+        api_in::<CocoonIdlePolicy>(w.watch_client.clone(), &w.namespace),
+        watch_config.clone(),
+    );
+    let policies = controller.store();
+    let (leases, writer) = reflector::store();
+    let lease_events = reflector::reflector(
+        writer,
+        watcher(
+            api_in::<Lease>(w.watch_client, &w.namespace),
+            watch_config.labels(ACTIVITY_FOR),
+        ),
+    )
+    .default_backoff()
+    .touched_objects();
+    let by_lease = {
+        let policies = policies.clone();
+        lease_events.flat_map(move |lease| {
+            let refs = match lease {
+                Ok(lease) => policies_in(&policies, lease.namespace()),
+                Err(e) => {
+                    tracing::debug!(error = %e, "activity lease watch");
+                    Vec::new()
+                }
+            };
+            futures::stream::iter(refs)
+        })
+    };
+    let by_change = trigger::stream(trigger::subscribe(
+        &w.cache,
+        IdleTriggers {
+            policies: policies.clone(),
+        },
+    ));
+    let controller = controller
+        .reconcile_on(by_lease)
+        .reconcile_on(by_change)
+        .reconcile_all_on(w.gate.clone().openings());
+    let reporter = Reporter {
+        controller: "cocoon-hibernation".into(),
+        instance: None,
+    };
+    let ctx = Arc::new(Context {
+        recorder: Recorder::new(w.client.clone(), reporter),
+        policies,
+        leases,
+        client: w.client,
+        cache: w.cache,
+        metrics: w.metrics,
+        clock: w.clock,
+        gate: w.gate,
+        failures: Mutex::default(),
+    });
+    controller
+        .graceful_shutdown_on(async move { shutdown.cancelled().await })
+        .run(reconcile, error_policy, ctx)
+        .for_each(|res| async move {
+            if let Err(e) = res {
+                tracing::debug!(error = %e, "idle controller event");
+            }
+        })
+        .await;
+}
+
+fn error_policy(p: Arc<CocoonIdlePolicy>, e: &Error, ctx: Arc<Context>) -> Requeue {
+    let attempts = {
+        let mut failures = ctx.failures.lock();
+        let n = failures.entry(p.uid().unwrap_or_default()).or_insert(0);
+        *n = n.saturating_add(1);
+        *n
+    };
+    tracing::warn!(policy = %p.name_any(), attempts, error = %e, error_kind = e.metric_label(),
+        "idle policy pass failed; retrying");
+    Requeue::requeue(crate::runtime::retry::after_failure(e, attempts))
+}
+
+async fn reconcile(p: Arc<CocoonIdlePolicy>, ctx: Arc<Context>) -> Result<Requeue> {
+    let requeue = pass(&p, &ctx).await?;
+    ctx.failures.lock().remove(&p.uid().unwrap_or_default());
+    Ok(requeue)
+}
+
+/// What one hibernate came to.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Fenced {
+    /// The Lease was taken and the CR flipped.
+    Hibernated,
+    /// A report landed between the read and the take: nothing was flipped (I3).
+    Activity,
+    /// The Lease was taken but the CR changed since the read: not flipped.
+    CrChanged,
+}
+
+/// I3: take the pod's Lease on the version the decision read; only then flip the CR.
+pub async fn hibernate_fenced(
+    leases: &Api<Lease>,
+    crs: &Api<CocoonHibernation>,
+    pod: &str,
+    lease_version: &str,
+    cr_version: &str,
+    policy: (&str, &str),
+    now: Timestamp,
+) -> std::result::Result<Fenced, kube::Error> {
+    let Some(lease) = lease_name(pod) else {
+        return Ok(Fenced::Activity);
+    };
+    let conflict = |e: &kube::Error| matches!(e, kube::Error::Api(s) if s.code == 409);
+    match writes::patch(leases, &lease, &writes::take_patch(lease_version, now)).await {
+        Err(e) if conflict(&e) => return Ok(Fenced::Activity),
+        other => other?,
+    }
+    let flip = writes::hibernate_patch(policy.0, policy.1, now, cr_version);
+    match writes::patch(crs, pod, &flip).await {
+        Err(e) if conflict(&e) => Ok(Fenced::CrChanged),
+        other => other.map(|()| Fenced::Hibernated),
+    }
+}
+
+async fn pass(p: &CocoonIdlePolicy, ctx: &Context) -> Result<Requeue> {
+    // P2: not leading: end quietly; the gate's opening brings this policy back.
+    if !ctx.gate.is_open() {
+        return Ok(Requeue::await_change());
+    }
+    let ns = p.namespace().unwrap_or_default();
+    let (name, uid) = (p.name_any(), p.uid().unwrap_or_default());
+    let api: Api<CocoonIdlePolicy> = Api::namespaced(ctx.client.clone(), &ns);
+    let has_finalizer = p.finalizers().iter().any(|f| f == FINALIZER);
+    let deleting = p.metadata.deletion_timestamp.is_some();
+    if deleting && !has_finalizer {
+        return Ok(Requeue::await_change());
+    }
+    if !has_finalizer {
+        let patch = finalizers::add(&p.metadata, FINALIZER);
+        api.patch(&name, &PatchParams::default(), &Patch::Json::<()>(patch))
+            .await?;
+        return Ok(Requeue::await_change());
+    }
+    let settings = match validate::settings(&p.spec) {
+        Ok(s) => s,
+        // Releasing needs no settings.
+        Err(_) if deleting => validate::Settings {
+            idle_after: validate::MIN_IDLE_AFTER,
+            min_awake: validate::DEFAULT_MIN_AWAKE,
+        },
+        Err(errors) => {
+            let st = invalid(p, &errors.join("; "));
+            patch_status(&api, &name, &st).await?;
+            return Ok(Requeue::requeue(RESYNC));
+        }
+    };
+    let now = ctx.clock.now();
+    // I4: the schedules of the namespace; a CR of a pod one selects is the schedule's.
+    let schedules = if deleting {
+        Vec::new()
+    } else {
+        Api::<CocoonHibernationSchedule>::namespaced(ctx.client.clone(), &ns)
+            .list(&ListParams::default())
+            .await?
+            .items
+    };
+    let crs = ctx.cache.all_crs();
+    let read = inputs::read(
+        p,
+        &Fetched {
+            policies: &ctx.policies.state(),
+            schedules: &schedules,
+            pods: &ctx.cache.pods_in(&ns),
+            crs: &crs,
+            leases: &ctx.leases.state(),
+        },
+    );
+    let input = plan::Inputs {
+        now,
+        uid: uid.clone(),
+        idle_after: settings.idle_after,
+        min_awake: settings.min_awake,
+        suspend: p.spec.suspend,
+        pods: read.pods.clone(),
+        strays: read.strays.clone(),
+        deleting,
+    };
+    let plan = plan::plan(&input);
+    let lease_api: Api<Lease> = Api::namespaced(ctx.client.clone(), &ns);
+    let cr_api: Api<CocoonHibernation> = Api::namespaced(ctx.client.clone(), &ns);
+    let version = |m: &HashMap<String, String>, k: &str| m.get(k).cloned().unwrap_or_default();
+    let mut retry = false;
+    let mut hibernated = Vec::new();
+    for action in &plan.actions {
+        let done = match action {
+            Action::CreateLease { pod } => {
+                let uid = version(&read.pod_uids, pod);
+                match writes::lease(pod, &uid, now) {
+                    Some(l) => writes::create(&lease_api, &l).await.map(|_| ()),
+                    None => Ok(()),
+                }
+            }
+            Action::CreateCr { pod } => {
+                let cr = writes::new_cr(pod, &name, &uid, now);
+                writes::create(&cr_api, &cr).await.map(|_| ())
+            }
+            Action::Release { cr } => {
+                let patch = writes::release_patch(&version(&read.cr_versions, cr));
+                writes::patch(&cr_api, cr, &patch).await
+            }
+            Action::Hibernate { pod } => {
+                let outcome = hibernate_fenced(
+                    &lease_api,
+                    &cr_api,
+                    pod,
+                    &version(&read.lease_versions, pod),
+                    &version(&read.cr_versions, pod),
+                    (&name, &uid),
+                    now,
+                )
+                .await;
+                match outcome {
+                    Ok(Fenced::Hibernated) => {
+                        hibernated.push(pod.clone());
+                        Ok(())
+                    }
+                    Ok(fenced) => {
+                        tracing::info!(policy = %name, pod = %pod, ?fenced,
+                            "idle hibernate not made: the pod changed since the decision read it");
+                        retry = true;
+                        Ok(())
+                    }
+                    Err(e) => Err(e),
+                }
+            }
+        };
+        if let Err(e) = done {
+            tracing::info!(policy = %name, ?action, error = %e, "idle policy write not made");
+            retry = true;
+        }
+    }
+    if deleting {
+        if retry {
+            return Ok(Requeue::requeue(RETRY));
+        }
+        let patch = finalizers::at_version(&p.metadata, finalizers::remove(&p.metadata, FINALIZER));
+        api.patch(&name, &PatchParams::default(), &Patch::Json::<()>(patch))
+            .await?;
+        return Ok(Requeue::await_change());
+    }
+    patch_status(&api, &name, &status(p, &plan)).await?;
+    publish(ctx, p, &hibernated).await;
+    Ok(Requeue::requeue(requeue_after(&plan, now, retry)))
+}
+
+/// I3: when the next pod may turn idle (a little after, so the pass sees it passed),
+/// sooner after a failed or fenced write, and at least every [`RESYNC`].
+fn requeue_after(plan: &Plan, now: Timestamp, retry: bool) -> Duration {
+    if retry {
+        return RETRY;
+    }
+    let until = plan
+        .next
+        .and_then(|at| Duration::try_from(at.duration_since(now)).ok())
+        .map_or(RESYNC, |d| d + Duration::from_millis(200));
+    until.clamp(SOONEST, RESYNC)
+}
+
+fn condition(
+    p: &CocoonIdlePolicy,
+    type_: &str,
+    ok: bool,
+    reason: &str,
+    message: String,
+) -> Condition {
+    let status = if ok { "True" } else { "False" };
+    let previous = p
+        .status
+        .as_ref()
+        .and_then(|st| st.conditions.iter().find(|c| c.type_ == type_));
+    let since = previous.filter(|c| c.status == status).map_or_else(
+        || Time(Timestamp::now()),
+        |c| c.last_transition_time.clone(),
+    );
+    Condition {
+        type_: type_.into(),
+        status: status.into(),
+        reason: reason.into(),
+        message,
+        observed_generation: p.metadata.generation,
+        last_transition_time: since,
+    }
+}
+
+/// I5 I6: counts, the next idle instant, Ready, and why wake on request stopped.
+fn status(p: &CocoonIdlePolicy, plan: &Plan) -> CocoonIdlePolicyStatus {
+    let previous = p.status.clone().unwrap_or_default();
+    let ready = if p.spec.suspend {
+        condition(
+            p,
+            "Ready",
+            false,
+            "Suspended",
+            "spec.suspend is set: nothing is written".into(),
+        )
+    } else {
+        condition(
+            p,
+            "Ready",
+            true,
+            "Watching",
+            format!(
+                "{} pods managed, {} left to a person, {} driven by another policy",
+                plan.managed, plan.overridden, plan.conflicting
+            ),
+        )
+    };
+    let mut conditions = vec![ready];
+    if !plan.wake_stopped.is_empty() {
+        conditions.push(condition(
+            p,
+            "WakeOnRequest",
+            false,
+            "WakesFailed",
+            plan.wake_stopped.join("; "),
+        ));
+    }
+    CocoonIdlePolicyStatus {
+        observed_generation: p.metadata.generation,
+        managed: plan.managed,
+        idle: plan.idle,
+        awake: plan.awake,
+        // The wake proxy's to count.
+        held_requests: previous.held_requests,
+        next_idle: plan.next.map(Time),
+        conditions,
+    }
+}
+
+fn invalid(p: &CocoonIdlePolicy, message: &str) -> CocoonIdlePolicyStatus {
+    let mut st = p.status.clone().unwrap_or_default();
+    st.observed_generation = p.metadata.generation;
+    st.conditions = vec![condition(
+        p,
+        "Ready",
+        false,
+        "InvalidSpec",
+        message.to_owned(),
+    )];
+    st
+}
+
+async fn patch_status(
+    api: &Api<CocoonIdlePolicy>,
+    name: &str,
+    st: &CocoonIdlePolicyStatus,
+) -> Result<()> {
+    let patch = serde_json::json!({ "status": st });
+    api.patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await?;
+    Ok(())
+}
+
+/// I6: `IdleHibernate` once per pod hibernated.
+async fn publish(ctx: &Context, p: &CocoonIdlePolicy, hibernated: &[String]) {
+    let reference = p.object_ref(&());
+    for pod in hibernated {
+        let ev = Event {
+            type_: EventType::Normal,
+            reason: "IdleHibernate".into(),
+            note: Some(format!(
+                "{pod}: idle for {}; hibernating",
+                p.spec.idle_after
+            )),
+            action: "Hibernate".into(),
+            secondary: None,
+        };
+        if let Err(e) = ctx.recorder.publish(&ev, &reference).await {
+            tracing::warn!(policy = %p.name_any(), error = %e, "could not publish event");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::{Request, Response};
+    use kube::client::Body;
+    use tower_test::mock::{self, Handle};
+
+    type ApiHandle = Handle<Request<Body>, Response<Body>>;
+
+    fn at() -> Timestamp {
+        "2026-06-10T12:00:00Z".parse().unwrap()
+    }
+
+    async fn answer(
+        handle: &mut ApiHandle,
+        code: u16,
+    ) -> (http::Method, String, serde_json::Value) {
+        let (req, send) = tokio::time::timeout(Duration::from_secs(5), handle.next_request())
+            .await
+            .expect("a request")
+            .expect("the client is alive");
+        let (method, path) = (req.method().clone(), req.uri().path().to_owned());
+        let bytes = req.into_body().collect_bytes().await.unwrap();
+        let body: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+        let reply = if code == 409 {
+            serde_json::json!({ "kind": "Status", "apiVersion": "v1", "status": "Failure",
+                "reason": "Conflict", "code": 409, "message": "the object has been modified" })
+        } else {
+            serde_json::json!({ "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                "metadata": { "name": "cocoon-activity-web-0", "resourceVersion": "42" } })
+        };
+        send.send_response(
+            Response::builder()
+                .status(code)
+                .body(Body::from(serde_json::to_vec(&reply).unwrap()))
+                .unwrap(),
+        );
+        (method, path, body)
+    }
+
+    /// SPEC I6 I5: the status shows the plan's counts and next idle instant, keeps the
+    /// proxy's held count, and says why wake on request stopped.
+    #[test]
+    fn i6_status_counts_next_idle_and_wake_stopped() {
+        let mut p = CocoonIdlePolicy::new(
+            "sleepy",
+            crate::idle::CocoonIdlePolicySpec {
+                selector: Default::default(),
+                idle_after: "30m".into(),
+                min_awake: None,
+                suspend: false,
+                wake_on_request: None,
+            },
+        );
+        p.status = Some(CocoonIdlePolicyStatus {
+            held_requests: 4,
+            ..Default::default()
+        });
+        let plan = Plan {
+            managed: 3,
+            idle: 1,
+            awake: 2,
+            next: Some(at()),
+            wake_stopped: vec!["web-0: 3 wakes in a row ended Failed".into()],
+            ..Plan::default()
+        };
+        let st = status(&p, &plan);
+        assert_eq!(
+            (st.managed, st.idle, st.awake, st.held_requests),
+            (3, 1, 2, 4)
+        );
+        assert_eq!(st.next_idle, Some(Time(at())));
+        let wake = st
+            .conditions
+            .iter()
+            .find(|c| c.type_ == "WakeOnRequest")
+            .unwrap();
+        assert_eq!(
+            (wake.status.as_str(), wake.reason.as_str()),
+            ("False", "WakesFailed")
+        );
+        assert!(wake.message.contains("web-0"));
+        assert_eq!(requeue_after(&plan, at(), false), SOONEST);
+        assert_eq!(requeue_after(&Plan::default(), at(), false), RESYNC);
+        assert_eq!(requeue_after(&plan, at(), true), RETRY);
+    }
+
+    /// SPEC I3: the fence. The Lease is taken first, on the version the decision read;
+    /// when a report landed in between (409), the CR is never written.
+    #[tokio::test]
+    async fn i3_a_report_between_read_and_take_flips_nothing() {
+        let (service, mut handle) = mock::pair::<Request<Body>, Response<Body>>();
+        let client = kube::Client::new(service, "dev");
+        let leases: Api<Lease> = Api::namespaced(client.clone(), "dev");
+        let crs: Api<CocoonHibernation> = Api::namespaced(client, "dev");
+        let call = tokio::spawn(async move {
+            hibernate_fenced(&leases, &crs, "web-0", "41", "7", ("sleepy", "u-1"), at()).await
+        });
+        let (method, path, body) = answer(&mut handle, 409).await;
+        assert_eq!(method, http::Method::PATCH);
+        assert!(
+            path.ends_with("/namespaces/dev/leases/cocoon-activity-web-0"),
+            "{path}"
+        );
+        assert_eq!(body["metadata"]["resourceVersion"], "41");
+        let more = tokio::time::timeout(Duration::from_millis(300), handle.next_request()).await;
+        assert!(
+            !matches!(more, Ok(Some(_))),
+            "a CR write went out after the fence failed"
+        );
+        assert_eq!(call.await.unwrap().unwrap(), Fenced::Activity);
+    }
+
+    /// SPEC I3: with the Lease taken, the CR is flipped on the version read.
+    #[tokio::test]
+    async fn i3_the_take_then_the_flip() {
+        let (service, mut handle) = mock::pair::<Request<Body>, Response<Body>>();
+        let client = kube::Client::new(service, "dev");
+        let leases: Api<Lease> = Api::namespaced(client.clone(), "dev");
+        let crs: Api<CocoonHibernation> = Api::namespaced(client, "dev");
+        let call = tokio::spawn(async move {
+            hibernate_fenced(&leases, &crs, "web-0", "41", "7", ("sleepy", "u-1"), at()).await
+        });
+        let (_, path, _) = answer(&mut handle, 200).await;
+        assert!(path.ends_with("/leases/cocoon-activity-web-0"), "{path}");
+        let (method, path, body) = answer(&mut handle, 409).await;
+        assert_eq!(method, http::Method::PATCH);
+        assert!(path.ends_with("/cocoonhibernations/web-0"), "{path}");
+        assert_eq!(body["metadata"]["resourceVersion"], "7");
+        assert_eq!(body["spec"]["desire"], "Hibernate");
+        assert_eq!(call.await.unwrap().unwrap(), Fenced::CrChanged);
+    }
+}

@@ -1,0 +1,193 @@
+//! Reads fetched objects into the plan's inputs (I2–I4): the selected pods and which
+//! policy drives each, their activity Leases, their CRs and whether a schedule selects
+//! them. Synchronous, over objects already fetched.
+
+use super::plan::{Activity, CrState, IDLE_AT, IDLE_DESIRE, IDLE_UID, Mark, PodInput};
+use super::spec::CocoonIdlePolicy;
+use crate::api::activity::{BUSY_UNTIL, LEASE_PREFIX, OPEN_CONNECTIONS, lease_name};
+use crate::api::annotations::PodView;
+use crate::api::pod::PodSlice;
+use crate::api::{CocoonHibernation, Desire, Phase};
+use crate::schedule::CocoonHibernationSchedule;
+use crate::schedule::plan::{OVERRIDE_UNTIL, SCHEDULE_DESIRE, SCHEDULE_UID};
+use jiff::Timestamp;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use kube::ResourceExt;
+use kube::core::{Selector, SelectorExt};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+fn selector(s: &LabelSelector) -> Option<Selector> {
+    Selector::try_from(s.clone()).ok()
+}
+
+/// What one pass reads, fetched.
+pub struct Fetched<'a> {
+    pub policies: &'a [Arc<CocoonIdlePolicy>],
+    pub schedules: &'a [CocoonHibernationSchedule],
+    pub pods: &'a [Arc<PodSlice>],
+    pub crs: &'a [Arc<CocoonHibernation>],
+    pub leases: &'a [Arc<Lease>],
+}
+
+/// The pods `me` selects that name a VM, with their inputs, and the resourceVersions the
+/// writes are fenced on: CRs' by pod name, Leases' by pod name.
+pub struct Read {
+    pub pods: BTreeMap<String, PodInput>,
+    pub strays: Vec<String>,
+    pub cr_versions: HashMap<String, String>,
+    pub lease_versions: HashMap<String, String>,
+    pub pod_uids: HashMap<String, String>,
+}
+
+pub fn read(me: &CocoonIdlePolicy, f: &Fetched<'_>) -> Read {
+    let ns = me.namespace();
+    let uid = me.uid().unwrap_or_default();
+    let mine = selector(&me.spec.selector);
+    let rivals: Vec<(Timestamp, String, Selector)> = f
+        .policies
+        .iter()
+        .filter(|p| p.namespace() == ns && p.metadata.deletion_timestamp.is_none())
+        .filter_map(|p| {
+            let at = p
+                .metadata
+                .creation_timestamp
+                .as_ref()
+                .map_or(Timestamp::MAX, |t| t.0);
+            Some((at, p.name_any(), selector(&p.spec.selector)?))
+        })
+        .collect();
+    let schedules: Vec<Selector> = f
+        .schedules
+        .iter()
+        .filter(|s| s.metadata.deletion_timestamp.is_none())
+        .filter_map(|s| selector(&s.spec.selector))
+        .collect();
+    let leases: HashMap<String, &Arc<Lease>> = f
+        .leases
+        .iter()
+        .filter(|l| l.namespace() == ns)
+        .filter_map(|l| Some((l.name_any().strip_prefix(LEASE_PREFIX)?.to_owned(), l)))
+        .collect();
+    let crs: HashMap<String, &Arc<CocoonHibernation>> = f
+        .crs
+        .iter()
+        .filter(|c| c.namespace() == ns)
+        .map(|c| (c.name_any(), c))
+        .collect();
+    let empty = BTreeMap::new();
+    let mut out = Read {
+        pods: BTreeMap::new(),
+        strays: Vec::new(),
+        cr_versions: HashMap::new(),
+        lease_versions: HashMap::new(),
+        pod_uids: HashMap::new(),
+    };
+    for pod in f.pods.iter().filter(|p| p.namespace() == ns) {
+        let labels = pod.metadata.labels.as_ref().unwrap_or(&empty);
+        let name = pod.name_any();
+        // A pod whose Lease name would be refused cannot be tracked (I2).
+        if !mine.as_ref().is_some_and(|s| s.matches(labels))
+            || PodView::from_pod(pod).vm_name.is_none()
+            || lease_name(&name).is_none()
+        {
+            continue;
+        }
+        let selecting = rivals
+            .iter()
+            .filter(|(_, _, sel)| sel.matches(labels))
+            .map(|(at, n, _)| (*at, n.as_str()));
+        let driven_by = match super::plan::driver(selecting) {
+            Some(n) if n != me.name_any() => Some(n.to_owned()),
+            _ => None,
+        };
+        let lease = leases.get(&name);
+        // V1: a pod's CR is named after it and points at it.
+        let cr = crs.get(&name).filter(|c| c.spec.pod_ref.name == name);
+        if let Some(l) = lease {
+            out.lease_versions
+                .insert(name.clone(), l.resource_version().unwrap_or_default());
+        }
+        if let Some(c) = cr {
+            out.cr_versions
+                .insert(name.clone(), c.resource_version().unwrap_or_default());
+        }
+        out.pod_uids
+            .insert(name.clone(), pod.uid().unwrap_or_default());
+        out.pods.insert(
+            name,
+            PodInput {
+                driven_by,
+                activity: lease.map(|l| activity(l)),
+                cr: cr.map(|c| cr_state(c)),
+                scheduled: schedules.iter().any(|s| s.matches(labels)),
+            },
+        );
+    }
+    for (name, cr) in &crs {
+        let ours = cr.annotations().get(IDLE_UID) == Some(&uid);
+        if ours && !out.pods.contains_key(name) {
+            out.cr_versions
+                .insert(name.clone(), cr.resource_version().unwrap_or_default());
+            out.strays.push(name.clone());
+        }
+    }
+    out.strays.sort();
+    out
+}
+
+/// I2: the activity record as the plan reads it. An unreadable annotation counts as
+/// absent, except an open-connections count, which counts as open: a pod is never put
+/// to sleep on a value nobody can read.
+pub fn activity(lease: &Lease) -> Activity {
+    let ann = |k: &str| lease.annotations().get(k).map(String::as_str);
+    Activity {
+        last: lease
+            .spec
+            .as_ref()
+            .and_then(|s| s.renew_time.as_ref())
+            .map(|t| t.0),
+        busy_until: ann(BUSY_UNTIL).and_then(|b| b.parse().ok()),
+        open_connections: ann(OPEN_CONNECTIONS).map_or(0, |n| n.trim().parse().unwrap_or(1)),
+    }
+}
+
+fn desire(raw: &str) -> Desire {
+    match raw {
+        "Hibernate" => Desire::Hibernate,
+        "Wake" => Desire::Wake,
+        _ => Desire::Unknown,
+    }
+}
+
+pub fn cr_state(cr: &CocoonHibernation) -> CrState {
+    let ann = |k: &str| cr.annotations().get(k).map(String::as_str);
+    let mark = ann(IDLE_UID).map(|uid| Mark {
+        uid: uid.to_owned(),
+        desire: ann(IDLE_DESIRE).map_or(Desire::Unknown, desire),
+        // An unreadable instant is an old one.
+        at: ann(IDLE_AT)
+            .and_then(|a| a.parse().ok())
+            .unwrap_or(Timestamp::UNIX_EPOCH),
+    });
+    let schedule_desire =
+        ann(SCHEDULE_UID).map(|_| ann(SCHEDULE_DESIRE).map_or(Desire::Unknown, desire));
+    let status = cr.status.as_ref();
+    let conflict = cr.phase() == Some(Phase::Failed)
+        && status.is_some_and(|s| {
+            s.conditions
+                .iter()
+                .any(|c| c.type_ == "Ready" && c.reason == "Conflict")
+        });
+    CrState {
+        desire: cr.spec.desire,
+        phase: cr.phase(),
+        conflict,
+        mark,
+        schedule_desire,
+        override_until: ann(OVERRIDE_UNTIL).and_then(|u| u.parse().ok()),
+        woken_at: status.and_then(|s| s.woken_at.as_ref()).map(|t| t.0),
+        attempts: status.and_then(|s| s.attempts).unwrap_or(0),
+    }
+}
