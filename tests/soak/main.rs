@@ -1537,8 +1537,20 @@ async fn run(cfg: Cfg) -> bool {
     }
     let pod_of_vm: HashMap<String, String> =
         (0..cfg.crs).map(|i| (world.vm(i), pod_name(i))).collect();
-    let (history, transitions, relists, timeline, events_seen) = {
+    let (history, transitions, relists, timeline, events_seen, announced) = {
         let w = world.observer.world.lock().unwrap();
+        // The pods whose CR announced a discard (S6's Warning, written before any G1 delete
+        // of a tag that may be the only copy): a VM lost after it was discarded on purpose.
+        let announced: std::collections::HashSet<String> = w
+            .crs
+            .values()
+            .filter(|cr| {
+                w.events
+                    .get(&cr.uid)
+                    .is_some_and(|evs| evs.iter().any(|e| e.reason == "SnapshotDiscarded"))
+            })
+            .map(|cr| cr.name.clone())
+            .collect();
         let (v, t) = observer::judge(&w, &ops, &pod_of_vm, observer::UNDECIDABLE_ALLOWANCE);
         let discards = w
             .events
@@ -1554,18 +1566,19 @@ async fn run(cfg: Cfg) -> bool {
         } else {
             "none: the event watch never listed, so G1 discards are undecidable".to_owned()
         };
-        (v, t, w.relists, w.timeline.clone(), events)
+        (v, t, w.relists, w.timeline.clone(), events, announced)
     };
     // ---- W2, G1: a VM whose tag was gone when vk restored it is lost for good.
     let mut lost = Verdict::new(
         "W2",
-        "vk finds the snapshot whenever it restores a removed VM (no wake ended on a pre-hibernate VMID, no tag a pod still needs deleted); a VM whose CR the load deleted while hibernated (a discard on purpose, S6) exempt",
+        "vk finds the snapshot whenever it restores a removed VM (no wake ended on a pre-hibernate VMID, no tag a pod still needs deleted); a VM whose CR the load deleted while hibernated, or whose deleted CR announced SnapshotDiscarded (a discard on purpose, S6), exempt",
     );
     lost.checked = world.sim.knobs.wakes();
     let discarded = world.discarded.lock().unwrap().clone();
     for restore in world.sim.knobs.lost_vms() {
         let vm = restore.rsplit(' ').next().unwrap_or_default();
-        if discarded.contains(vm) {
+        let announced_discard = pod_of_vm.get(vm).is_some_and(|pod| announced.contains(pod));
+        if discarded.contains(vm) || announced_discard {
             lost.exempt += 1;
         } else {
             lost.violations.push(format!(
