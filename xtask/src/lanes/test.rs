@@ -273,6 +273,8 @@ fn lane_soak(out: &Out) -> Result<()> {
 /// as a process of its own so its lines and clean-up are the command's.
 fn lane_install(out: &Out) -> Result<()> {
     let exe = std::env::current_exe().map_err(|e| Error(format!("the harness' own path: {e}")))?;
+    // A gate's `cargo build` may have replaced our binary meanwhile; the new one is there.
+    let exe = PathBuf::from(exe.to_string_lossy().trim_end_matches(" (deleted)"));
     let mut install = Command::new(exe);
     install
         .arg("install-test")

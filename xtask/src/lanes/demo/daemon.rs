@@ -3,7 +3,7 @@
 //! with SIGTERM, then SIGKILL after 10 s.
 
 use crate::cmd::{Error, Result, fail};
-use crate::lanes::control_plane::append;
+use crate::lanes::control_plane::{Env, append};
 use crate::lanes::terminate;
 use std::net::{Ipv4Addr, TcpListener, TcpStream};
 use std::os::unix::process::CommandExt;
@@ -39,14 +39,17 @@ impl Daemons {
         (Path::new(exe).file_name()?.to_str()? == name).then_some(pid)
     }
 
-    /// Starts `program args` as `name`, in a process group of its own (a Ctrl-C of the
-    /// caller leaves it running), stdin closed, output appended to its log.
-    pub fn start(&self, name: &str, program: &Path, args: &[String]) -> Result<u32> {
+    /// Starts `program args` as `name` with the cluster's environment, in a process group
+    /// of its own (a Ctrl-C of the caller leaves it running), stdin closed, output
+    /// appended to its log.
+    pub fn start(&self, name: &str, env: &Env, program: &Path, args: &[String]) -> Result<u32> {
         let pid_file = self.pid_file(name);
         let _ = std::fs::remove_file(&pid_file);
         let log = append(&self.log(name))?;
         let err = log.try_clone().map_err(|e| Error(format!("log: {e}")))?;
-        let child = Command::new(program)
+        let mut cmd = Command::new(program);
+        let child = env
+            .apply(&mut cmd)
             .args(args)
             .stdin(Stdio::null())
             .stdout(log)

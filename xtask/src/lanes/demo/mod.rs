@@ -146,7 +146,7 @@ fn up(dir: &Path) -> Result<()> {
         "--identity".into(),
         "cocoon-hibernation-demo".into(),
     ];
-    daemons.start(SERVER, &bin, &server_args)?;
+    daemons.start(SERVER, &kube.env, &bin, &server_args)?;
     let sim_args = [
         "--registry",
         &registry,
@@ -155,7 +155,7 @@ fn up(dir: &Path) -> Result<()> {
         "--wake-delay-ms",
         "2000",
     ];
-    daemons.start(SIMULATOR, &sim, &sim_args.map(String::from))?;
+    daemons.start(SIMULATOR, &kube.env, &sim, &sim_args.map(String::from))?;
     let alive = || both_alive(&daemons);
     wait_ready(&daemons, admin_port, &alive)?;
     say(&format!(

@@ -129,7 +129,7 @@ pub fn up(dir: &Path) -> Result<()> {
         "--wake-delay-ms",
         "2000",
     ];
-    daemons.start(SIMULATOR, &sim, &args.map(String::from))?;
+    daemons.start(SIMULATOR, &kube.env, &sim, &args.map(String::from))?;
     kube.fresh_pod(Some(&virtual_node))?;
 
     let sim_log = daemons.log(SIMULATOR);
