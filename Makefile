@@ -31,7 +31,7 @@ crd:
 # the apt-get line and stops (hack/prereqs.sh).
 test:
 	bash hack/prereqs.sh test
-	bash hack/test.sh
+	cargo xtask test
 
 # The tests that need no cluster (lib, bins, tests/unit): what a bare `cargo test` runs.
 test-unit:
@@ -43,12 +43,12 @@ test-unit:
 # under load. Needs root. Also part of `test`.
 install-test:
 	bash hack/prereqs.sh node
-	bash hack/install-test.sh
+	cargo xtask install-test
 
 # The randomized soak with its own control plane (1,000 CRs by default; SOAK_CRS, SOAK_SEED,
 # SOAK_OUT, SOAK_CHAOS_S). A short run (60 CRs) is part of `test`.
 soak:
-	bash hack/soak.sh
+	cargo xtask soak
 
 # The e2e suite and the chart checks against the oldest Kubernetes minor docs/install.md
 # claims and against make test's version, each on a control plane of its own (COMPAT_VERSIONS
@@ -56,11 +56,11 @@ soak:
 # another kube-apiserver once. Not in `test` nor .ci/run: it does not fit CI's 90 minutes.
 .PHONY: compat
 compat:
-	bash hack/compat.sh
+	cargo xtask compat
 
 # System benchmark on the local control plane (release build; several minutes). Not in `test`.
 bench:
-	bash hack/bench.sh $(BENCH_ARGS)
+	cargo xtask bench $(BENCH_ARGS)
 
 # Coverage-guided fuzzing (nightly + cargo-fuzz, installed when missing); FUZZ_SECONDS
 # per target (default 60), FUZZ_TARGETS to pick some. Not in `test`.
@@ -72,13 +72,13 @@ fuzz-cmin:
 	bash hack/fuzz.sh cmin
 
 # `make demo NODE=1`: on a real node instead, with the image and the Helm chart
-# (hack/demo-node.sh; needs root). `make demo-down` stops either.
+# (`cargo xtask demo --node`; needs root). `make demo-down` stops either.
 demo:
 	bash hack/prereqs.sh $(if $(NODE),node,demo)
-	bash hack/$(if $(NODE),demo-node.sh,demo.sh) up
+	cargo xtask demo $(if $(NODE),--node)
 
 demo-down:
-	bash hack/demo.sh down
+	cargo xtask demo-down
 
 cluster-up:
 	cargo xtask cluster-up

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Local TLS tooling for cocoon-hibernation: a CA, certificates signed by it (the webhook's
 # serving certificate, the local control plane's), a chain and expiry check, and rotation.
-# Used by `make demo` (hack/demo.sh), the tests' control plane (cargo xtask cluster-up) and
+# Used by `make demo` (cargo xtask demo), the tests' control plane (cargo xtask cluster-up) and
 # installs without cert-manager. See certs/README.md.
 #
 #   certs.sh ca     --dir DIR [--cn NAME] [--days N] [--force]

@@ -63,7 +63,7 @@ need docker-registry docker-registry
 if [[ "$what" == unit || "$what" == test ]]; then
   need htpasswd apache2-utils
 fi
-# The control plane (hack/cluster-up.sh, certs/certs.sh) and the scripts around it.
+# The control plane (`cargo xtask cluster-up`, certs/certs.sh) and the scripts around it.
 if [[ "$what" != unit ]]; then
   need git git
   need curl curl

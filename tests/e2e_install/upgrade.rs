@@ -11,7 +11,7 @@ use std::process::Command;
 
 use crate::world::{RELEASE, RELEASE_NS, Result, World};
 
-/// The previous release, as hack/install-test.sh hands it over.
+/// The previous release, as `cargo xtask install-test` hands it over.
 pub struct OldRelease {
     /// Short commit, for the summary line.
     pub commit: String,

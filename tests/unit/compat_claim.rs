@@ -1,5 +1,5 @@
 //! The oldest Kubernetes minor the project claims is the one `make compat` runs: the docs,
-//! the chart's `kubeVersion`, `hack/compat.sh`'s default versions and the harness smoke
+//! the chart's `kubeVersion`, `cargo xtask compat`'s default versions (xtask/src/lanes/compat.rs) and the harness smoke
 //! test's floor name the same minor, so raising or lowering it is one change everywhere.
 
 use std::path::Path;
@@ -35,8 +35,8 @@ fn the_claimed_minimum_is_the_minor_make_compat_runs() {
     let tested = version_after(&docs, "Tested: v", "docs/install.md");
     let chart = read("charts/cocoon-hibernation/Chart.yaml");
     let chart_floor = version_after(&chart, "kubeVersion: \">=", "Chart.yaml");
-    let compat = read("hack/compat.sh");
-    let compat_oldest = version_after(&compat, "DEFAULT_VERSIONS=\"v", "hack/compat.sh");
+    let compat = read("xtask/src/lanes/compat.rs");
+    let compat_oldest = version_after(&compat, "DEFAULT_VERSIONS: &[&str] = &[\"v", "compat.rs");
     let smoke = read("tests/e2e/harness_smoke.rs");
     let smoke_floor = version_after(&smoke, "const OLDEST_MINOR: u32 = ", "harness_smoke.rs");
 
@@ -44,12 +44,12 @@ fn the_claimed_minimum_is_the_minor_make_compat_runs() {
     assert_eq!(minor(chart_floor), claimed, "Chart.yaml kubeVersion");
     assert_eq!(
         compat_oldest, tested,
-        "hack/compat.sh runs what the docs say was tested"
+        "cargo xtask compat runs what the docs say was tested"
     );
     assert_eq!(
         minor(compat_oldest),
         claimed,
-        "hack/compat.sh's oldest version"
+        "cargo xtask compat's oldest version"
     );
     assert_eq!(
         format!("1.{smoke_floor}"),

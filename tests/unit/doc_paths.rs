@@ -187,7 +187,7 @@ fn every_path_the_docs_cite_exists() {
 fn a_planted_bad_path_is_reported_and_real_ones_are_not() {
     let root = Path::new(ROOT);
     let text = "See `src/cache/nope.rs`, `tests/unit/main.rs`, `src/**`,\n\
-                `charts/…/Chart.yaml`, `hack/{test,lib}.sh`, `testkit/src/<part>.rs`,\n\
+                `charts/…/Chart.yaml`, `hack/{image,node}.sh`, `testkit/src/<part>.rs`,\n\
                 `hack/{test,gone}.sh`, ``tests/e2e/`` and `cargo test --test e2e`.\n\
                 ```sh\nbash src/in/a/fence.sh\n```\n`docs/missing/` and `$HOME/x/y`.";
     let found: Vec<String> = missing(root, "planted.md", text)

@@ -32,7 +32,8 @@ pub fn repo_root() -> Result<PathBuf> {
     }
 }
 
-fn describe(cmd: &Command) -> String {
+/// The command line, for error messages.
+pub fn describe(cmd: &Command) -> String {
     let mut line = cmd.get_program().to_string_lossy().into_owned();
     for arg in cmd.get_args() {
         line.push(' ');

@@ -5,4 +5,5 @@
 pub mod chart;
 pub mod cluster;
 pub mod cmd;
+pub mod lanes;
 pub mod tools;

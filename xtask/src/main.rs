@@ -5,11 +5,12 @@
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
 use std::process::ExitCode;
-use xtask::{chart, cluster, cmd, tools};
+use xtask::{chart, cluster, cmd, lanes, tools};
 
 #[derive(Parser)]
 #[command(
     name = "cargo xtask",
+    bin_name = "cargo xtask",
     about = "The repository's harness (make targets call it)"
 )]
 struct Cli {
@@ -75,6 +76,41 @@ enum Command {
         #[command(subcommand)]
         action: chart::plugin::Action,
     },
+    /// `make test`: the quality gates, then three lanes at once (cargo test and the chart
+    /// checks, the short soak, the install suite), each on a control plane of its own; logs
+    /// in $CARGO_TARGET_DIR/make-test/<lane>.log; last line `N passed, M failed`.
+    /// COCOON_KEEP_CLUSTER=1 keeps the shared control plane; SOAK_CRS (60), SOAK_STATE_DIR,
+    /// COCOON_TEST_THREADS (4), CI=true (a fresh shared control plane).
+    Test(lanes::test::TestArgs),
+    /// `make soak`: the randomized soak on a control plane of its own (SOAK_CRS, default
+    /// 1000; SOAK_SEED, SOAK_OUT, SOAK_CHAOS_S, SOAK_VK_DROPS_TAG, SOAK_STATE_DIR,
+    /// SOAK_KEEP_CLUSTER=1).
+    Soak,
+    /// `make bench`: the system benchmark (release build) on a fresh control plane of its
+    /// own (BENCH_STATE_DIR; BENCH_KEEP_CLUSTER=1 keeps it; BENCH_OUT). Arguments go to the
+    /// benchmark: --n 1000 --scale-n 10000 --quiet-s 60 --parts roundtrip,quiet,admission,
+    /// scale,schedule|capacity --filler-pods 0 --keep-scale --update-baseline
+    /// --fail-on-regression --capacity-crs … --capacity-bursts … (or BENCH_<NAME>).
+    Bench {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+    /// `make install-test`: the install suite on a fresh real node (needs root);
+    /// COCOON_KEEP_NODE=1 keeps the node cluster. Last line: the suite's `install: …`.
+    InstallTest,
+    /// `make compat`: the e2e suite and the chart checks against each Kubernetes version
+    /// (default: the oldest claimed and make test's; or COMPAT_VERSIONS), each on a control
+    /// plane of its own; one `compat: …` line per version, then `N passed, M failed`.
+    Compat { versions: Vec<String> },
+    /// `make demo`: the product on a local control plane, hibernating and waking a pod;
+    /// leaves it running (COCOON_DEMO_DIR, COCOON_DEMO_WEBHOOK_PORT, COCOON_DEMO_ADMIN_PORT).
+    Demo {
+        /// On a real node with the image and the Helm chart (`make demo NODE=1`; root).
+        #[arg(long)]
+        node: bool,
+    },
+    /// `make demo-down`: stops everything either demo started; the logs stay.
+    DemoDown,
 }
 
 fn main() -> ExitCode {
@@ -107,9 +143,20 @@ fn main() -> ExitCode {
             cmd::repo_root().and_then(|r| chart::old_release::run(&r, action))
         }
         Command::Plugin { action } => cmd::repo_root().and_then(|r| chart::plugin::run(&r, action)),
+        Command::Test(args) => return exit(lanes::test::main(&args)),
+        Command::Soak => lanes::soak::main(),
+        Command::Bench { args } => return exit(lanes::bench::main(&args)),
+        Command::InstallTest => return exit(lanes::install::main()),
+        Command::Compat { versions } => return exit(lanes::compat::main(&versions)),
+        Command::Demo { node } => lanes::demo::main(node),
+        Command::DemoDown => lanes::demo::down(),
     };
+    exit(result.map(|()| ExitCode::SUCCESS))
+}
+
+fn exit(result: cmd::Result<ExitCode>) -> ExitCode {
     match result {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(code) => code,
         Err(e) => {
             eprintln!("xtask: {e}");
             ExitCode::FAILURE

@@ -2,7 +2,7 @@
 //! local control plane (kube-apiserver + etcd + registry from `cargo xtask cluster-up`).
 //! It measures, it never changes what the product does.
 //!
-//! Run: `make bench` (or `bash hack/bench.sh [--n 100] [--scale-n 0] ...`). Parts, in order:
+//! Run: `make bench` (or `cargo xtask bench [--n 100] [--scale-n 0] ...`). Parts, in order:
 //! - roundtrip: N CRs created with `Hibernate` at once, then all flipped to `Wake`, with
 //!   the vk simulator: wall times, reaction latency (simulator's completion write seen by
 //!   our pod watch → terminal phase seen by our CR watch), API writes per CR from the

@@ -304,7 +304,7 @@ pub fn find_kubectl() -> Result<PathBuf> {
         .map(|d| d.join("kubectl"))
         .find(|p| p.is_file())
         .ok_or_else(|| {
-            Error("kubectl not found: set KUBECTL or run hack/build-control-plane.sh".into())
+            Error("kubectl not found: set KUBECTL or run cargo xtask control-plane".into())
         })
 }
 

@@ -23,7 +23,7 @@
 //! Prints one summary line: `chart-check: PASS ...` or `chart-check: FAIL ...`.
 //!
 //! Needs KUBECONFIG (or COCOON_CLUSTER_ENV) for a reachable kube-apiserver, python3 with
-//! PyYAML (hack/chart-schemas.py), and Go on a cold tool cache (hack/install-tools.sh).
+//! PyYAML (hack/chart-schemas.py), and Go on a cold tool cache (`cargo xtask tools`).
 //! Optional: COCOON_BIN (the binary; default `cargo run`), KUBECTL, CHECK_NAMESPACE
 //! (default cocoon-chart-check), COCOON_CACHE. kubeconform cannot download schemas here:
 //! hack/chart-schemas.py converts the apiserver's /openapi/v2 (cached per server version)

@@ -1,3 +1,0 @@
-#!/usr/bin/env bash
-# `cargo xtask tools` now; this shim goes once no script calls it.
-exec cargo run --locked --quiet --manifest-path "$(dirname "$0")/../xtask/Cargo.toml" -- tools "$@"
