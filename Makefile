@@ -60,6 +60,7 @@ compat:
 
 # System benchmark on the local control plane (release build; several minutes). Not in `test`.
 bench:
+	bash hack/prereqs.sh bench
 	cargo xtask bench $(BENCH_ARGS)
 
 # Coverage-guided fuzzing (nightly + cargo-fuzz, installed when missing); FUZZ_SECONDS

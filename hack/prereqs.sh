@@ -26,7 +26,8 @@ case "$what" in
   demo) for_what="make demo" ;;
   node) for_what="make demo NODE=1 and make install-test" ;;
   test) for_what="make test" ;;
-  *) die "usage: hack/prereqs.sh unit|demo|node|test" ;;
+  bench) for_what="make bench" ;;
+  *) die "usage: hack/prereqs.sh unit|demo|node|test|bench" ;;
 esac
 
 # version_ge A B: A >= B for dotted versions.
@@ -85,6 +86,10 @@ if [[ "$what" == node || "$what" == test ]]; then
   need busybox busybox-static
   need iptables iptables
   need ip iproute2
+fi
+# The bench's proxy part measures Debian's nginx beside the wake proxy.
+if [[ "$what" == bench ]]; then
+  need /usr/sbin/nginx nginx-light
 fi
 # The chart checks read YAML with the python3 first on PATH. Debian's python3-yaml serves
 # /usr/bin/python3; another python3 (pyenv, a venv) gets PyYAML from pip below.
