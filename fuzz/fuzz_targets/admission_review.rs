@@ -2,9 +2,9 @@
 //! never panics. Thin on purpose: it calls the webhook's one public entry point.
 #![no_main]
 
+use cocoon_core::admission::{Claim, ClaimView, VmHolder};
 use cocoon_hibernation::metrics::Metrics;
 use cocoon_hibernation::webhook::handler::{Reply, review};
-use cocoon_core::admission::{Claim, ClaimView, VmHolder};
 use libfuzzer_sys::fuzz_target;
 use serde::Deserialize;
 use std::sync::LazyLock;

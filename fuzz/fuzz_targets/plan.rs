@@ -10,9 +10,7 @@ use cocoon_api::{
     CocoonHibernation, CocoonHibernationSpec, CocoonHibernationStatus, Condition, Desire,
     FINALIZER, Phase, PodRef,
 };
-use cocoon_core::plan::{
-    Debt, Ownership, Plan, Probe, Settings, plan, plan_cleanup, still_owes,
-};
+use cocoon_core::plan::{Debt, Ownership, Plan, Probe, Settings, plan, plan_cleanup, still_owes};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use libfuzzer_sys::fuzz_target;
 use std::time::Duration;
