@@ -661,9 +661,14 @@ async fn e2e_p5_product_runs_as_the_chart_service_account() {
         "listing Secrets",
         secrets.list(&Default::default()).await.map(|_| ()),
     );
+    // Leases are read and written in every namespace (the activity records, I2, I3), but
+    // never deleted: not an activity record, not another component's election.
     let leases: Api<k8s_openapi::api::coordination::v1::Lease> = Api::namespaced(sa, &ns);
     forbidden(
-        "reading a Lease where no Lease Role is bound",
-        leases.get("cocoon-hibernation").await.map(|_| ()),
+        "deleting a Lease",
+        leases
+            .delete("cocoon-hibernation", &DeleteParams::default())
+            .await
+            .map(|_| ()),
     );
 }
