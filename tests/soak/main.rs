@@ -1349,6 +1349,26 @@ async fn run(cfg: Cfg) -> bool {
             converge_s.push(took.as_secs_f64());
         }
     }
+    // W2's documented wait (docs/operations.md, WaitingForFreshVMID): a Wake CR that found
+    // a deleted CR's hibernate request on its pod recorded the VMID under it and ends only
+    // on a fresh one; when vk never took that request, none comes, and the runbook asks a
+    // person. Counted as exempt (and named in the timeline), not as F2 or C3 failures.
+    let mut w2_waits: Vec<String> = Vec::new();
+    for v in std::mem::take(&mut converge.violations) {
+        let name = v.split(' ').nth(1).unwrap_or_default().to_owned();
+        let waiting = v.contains(" is Some(Waking)") || v.contains(" is Some(Failed)");
+        if waiting && documented_w2_wait(&world, &name).await {
+            w2_waits.push(name);
+        } else {
+            converge.violations.push(v);
+        }
+    }
+    converge.exempt += w2_waits.len();
+    if !w2_waits.is_empty() {
+        world.mark(&format!(
+            "documented W2 waits (WaitingForFreshVMID on the recorded VMID): {w2_waits:?}"
+        ));
+    }
     world.mark("converged");
 
     // ---- G1 on a quiet system: delete a tenth of the CRs for good
@@ -1469,6 +1489,11 @@ async fn run(cfg: Cfg) -> bool {
                 Some("create" | "update" | "patch" | "delete" | "deletecollection")
             ) && e["objectRef"]["namespace"].as_str() == Some(ns.as_str())
                 && e["objectRef"]["resource"].as_str() != Some("leases")
+                && !e["objectRef"]["name"].as_str().is_some_and(|n| {
+                    w2_waits
+                        .iter()
+                        .any(|w| n == w || n.starts_with(&format!("{w}.")))
+                })
         })
         .map(|e| {
             format!(
@@ -1804,4 +1829,29 @@ async fn run(cfg: Cfg) -> bool {
     }
     println!("{summary}");
     violations == 0 && harness_errors.is_empty()
+}
+
+/// The CR waits, as W2 says, for a VMID other than the one it recorded, and the pod still
+/// shows that VMID: a hibernate request vk never took (docs/operations.md).
+async fn documented_w2_wait(world: &World, name: &str) -> bool {
+    let (Ok(cr), Ok(pod)) = (world.crs.get(name).await, world.pods.get(name).await) else {
+        return false;
+    };
+    let reason = cr.status.as_ref().and_then(|s| {
+        s.conditions
+            .iter()
+            .find(|c| c.type_ == "Progressing")
+            .map(|c| c.reason.clone())
+    });
+    let waits = matches!(
+        reason.as_deref(),
+        Some("WaitingForFreshVMID" | "WakeTimedOut")
+    );
+    let vm_id = pod
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get("vm.cocoonstack.io/id"))
+        .map(String::as_str);
+    waits && vm_id.is_some() && vm_id == cr.pre_hibernate_vm_id()
 }

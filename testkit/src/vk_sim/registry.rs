@@ -29,7 +29,14 @@ fn snapshot_parts() -> (ImageLayer, Config) {
 
 fn sim_http() -> &'static reqwest::Client {
     static HTTP: OnceLock<reqwest::Client> = OnceLock::new();
-    HTTP.get_or_init(reqwest::Client::new)
+    // No idle pool: each #[tokio::test] has its own runtime, and a connection pooled on one
+    // that has ended fails the next test with "runtime dropped the dispatch task".
+    HTTP.get_or_init(|| {
+        reqwest::Client::builder()
+            .pool_max_idle_per_host(0)
+            .build()
+            .unwrap_or_default()
+    })
 }
 
 /// Pushes a tiny OCI artifact (config + one layer) to `<registry>/<vm>:hibernate` over
