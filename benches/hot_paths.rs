@@ -103,11 +103,8 @@ fn main() {
     println!("plan: waiting in Hibernating    median {waiting:>9.0} ns/pass");
 
     // One admission review, body bytes to response, as the handler does it.
-    let body = std::fs::read(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/tests/data/admission/create_valid.json"
-    ))
-    .unwrap_or_default();
+    let body = std::fs::read(testkit::repo_root().join("tests/data/admission/create_valid.json"))
+        .unwrap_or_default();
     let metrics = Metrics::new();
     let review = median_ns(31, 5_000, || {
         black_box(handler::review(black_box(&body), &View, &metrics));

@@ -55,11 +55,28 @@ pub mod wake_proxy;
 
 use std::path::{Path, PathBuf};
 
-/// The repository's root (charts/, hack/, tests/data/).
+/// The repository's root (charts/, hack/, tests/data/), found at run time. One target
+/// dir serves every checkout (the Makefile's cache), and cargo does not rebuild a test
+/// that moved, so `env!("CARGO_MANIFEST_DIR")` may name another checkout, or one gone.
+/// Cargo sets the variable when it runs a test; the harness runs binaries from the root.
 pub fn repo_root() -> PathBuf {
-    let kit = Path::new(env!("CARGO_MANIFEST_DIR"));
-    kit.parent()
-        .map_or_else(|| kit.join(".."), Path::to_path_buf)
+    std::env::var_os("CARGO_MANIFEST_DIR")
+        .map(PathBuf::from)
+        .into_iter()
+        .chain(std::env::current_dir().ok())
+        .find_map(|start| workspace_of(&start))
+        .unwrap_or_else(|| {
+            let kit = Path::new(env!("CARGO_MANIFEST_DIR"));
+            kit.parent()
+                .map_or_else(|| kit.join(".."), Path::to_path_buf)
+        })
+}
+
+/// The workspace `dir` is in: the nearest ancestor with a lock file and this kit.
+fn workspace_of(dir: &Path) -> Option<PathBuf> {
+    dir.ancestors()
+        .find(|d| d.join("Cargo.lock").is_file() && d.join("testkit/Cargo.toml").is_file())
+        .map(Path::to_path_buf)
 }
 
 /// A binary of the root crate that cargo built for the running test, bench or soak.

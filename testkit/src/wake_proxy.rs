@@ -270,13 +270,20 @@ pub async fn world(prefix: &str, max_wait: &str, tcp_pod: &str, tcp_port: u16) -
     env
 }
 
-/// A selected VM pod, serving, then hibernated through its CR (as its idle policy would
-/// leave it). Returns the address its VM served on before.
+/// A selected VM pod, serving, then hibernated through its CR. Returns the address its VM
+/// served on before. The CR is made before the pod is selected, so it is a person's: the
+/// policy leaves it alone (I4) instead of racing this create with its own.
 pub async fn hibernated_pod(env: &Env, pod: &str, wake_timeout: Option<&str>) -> String {
-    let ip = serving_pod(env, pod).await;
-    let mut cr = product::new_cr(pod, pod, Desire::Hibernate);
+    env.pod(pod).await;
+    let mut cr = product::new_cr(pod, pod, Desire::Wake);
     cr.spec.wake_timeout = wake_timeout.map(str::to_owned);
     env.crs.create(&PostParams::default(), &cr).await.unwrap();
+    let ip = select_and_serve(env, pod).await;
+    let patch = serde_json::json!({ "spec": { "desire": "Hibernate" } });
+    env.crs
+        .patch(pod, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
     product::wait_phase(
         &env.crs,
         pod,
@@ -291,6 +298,11 @@ pub async fn hibernated_pod(env: &Env, pod: &str, wake_timeout: Option<&str>) ->
 /// A VM pod the world's policy selects, awake and serving: its address.
 pub async fn serving_pod(env: &Env, pod: &str) -> String {
     env.pod(pod).await;
+    select_and_serve(env, pod).await
+}
+
+/// Labels `pod` for the world's policy and waits for its address.
+async fn select_and_serve(env: &Env, pod: &str) -> String {
     let patch = serde_json::json!({ "metadata": { "labels": { "app": "vm" } } });
     env.pods
         .patch(pod, &PatchParams::default(), &Patch::Merge(&patch))

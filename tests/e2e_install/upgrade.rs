@@ -6,7 +6,7 @@
 //! release's manifest must equal what the documented command renders from the same user
 //! values: a default of the new chart that `--reuse-values` dropped would differ there.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 
 use crate::world::{RELEASE, RELEASE_NS, Result, World};
@@ -78,11 +78,11 @@ impl OldRelease {
 }
 
 fn kubectl(world: &World, args: &[&str]) -> Result<String> {
-    world.kubectl_in(repo(), args)
+    world.kubectl_in(&repo(), args)
 }
 
-fn repo() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
+fn repo() -> PathBuf {
+    testkit::repo_root()
 }
 
 fn read(rel: &str) -> Result<String> {

@@ -84,7 +84,7 @@ impl World {
         )
         .await?;
         let client = kube::Client::try_from(config)?;
-        let chart = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("charts/cocoon-hibernation");
+        let chart = testkit::repo_root().join("charts/cocoon-hibernation");
         // Only what a user sets: the image by digest, the registry, TLS, and who writes
         // the pods' VM annotations (S3; here the admin who creates the test's pods).
         let values = state.join("install-values.yaml");

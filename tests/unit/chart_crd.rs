@@ -4,11 +4,9 @@
 
 #[test]
 fn p5_chart_crd_is_byte_identical_to_the_generated_crd() {
-    let path = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/charts/cocoon-hibernation/crds/cocoonhibernations.yaml"
-    );
-    let shipped = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    let path = testkit::repo_root().join("charts/cocoon-hibernation/crds/cocoonhibernations.yaml");
+    let shipped =
+        std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     let generated = cocoon_hibernation::api::crd_yaml().unwrap();
     assert!(
         shipped == generated,

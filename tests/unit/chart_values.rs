@@ -9,11 +9,10 @@ use cocoon_hibernation::flags::{CHART_DURATION_MAX_LENGTH, CHART_DURATION_PATTER
 use serde_json::{Value, json};
 
 fn chart_file(rel: &str) -> String {
-    let path = format!(
-        "{}/charts/cocoon-hibernation/{rel}",
-        env!("CARGO_MANIFEST_DIR")
-    );
-    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
+    let path = testkit::repo_root()
+        .join("charts/cocoon-hibernation")
+        .join(rel);
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
 fn schema() -> Value {

@@ -2,10 +2,8 @@
 //! the chart's `kubeVersion`, `cargo xtask compat`'s default versions (xtask/src/lanes/compat.rs) and the harness smoke
 //! test's floor name the same minor, so raising or lowering it is one change everywhere.
 
-use std::path::Path;
-
 fn read(rel: &str) -> String {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(rel);
+    let path = testkit::repo_root().join(rel);
     std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 

@@ -8,8 +8,6 @@
 
 use std::path::Path;
 
-const ROOT: &str = env!("CARGO_MANIFEST_DIR");
-
 /// Paths that a run makes, which the docs name but a checkout does not have.
 const MADE_BY_A_RUN: &[&str] = &["fuzz/artifacts"];
 
@@ -163,7 +161,7 @@ fn missing(root: &Path, doc: &str, text: &str) -> Vec<(String, String)> {
 
 #[test]
 fn every_path_the_docs_cite_exists() {
-    let root = Path::new(ROOT);
+    let root = &testkit::repo_root();
     let mut bad = Vec::new();
     let mut cited = 0;
     for doc in docs(root) {
@@ -185,7 +183,7 @@ fn every_path_the_docs_cite_exists() {
 
 #[test]
 fn a_planted_bad_path_is_reported_and_real_ones_are_not() {
-    let root = Path::new(ROOT);
+    let root = &testkit::repo_root();
     let text = "See `src/cache/nope.rs`, `tests/unit/main.rs`, `src/**`,\n\
                 `charts/…/Chart.yaml`, `hack/{image,node}.sh`, `testkit/src/<part>.rs`,\n\
                 `hack/{test,gone}.sh`, ``tests/e2e/`` and `cargo test --test e2e`.\n\

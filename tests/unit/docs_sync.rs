@@ -8,8 +8,8 @@ use cocoon_hibernation::config::Cli;
 use std::collections::BTreeSet;
 
 fn doc(rel: &str) -> String {
-    let path = format!("{}/{rel}", env!("CARGO_MANIFEST_DIR"));
-    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
+    let path = testkit::repo_root().join(rel);
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
 /// The lines of the section that starts with `heading`, up to the next heading of the

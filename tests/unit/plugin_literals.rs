@@ -7,8 +7,6 @@
 use cocoon_hibernation::api::Phase;
 use std::path::Path;
 
-const ROOT: &str = env!("CARGO_MANIFEST_DIR");
-
 /// The files whose `pub const NAME: &str = "..."` are the controller's words.
 const DEFINED_IN: &[&str] = &["crates/api/src/conditions.rs", "crates/api/src/schedule.rs"];
 
@@ -93,7 +91,7 @@ fn the_scanner_finds_literals_and_skips_comments_and_tests() {
     for (code, want) in cases {
         assert_eq!(literals(&product_code(code)), *want, "{code}");
     }
-    let words = controller_words(Path::new(ROOT));
+    let words = controller_words(&testkit::repo_root());
     for known in [
         "Ready",
         "Progressing",
@@ -111,7 +109,7 @@ fn the_scanner_finds_literals_and_skips_comments_and_tests() {
 
 #[test]
 fn the_plugin_matches_controller_words_by_their_constants() {
-    let root = Path::new(ROOT);
+    let root = &testkit::repo_root();
     let words = controller_words(root);
     let mut found = Vec::new();
     for file in plugin_files(root) {

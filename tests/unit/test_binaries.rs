@@ -6,7 +6,6 @@
 use std::collections::BTreeSet;
 use std::path::Path;
 
-const ROOT: &str = env!("CARGO_MANIFEST_DIR");
 const HEADING: &str = "### The test binaries";
 const NUMBERS: [&str; 10] = [
     "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten",
@@ -83,7 +82,7 @@ fn listed(architecture: &str) -> (BTreeSet<String>, Option<usize>) {
 
 #[test]
 fn the_one_list_of_test_binaries_is_every_test_target() {
-    let root = Path::new(ROOT);
+    let root = &testkit::repo_root();
     let found = targets(root);
     assert!(found.contains("tests/unit"), "{found:?}");
     let architecture =

@@ -54,8 +54,8 @@ fn synced() -> FakeView {
 }
 
 fn fixture(name: &str) -> Vec<u8> {
-    let path = format!("{}/tests/data/admission/{name}", env!("CARGO_MANIFEST_DIR"));
-    std::fs::read(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
+    let path = testkit::repo_root().join("tests/data/admission").join(name);
+    std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
 async fn post(view: FakeView, body: Vec<u8>) -> (StatusCode, Value) {

@@ -126,11 +126,8 @@ async fn call(
         .peer_certificates()
         .and_then(|c| c.first().cloned())
         .ok_or("no cert")?;
-    let body = std::fs::read(format!(
-        "{}/tests/data/admission/create_valid.json",
-        env!("CARGO_MANIFEST_DIR")
-    ))
-    .map_err(|e| e.to_string())?;
+    let body = std::fs::read(testkit::repo_root().join("tests/data/admission/create_valid.json"))
+        .map_err(|e| e.to_string())?;
     let head = format!(
         "POST {} HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
         webhook::PATH,

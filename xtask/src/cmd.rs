@@ -23,13 +23,23 @@ pub fn fail<T>(what: impl Into<String>) -> Result<T> {
     Err(Error(what.into()))
 }
 
-/// The repository root: where this crate's manifest sits, one level up.
+/// The repository root: the checkout the harness runs in.
 pub fn repo_root() -> Result<PathBuf> {
-    let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    match manifest.parent() {
-        Some(root) => Ok(root.to_path_buf()),
-        None => fail(format!("{} has no parent", manifest.display())),
+    // Found at run time: one target dir serves every checkout and cargo does not rebuild
+    // a binary whose checkout moved, so the compile-time manifest dir may be another one.
+    let starts = std::env::var_os("CARGO_MANIFEST_DIR")
+        .map(PathBuf::from)
+        .into_iter()
+        .chain(std::env::current_dir().ok());
+    for start in starts {
+        if let Some(root) = start
+            .ancestors()
+            .find(|d| d.join("Cargo.lock").is_file() && d.join("xtask/Cargo.toml").is_file())
+        {
+            return Ok(root.to_path_buf());
+        }
     }
+    fail("not inside the repository: run the harness from its checkout (`cargo xtask`)")
 }
 
 /// The command line, for error messages.

@@ -28,11 +28,9 @@ pub struct LoadResult {
 /// An AdmissionReview CREATE of `name` (podRef `name`) in `namespace`, as the apiserver
 /// sends it (tests/data/admission/create_valid.json with the names replaced).
 pub fn review_body(namespace: &str, name: &str) -> Vec<u8> {
-    let path = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../tests/data/admission/create_valid.json"
-    );
-    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("read {path}: {e}"));
+    let path = crate::repo_root().join("tests/data/admission/create_valid.json");
+    let text =
+        std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
     let mut v: serde_json::Value = serde_json::from_str(&text).expect("create_valid.json is JSON");
     let req = &mut v["request"];
     req["name"] = name.into();
