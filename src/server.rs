@@ -131,37 +131,21 @@ pub async fn run(args: ServerArgs) -> Result<()> {
     let gate = crate::runtime::gate::Gate::new(election.leading.clone(), cache.clone());
     // K1: schedules run in this process, on this cache, while this replica leads; their
     // watch is on the watch client, ended by the apiserver like the cache's (S8).
-    let schedules = crate::schedule::controller::run(
-        crate::schedule::controller::Wiring {
-            watch_client: watch_client.clone(),
-            client: client.clone(),
-            cache: cache.clone(),
-            metrics: metrics.clone(),
-            clock: crate::schedule::Clock {
-                offset: args.schedule_clock_offset,
-            },
-            gate: gate.clone(),
-            namespace: args.controller.watch_namespace.clone(),
-            watch_timeout: liveness::watch_timeout(stall_limit),
+    let wiring = crate::runtime::wiring::Wiring {
+        watch_client,
+        client: client.clone(),
+        cache: cache.clone(),
+        metrics: metrics.clone(),
+        clock: crate::schedule::Clock {
+            offset: args.schedule_clock_offset,
         },
-        shutdown.clone(),
-    );
+        gate: gate.clone(),
+        namespace: args.controller.watch_namespace.clone(),
+        watch_timeout: liveness::watch_timeout(stall_limit),
+    };
+    let schedules = crate::schedule::controller::run(wiring.clone(), shutdown.clone());
     // I3: idle policies likewise, on the same clock (the testing offset moves both).
-    let idle = crate::idle::controller::run(
-        crate::idle::controller::Wiring {
-            watch_client,
-            client: client.clone(),
-            cache: cache.clone(),
-            metrics: metrics.clone(),
-            clock: crate::schedule::Clock {
-                offset: args.schedule_clock_offset,
-            },
-            gate: gate.clone(),
-            namespace: args.controller.watch_namespace.clone(),
-            watch_timeout: liveness::watch_timeout(stall_limit),
-        },
-        shutdown.clone(),
-    );
+    let idle = crate::idle::controller::run(wiring, shutdown.clone());
     // One task for both: either ending ends it, and S8 notices.
     let mut schedule_task = tokio::spawn(async move {
         tokio::select! {
@@ -499,7 +483,7 @@ mod tests {
         let limit = Duration::from_secs(stall_limit);
         let (watch, _) = client_configs(base, Duration::from_secs(7), limit);
         let read = watch.read_timeout.expect("a read timeout");
-        let asked = crate::schedule::controller::watch_config(liveness::watch_timeout(limit))
+        let asked = crate::runtime::wiring::watch_config(liveness::watch_timeout(limit))
             .timeout
             .expect("the schedule watch asks the apiserver to end it");
         assert!(

@@ -4,57 +4,16 @@
 use super::spec::CocoonIdlePolicy;
 use super::validate;
 use crate::metrics::Metrics;
-use crate::webhook::handler::{Reply, decode_counted};
-use kube::core::admission::{AdmissionResponse, Operation};
+use crate::webhook::handler::Reply;
+use crate::webhook::policy;
 
 pub const PATH: &str = "/validate-cocoonidlepolicy";
 
 /// The whole decision for one request body; synchronous so tests need no server.
 pub fn review(body: &[u8], metrics: &Metrics) -> Reply {
-    let request = match decode_counted(body, metrics) {
-        Ok(request) => request,
-        Err(reply) => return reply,
-    };
-    let response = AdmissionResponse::from(&request);
-    let verdict = match (&request.operation, &request.object) {
-        _ if request.kind.kind != "CocoonIdlePolicy" => Err(format!(
-            "this webhook validates CocoonIdlePolicy, not {:?}",
-            request.kind.kind
-        )),
-        (Operation::Create | Operation::Update, Some(object)) => object
-            .clone()
-            .try_parse::<CocoonIdlePolicy>()
-            .map_err(|e| format!("object does not decode as a CocoonIdlePolicy: {e}"))
-            .and_then(|p| {
-                validate::settings(&p.spec)
-                    .map(|_| ())
-                    .map_err(|e| e.join("; "))
-            }),
-        (Operation::Create | Operation::Update, None) => {
-            Err("CREATE or UPDATE request carries no object".into())
-        }
-        _ => Ok(()),
-    };
-    let op = match request.operation {
-        Operation::Create => "CREATE",
-        Operation::Update => "UPDATE",
-        Operation::Delete => "DELETE",
-        Operation::Connect => "CONNECT",
-    };
-    let response = match verdict {
-        Ok(()) => {
-            metrics.admission(op, "allowed");
-            response
-        }
-        Err(message) => {
-            metrics.admission(op, "denied");
-            let mut response = response.deny(message);
-            response.result.code = 403;
-            response.result.reason = "Forbidden".into();
-            response
-        }
-    };
-    Reply::Review(Box::new(response))
+    policy::review(body, metrics, |p: &CocoonIdlePolicy| {
+        validate::settings(&p.spec).err().unwrap_or_default()
+    })
 }
 
 #[cfg(test)]

@@ -16,7 +16,9 @@ use crate::error::{Error, Result};
 use crate::metrics::Metrics;
 use crate::runtime::finalizers;
 use crate::runtime::gate::Gate;
+use crate::runtime::retry::Failures;
 use crate::runtime::trigger;
+pub use crate::runtime::wiring::Wiring;
 use crate::schedule::{Clock, CocoonHibernationSchedule};
 use futures::StreamExt;
 use jiff::Timestamp;
@@ -27,7 +29,6 @@ use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{Controller, WatchStreamExt, watcher};
 use kube::{Resource, ResourceExt};
-use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -51,31 +52,7 @@ pub struct Context {
     pub metrics: Metrics,
     pub clock: Clock,
     pub gate: Gate,
-    failures: Mutex<HashMap<String, u32>>,
-}
-
-/// What the idle controller runs on (as the schedule controller's).
-pub struct Wiring {
-    pub watch_client: kube::Client,
-    pub client: kube::Client,
-    pub cache: SharedCache,
-    pub metrics: Metrics,
-    pub clock: Clock,
-    pub gate: Gate,
-    pub namespace: String,
-    pub watch_timeout: u32,
-}
-
-fn api_in<K>(client: kube::Client, namespace: &str) -> Api<K>
-where
-    K: Resource<Scope = k8s_openapi::NamespaceResourceScope>,
-    K::DynamicType: Default,
-{
-    if namespace.is_empty() {
-        Api::all(client)
-    } else {
-        Api::namespaced(client, namespace)
-    }
+    failures: Failures<String>,
 }
 
 /// The policies of `namespace`, as reconcile requests.
@@ -116,19 +93,12 @@ fn policies_in(
 /// Lease changing (a report, a new Lease), a pod or CR arriving, or the gate opening
 /// brings the policies of its namespace to a pass.
 pub async fn run(w: Wiring, shutdown: CancellationToken) {
-    let watch_config = watcher::Config::default().timeout(w.watch_timeout);
-    let controller = Controller::new(
-        api_in::<CocoonIdlePolicy>(w.watch_client.clone(), &w.namespace),
-        watch_config.clone(),
-    );
+    let controller = Controller::new(w.watched::<CocoonIdlePolicy>(), w.watch_config());
     let policies = controller.store();
     let (leases, writer) = reflector::store();
     let lease_events = reflector::reflector(
         writer,
-        watcher(
-            api_in::<Lease>(w.watch_client, &w.namespace),
-            watch_config.labels(ACTIVITY_FOR),
-        ),
+        watcher(w.watched::<Lease>(), w.watch_config().labels(ACTIVITY_FOR)),
     )
     .default_backoff()
     .touched_objects();
@@ -168,7 +138,7 @@ pub async fn run(w: Wiring, shutdown: CancellationToken) {
         metrics: w.metrics,
         clock: w.clock,
         gate: w.gate,
-        failures: Mutex::default(),
+        failures: Failures::default(),
     });
     controller
         .graceful_shutdown_on(async move { shutdown.cancelled().await })
@@ -182,20 +152,12 @@ pub async fn run(w: Wiring, shutdown: CancellationToken) {
 }
 
 fn error_policy(p: Arc<CocoonIdlePolicy>, e: &Error, ctx: Arc<Context>) -> Requeue {
-    let attempts = {
-        let mut failures = ctx.failures.lock();
-        let n = failures.entry(p.uid().unwrap_or_default()).or_insert(0);
-        *n = n.saturating_add(1);
-        *n
-    };
-    tracing::warn!(policy = %p.name_any(), attempts, error = %e, error_kind = e.metric_label(),
-        "idle policy pass failed; retrying");
-    Requeue::requeue(crate::runtime::retry::after_failure(e, attempts))
+    crate::runtime::retry::policy_retry(p.as_ref(), e, &ctx.failures, "idle policy")
 }
 
 async fn reconcile(p: Arc<CocoonIdlePolicy>, ctx: Arc<Context>) -> Result<Requeue> {
     let requeue = pass(&p, &ctx).await?;
-    ctx.failures.lock().remove(&p.uid().unwrap_or_default());
+    ctx.failures.clear(&p.uid().unwrap_or_default());
     Ok(requeue)
 }
 

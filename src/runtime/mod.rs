@@ -8,3 +8,4 @@ pub mod gate;
 pub mod limits;
 pub mod retry;
 pub mod trigger;
+pub mod wiring;

@@ -13,14 +13,16 @@ use crate::error::{Error, Result};
 use crate::metrics::{Metrics, ScheduleLabels, ScheduleWriteLabels};
 use crate::runtime::finalizers;
 use crate::runtime::gate::Gate;
+use crate::runtime::retry::Failures;
 use crate::runtime::trigger;
+pub use crate::runtime::wiring::Wiring;
 use futures::StreamExt;
 use jiff::Timestamp;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::Action as Requeue;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::Store;
-use kube::runtime::{Controller, watcher};
+use kube::runtime::Controller;
 use kube::{Resource, ResourceExt};
 use parking_lot::Mutex;
 use std::collections::{HashMap, HashSet};
@@ -51,40 +53,13 @@ pub struct Context {
     /// Overrides kept now, per schedule uid, for the gauge.
     overrides: Mutex<HashMap<String, u32>>,
     /// Consecutive failed passes per schedule uid, for the error backoff.
-    failures: Mutex<HashMap<String, u32>>,
-}
-
-/// What the schedule controller runs on.
-pub struct Wiring {
-    /// For the schedule watch: its read timeout outlasts the watch the apiserver is asked
-    /// to end (S8), unlike `client`'s, which would cut a quiet watch every few seconds.
-    pub watch_client: kube::Client,
-    /// For reads and writes: every request times out.
-    pub client: kube::Client,
-    pub cache: SharedCache,
-    pub metrics: Metrics,
-    pub clock: Clock,
-    pub gate: Gate,
-    /// Where to watch schedules; empty: every namespace.
-    pub namespace: String,
-    /// Seconds after which the apiserver ends each schedule watch (the cache's own).
-    pub watch_timeout: u32,
-}
-
-/// S8: the schedule watch is ended by the apiserver, on time, like the cache's.
-pub fn watch_config(watch_timeout: u32) -> watcher::Config {
-    watcher::Config::default().timeout(watch_timeout)
+    failures: Failures<String>,
 }
 
 /// Watches schedules and drives them until `shutdown`; a selected pod or CR appearing or
 /// changing in the cache wakes the schedules it concerns at once (K9).
 pub async fn run(w: Wiring, shutdown: CancellationToken) {
-    let api: Api<CocoonHibernationSchedule> = if w.namespace.is_empty() {
-        Api::all(w.watch_client)
-    } else {
-        Api::namespaced(w.watch_client, &w.namespace)
-    };
-    let controller = Controller::new(api, watch_config(w.watch_timeout));
+    let controller = Controller::new(w.watched::<CocoonHibernationSchedule>(), w.watch_config());
     let schedules = controller.store();
     let gate = w.gate;
     // K9: the cache's changes wake the schedules they concern, by this controller's
@@ -110,7 +85,7 @@ pub async fn run(w: Wiring, shutdown: CancellationToken) {
         gate,
         reported: Mutex::default(),
         overrides: Mutex::default(),
-        failures: Mutex::default(),
+        failures: Failures::default(),
     });
     controller
         .graceful_shutdown_on(async move { shutdown.cancelled().await })
@@ -123,22 +98,13 @@ pub async fn run(w: Wiring, shutdown: CancellationToken) {
         .await;
 }
 
-/// Logs and retries with the backoff every controller uses (`runtime::retry`).
 fn error_policy(s: Arc<CocoonHibernationSchedule>, e: &Error, ctx: Arc<Context>) -> Requeue {
-    let attempts = {
-        let mut failures = ctx.failures.lock();
-        let n = failures.entry(s.uid().unwrap_or_default()).or_insert(0);
-        *n = n.saturating_add(1);
-        *n
-    };
-    tracing::warn!(schedule = %s.name_any(), attempts, error = %e, error_kind = e.metric_label(),
-        "schedule pass failed; retrying");
-    Requeue::requeue(crate::runtime::retry::after_failure(e, attempts))
+    crate::runtime::retry::policy_retry(s.as_ref(), e, &ctx.failures, "schedule")
 }
 
 async fn reconcile(s: Arc<CocoonHibernationSchedule>, ctx: Arc<Context>) -> Result<Requeue> {
     let requeue = pass(&s, &ctx).await?;
-    ctx.failures.lock().remove(&s.uid().unwrap_or_default());
+    ctx.failures.clear(&s.uid().unwrap_or_default());
     Ok(requeue)
 }
 
@@ -407,7 +373,7 @@ mod tests {
             clock: Clock::default(),
             reported: Mutex::default(),
             overrides: Mutex::default(),
-            failures: Mutex::default(),
+            failures: Failures::default(),
         });
         (ctx, handle, tx)
     }

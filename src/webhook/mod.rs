@@ -2,6 +2,7 @@
 
 pub mod drain;
 pub mod handler;
+pub mod policy;
 pub mod tls;
 /// The pure rules live in cocoon-core; re-exported under their old path.
 pub use cocoon_core::admission as validate;
