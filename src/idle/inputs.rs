@@ -7,7 +7,7 @@ use super::spec::CocoonIdlePolicy;
 use crate::api::activity::{BUSY_UNTIL, LEASE_PREFIX, OPEN_CONNECTIONS, lease_name};
 use crate::api::annotations::PodView;
 use crate::api::pod::PodSlice;
-use crate::api::{CocoonHibernation, Desire, Phase};
+use crate::api::{CocoonHibernation, Desire};
 use crate::schedule::CocoonHibernationSchedule;
 use crate::schedule::plan::{OVERRIDE_UNTIL, SCHEDULE_DESIRE, SCHEDULE_UID};
 use jiff::Timestamp;
@@ -153,37 +153,23 @@ pub fn activity(lease: &Lease) -> Activity {
     }
 }
 
-fn desire(raw: &str) -> Desire {
-    match raw {
-        "Hibernate" => Desire::Hibernate,
-        "Wake" => Desire::Wake,
-        _ => Desire::Unknown,
-    }
-}
-
 pub fn cr_state(cr: &CocoonHibernation) -> CrState {
     let ann = |k: &str| cr.annotations().get(k).map(String::as_str);
     let mark = ann(IDLE_UID).map(|uid| Mark {
         uid: uid.to_owned(),
-        desire: ann(IDLE_DESIRE).map_or(Desire::Unknown, desire),
+        desire: ann(IDLE_DESIRE).map_or(Desire::Unknown, Desire::from_mark),
         // An unreadable instant is an old one.
         at: ann(IDLE_AT)
             .and_then(|a| a.parse().ok())
             .unwrap_or(Timestamp::UNIX_EPOCH),
     });
     let schedule_desire =
-        ann(SCHEDULE_UID).map(|_| ann(SCHEDULE_DESIRE).map_or(Desire::Unknown, desire));
+        ann(SCHEDULE_UID).map(|_| ann(SCHEDULE_DESIRE).map_or(Desire::Unknown, Desire::from_mark));
     let status = cr.status.as_ref();
-    let conflict = cr.phase() == Some(Phase::Failed)
-        && status.is_some_and(|s| {
-            s.conditions
-                .iter()
-                .any(|c| c.type_ == "Ready" && c.reason == "Conflict")
-        });
     CrState {
         desire: cr.spec.desire,
         phase: cr.phase(),
-        conflict,
+        conflict: cr.failed_by_conflict(),
         mark,
         schedule_desire,
         override_until: ann(OVERRIDE_UNTIL).and_then(|u| u.parse().ok()),

@@ -7,7 +7,7 @@ use super::plan::{
 use super::spec::CocoonHibernationSchedule;
 use crate::api::annotations::PodView;
 use crate::api::pod::PodSlice;
-use crate::api::{CocoonHibernation, Desire, Phase};
+use crate::api::{CocoonHibernation, Desire};
 use jiff::Timestamp;
 use kube::ResourceExt;
 use kube::core::{Selector, SelectorExt};
@@ -84,11 +84,6 @@ pub fn crs(
 
 pub fn cr_state(cr: &CocoonHibernation) -> CrState {
     let ann = |k: &str| cr.annotations().get(k).map(String::as_str);
-    let desire = |raw: &str| match raw {
-        "Hibernate" => Desire::Hibernate,
-        "Wake" => Desire::Wake,
-        _ => Desire::Unknown,
-    };
     let mark = match (
         ann(SCHEDULE_UID),
         ann(SCHEDULE_DESIRE),
@@ -96,7 +91,7 @@ pub fn cr_state(cr: &CocoonHibernation) -> CrState {
     ) {
         (Some(uid), Some(d), Some(b)) => Some(Mark {
             uid: uid.to_owned(),
-            desire: desire(d),
+            desire: Desire::from_mark(d),
             // An unreadable boundary is an old one: the next pass writes it again.
             boundary: b.parse().unwrap_or(Timestamp::UNIX_EPOCH),
         }),
@@ -108,16 +103,10 @@ pub fn cr_state(cr: &CocoonHibernation) -> CrState {
         }),
         _ => None,
     };
-    let conflict = cr.phase() == Some(Phase::Failed)
-        && cr.status.as_ref().is_some_and(|s| {
-            s.conditions
-                .iter()
-                .any(|c| c.type_ == "Ready" && c.reason == "Conflict")
-        });
     CrState {
         desire: cr.spec.desire,
         phase: cr.phase(),
-        conflict,
+        conflict: cr.failed_by_conflict(),
         mark,
         override_until: ann(OVERRIDE_UNTIL).and_then(|u| u.parse().ok()),
     }

@@ -79,6 +79,18 @@ pub enum Desire {
     Unknown,
 }
 
+impl Desire {
+    /// A desire as a policy's mark on a CR spells it (`Hibernate`, `Wake`); anything else
+    /// is `Unknown`.
+    pub fn from_mark(raw: &str) -> Self {
+        match raw {
+            "Hibernate" => Self::Hibernate,
+            "Wake" => Self::Wake,
+            _ => Self::Unknown,
+        }
+    }
+}
+
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
 pub enum Phase {
     Pending,
@@ -175,6 +187,16 @@ pub struct Failure {
 impl CocoonHibernation {
     pub fn phase(&self) -> Option<Phase> {
         self.status.as_ref().and_then(|s| s.phase)
+    }
+
+    /// Failed because another CR drives the same pod (S2): policies leave such a CR alone.
+    pub fn failed_by_conflict(&self) -> bool {
+        self.phase() == Some(Phase::Failed)
+            && self.status.as_ref().is_some_and(|s| {
+                s.conditions
+                    .iter()
+                    .any(|c| c.type_ == "Ready" && c.reason == conditions::REASON_CONFLICT)
+            })
     }
 
     pub fn vm_name(&self) -> Option<&str> {
@@ -344,5 +366,32 @@ mod tests {
         )
         .unwrap();
         assert_eq!(spec.desire, Desire::Unknown);
+    }
+
+    /// K4 I4: a policy's mark reads back the desire it wrote; anything else is unknown.
+    #[test]
+    fn k4_i4_desire_from_mark() {
+        assert_eq!(Desire::from_mark("Hibernate"), Desire::Hibernate);
+        assert_eq!(Desire::from_mark("Wake"), Desire::Wake);
+        assert_eq!(Desire::from_mark("wake"), Desire::Unknown);
+    }
+
+    /// K4 I4: only a Failed CR whose Ready reason is Conflict counts as conflicting.
+    #[test]
+    fn k4_i4_failed_by_conflict() {
+        let cr = |phase: &str, reason: &str| -> CocoonHibernation {
+            serde_json::from_value(serde_json::json!({
+                "apiVersion": "cocoonset.cocoonstack.io/v1", "kind": "CocoonHibernation",
+                "metadata": { "name": "a" },
+                "spec": { "podRef": { "name": "a" }, "desire": "Wake" },
+                "status": { "phase": phase, "conditions": [{
+                    "type": "Ready", "status": "False", "reason": reason, "message": "",
+                    "lastTransitionTime": "2026-12-06T00:00:00Z" }] },
+            }))
+            .unwrap()
+        };
+        assert!(cr("Failed", "Conflict").failed_by_conflict());
+        assert!(!cr("Failed", "WakeTimedOut").failed_by_conflict());
+        assert!(!cr("Active", "Conflict").failed_by_conflict());
     }
 }
