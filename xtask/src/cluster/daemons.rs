@@ -52,6 +52,18 @@ pub fn pid(dir: &Path, name: &str) -> Option<u32> {
 /// appended to `<dir>/<name>.log`, in a session of its own (`setsid`: std cannot call
 /// setsid(2) without unsafe code).
 pub fn start(dir: &Path, name: &str, program: &Path, args: &[String]) -> Result<u32> {
+    start_with_env(dir, name, program, args, &[])
+}
+
+/// [`start`], with `env` set for the daemon (the demo's server and simulator get the
+/// control plane's variables).
+pub fn start_with_env(
+    dir: &Path,
+    name: &str,
+    program: &Path,
+    args: &[String],
+    env: &[(String, String)],
+) -> Result<u32> {
     let pid_path = pid_file(dir, name);
     let _ = std::fs::remove_file(&pid_path);
     let log_path = dir.join(format!("{name}.log"));
@@ -83,6 +95,7 @@ pub fn start(dir: &Path, name: &str, program: &Path, args: &[String]) -> Result<
     let mut child = setsid
         .arg(program)
         .args(args)
+        .envs(env.iter().map(|(k, v)| (k, v)))
         .stdin(Stdio::null())
         .stdout(log)
         .stderr(err)

@@ -3,7 +3,7 @@
 //! `cargo xtask cluster-up` / `cluster-down` call [`up`] and [`down`]; so do the test kit,
 //! the soak and the test lanes.
 
-mod daemons;
+pub mod daemons;
 mod down;
 mod node;
 mod plane;

@@ -1,15 +1,13 @@
-//! The demo's own processes (the server, the simulator): started detached with a pid file
-//! and a log in the demo dir, found again by pid file guarded against pid reuse, stopped
-//! with SIGTERM, then SIGKILL after 10 s.
+//! The demo's own processes (the server, the simulator): daemons of the demo dir, as the
+//! control plane's are (`cluster::daemons`: a session of their own, pid file guarded
+//! against pid reuse, SIGTERM then SIGKILL), with the control plane's environment.
 
-use crate::cmd::{Error, Result, fail};
-use crate::lanes::control_plane::{Env, append};
-use crate::lanes::terminate;
-use std::net::{Ipv4Addr, TcpListener, TcpStream};
-use std::os::unix::process::CommandExt;
+use crate::cluster::daemons;
+use crate::cmd::{Result, fail};
+use crate::lanes::control_plane::Env;
+use std::net::{Ipv4Addr, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 pub struct Daemons {
     pub dir: PathBuf,
@@ -24,59 +22,19 @@ impl Daemons {
         self.dir.join(format!("{name}.log"))
     }
 
-    /// The pid of `name` when its pid file names a live process running an executable
-    /// called `name` (so a reused pid is not taken for ours).
+    /// The pid of `name` when its pid file names a live process running it.
     pub fn pid(&self, name: &str) -> Option<u32> {
-        let pid: u32 = std::fs::read_to_string(self.pid_file(name))
-            .ok()?
-            .trim()
-            .parse()
-            .ok()?;
-        let exe = std::fs::read_link(format!("/proc/{pid}/exe")).ok()?;
-        // Rebuilt since it started (cargo replaced the demo's server): still ours.
-        let exe = exe.to_string_lossy();
-        let exe = exe.trim_end_matches(" (deleted)");
-        (Path::new(exe).file_name()?.to_str()? == name).then_some(pid)
+        daemons::pid(&self.dir, name)
     }
 
-    /// Starts `program args` as `name` with the cluster's environment, in a process group
-    /// of its own (a Ctrl-C of the caller leaves it running), stdin closed, output
+    /// Starts `program args` as `name` with the cluster's environment, detached, output
     /// appended to its log.
     pub fn start(&self, name: &str, env: &Env, program: &Path, args: &[String]) -> Result<u32> {
-        let pid_file = self.pid_file(name);
-        let _ = std::fs::remove_file(&pid_file);
-        let log = append(&self.log(name))?;
-        let err = log.try_clone().map_err(|e| Error(format!("log: {e}")))?;
-        let mut cmd = Command::new(program);
-        let child = env
-            .apply(&mut cmd)
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(log)
-            .stderr(err)
-            .process_group(0)
-            .spawn()
-            .map_err(|e| Error(format!("{name} did not start ({}): {e}", program.display())))?;
-        std::fs::write(&pid_file, format!("{}\n", child.id()))
-            .map_err(|e| Error(format!("{}: {e}", pid_file.display())))?;
-        Ok(child.id())
+        daemons::start_with_env(&self.dir, name, program, args, &env.vars)
     }
 
     pub fn stop(&self, name: &str) {
-        if let Some(pid) = self.pid(name) {
-            terminate(pid);
-            let deadline = Instant::now() + Duration::from_secs(10);
-            while self.pid(name).is_some() && Instant::now() < deadline {
-                std::thread::sleep(Duration::from_millis(100));
-            }
-            if self.pid(name).is_some() {
-                eprintln!("[demo] {name} ({pid}) ignored SIGTERM for 10s; sending SIGKILL");
-                let _ = Command::new("kill")
-                    .args(["-KILL", &pid.to_string()])
-                    .status();
-            }
-        }
-        let _ = std::fs::remove_file(self.pid_file(name));
+        daemons::stop(&self.dir, name);
     }
 }
 
@@ -89,23 +47,9 @@ pub fn port_in_use(port: u16) -> bool {
     .is_ok()
 }
 
-/// A loopback port nobody listens on, below the kernel's ephemeral range (so outgoing
-/// connections do not grab it meanwhile), not in `taken`.
+/// A loopback port nobody listens on, not in `taken`.
 pub fn free_port(taken: &[u16]) -> Result<u16> {
-    use std::hash::{BuildHasher, Hasher};
-    for _ in 0..200 {
-        // RandomState's keys are random per instance: a random number without a crate.
-        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-        h.write_u8(0);
-        let port = 20_000 + u16::try_from(h.finish() % 12_000).unwrap_or(0);
-        if !taken.contains(&port)
-            && !port_in_use(port)
-            && TcpListener::bind((Ipv4Addr::LOCALHOST, port)).is_ok()
-        {
-            return Ok(port);
-        }
-    }
-    fail("no free loopback port found")
+    daemons::free_port(&mut taken.to_vec())
 }
 
 /// The port the user gave in `var` (refused if taken), else a free one.
@@ -196,7 +140,7 @@ mod tests {
 
     #[test]
     fn a_pid_file_of_another_program_is_not_ours() {
-        let dir = std::env::temp_dir().join(format!("xtask-daemon-{}", std::process::id()));
+        let dir = std::env::temp_dir().join(format!("xtask-demo-daemon-{}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("temp dir");
         let daemons = Daemons { dir: dir.clone() };
         // Our own pid runs the test binary, not `cocoon-hibernation`.
@@ -217,7 +161,7 @@ mod tests {
     fn a_free_port_is_not_one_taken() {
         let port = free_port(&[]).expect("a free port");
         assert!((20_000..32_000).contains(&port));
-        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, port)).expect("bind");
+        let listener = std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, port)).expect("bind");
         assert!(port_in_use(port));
         drop(listener);
     }
