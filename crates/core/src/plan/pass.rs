@@ -130,6 +130,20 @@ impl<'a> Pass<'a> {
         self.finish(Some(settings.pending_recheck))
     }
 
+    /// R2 with `--pod-selector`: the pod exists outside it. As for a missing pod, except
+    /// that a settled Hibernated CR says so too (in Progressing, False: nothing is under
+    /// way), since its deletion keeps the tag (G1). A pod entering the selector arrives
+    /// through the watch, which wakes the CR, so the recheck is the slow one.
+    pub(super) fn not_selected(mut self, reason: &str, message: &str, settings: &Settings) -> Plan {
+        if self.phase() == Some(Phase::Hibernated) && self.cr.spec.desire == Desire::Hibernate {
+            self.progress(false, reason, message);
+            return self.finish(Some(settings.conflict_recheck));
+        }
+        let mut plan = self.pending(reason, message, settings);
+        plan.requeue = Some(settings.conflict_recheck);
+        plan
+    }
+
     /// Enter Hibernating or Waking with a full budget (F2); a retry from Failed is announced (F3).
     pub(super) fn enter(&mut self, phase: Phase, vm: &str, reason: &str, message: &str) {
         let old = self.cr.status.as_ref();

@@ -5,7 +5,7 @@ use super::pass::{Pass, READY_DONE, READY_PENDING};
 use super::{Ending, EventKind, Plan, PodPatch, Probe, Settings, Timeouts, Transition};
 use cocoon_api::annotations::PodView;
 use cocoon_api::conditions::{
-    REASON_DONE, REASON_HIBERNATE_NOT_RECORDED, REASON_HIBERNATE_TIMED_OUT,
+    self, PROGRESSING, REASON_DONE, REASON_POD_NOT_SELECTED, REASON_HIBERNATE_NOT_RECORDED, REASON_HIBERNATE_TIMED_OUT,
     REASON_KEPT_FOR_HIBERNATE, REASON_REGISTRY_UNAVAILABLE, REASON_WAITING_FOR_CONTAINER,
     REASON_WAITING_FOR_FRESH_VMID, REASON_WAITING_FOR_LIFECYCLE, REASON_WAITING_FOR_SNAPSHOT,
     REASON_WAKE_TIMED_OUT, SNAPSHOT_DELETED,
@@ -28,7 +28,16 @@ impl Pass<'_> {
             self.next.pre_hibernate_vm_id = view.vm_id.clone();
         }
         match self.phase() {
-            Some(Phase::Hibernated) => self.finish(None),
+            Some(Phase::Hibernated) => {
+                // R2: the pod is back inside --pod-selector; Progressing said it was not.
+                let stale = conditions::find(&self.next.conditions, PROGRESSING)
+                    .is_some_and(|c| c.reason == REASON_POD_NOT_SELECTED);
+                if stale {
+                    let message = format!("vm {vm} hibernated; snapshot {vm}:hibernate stored");
+                    self.progress(false, REASON_DONE, &message);
+                }
+                self.finish(None)
+            }
             Some(Phase::Hibernating) => {
                 let elapsed = self.elapsed();
                 // H3: the registry is asked only once vk reports this round hibernated.
