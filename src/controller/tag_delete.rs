@@ -95,7 +95,10 @@ pub(super) async fn fenced_delete(
     let view = pod.as_ref().map(PodView::from_pod);
     // G1, S6: an own pod outside --pod-selector holds the tag; nothing is discarded.
     if debt == Debt::OnDeletion && pod.is_some() {
-        let (ns, name) = (fresh.namespace().unwrap_or_default(), &fresh.spec.pod_ref.name);
+        let (ns, name) = (
+            fresh.namespace().unwrap_or_default(),
+            &fresh.spec.pod_ref.name,
+        );
         let own = match selection::selected(ctx, &ns, name).await? {
             true => PodRead::from(view.as_ref()),
             false => PodRead::NotSelected,

@@ -28,14 +28,18 @@ async fn label(env: &Env, pod: &str, set: Option<&str>) {
 /// The CR once its Progressing condition says PodNotSelected with `status`, naming the
 /// selector.
 async fn not_selected(env: &Env, name: &str, status: &str) -> CocoonHibernation {
-    eventually(&format!("{name}: Progressing {status} PodNotSelected"), LONG, || async {
-        let cr = env.crs.get(name).await.ok()?;
-        let c = conditions::find(&cr.status.as_ref()?.conditions, PROGRESSING)?;
-        (c.status == status
-            && c.reason == REASON_POD_NOT_SELECTED
-            && c.message.contains(&format!("--pod-selector={LABEL}")))
-        .then_some(cr)
-    })
+    eventually(
+        &format!("{name}: Progressing {status} PodNotSelected"),
+        LONG,
+        || async {
+            let cr = env.crs.get(name).await.ok()?;
+            let c = conditions::find(&cr.status.as_ref()?.conditions, PROGRESSING)?;
+            (c.status == status
+                && c.reason == REASON_POD_NOT_SELECTED
+                && c.message.contains(&format!("--pod-selector={LABEL}")))
+            .then_some(cr)
+        },
+    )
     .await
 }
 
@@ -74,20 +78,30 @@ async fn e2e_g1_s6_r2_a_pod_outside_the_pod_selector_keeps_its_tag() {
     // It leaves the selector: the cache drops it as if it were deleted.
     label(&env, "in-0", None).await;
     let cr = not_selected(&env, "in-0", "False").await;
-    assert_eq!(product::phase(&cr), Some(Phase::Hibernated), "R2 keeps the phase");
+    assert_eq!(
+        product::phase(&cr),
+        Some(Phase::Hibernated),
+        "R2 keeps the phase"
+    );
 
     // A wake asked of it waits and says why; the pod is not this install's to patch.
     product::set_desire(&env.crs, "in-0", Desire::Wake).await;
     not_selected(&env, "in-0", "True").await;
     tokio::time::sleep(Duration::from_secs(3)).await;
-    assert!(hibernate_requested(&env, "in-0").await, "the unselected pod is not patched");
+    assert!(
+        hibernate_requested(&env, "in-0").await,
+        "the unselected pod is not patched"
+    );
     let cr = env.crs.get("in-0").await.expect("get CR");
     assert_eq!(product::phase(&cr), Some(Phase::Hibernated));
     assert!(env.tag_exists(&vm).await);
 
     // Deleting the CR, the VM's last holder, keeps the tag and discards nothing.
     product::delete_and_wait_gone(&env.crs, "in-0", LONG).await;
-    assert!(env.tag_exists(&vm).await, "G1: the unselected pod holds the tag");
+    assert!(
+        env.tag_exists(&vm).await,
+        "G1: the unselected pod holds the tag"
+    );
     let events = env.events("in-0").await;
     assert!(events.contains(&"Hibernated".to_owned()), "{events:?}");
     assert!(
@@ -108,5 +122,9 @@ async fn e2e_g1_s6_r2_a_pod_outside_the_pod_selector_keeps_its_tag() {
     assert!(!hibernate_requested(&env, "out-0").await);
     product::delete_and_wait_gone(&env.crs, "out-0", LONG).await;
     assert!(!hibernate_requested(&env, "out-0").await);
-    assert!(!env.events("out-0").await.contains(&"SnapshotDiscarded".to_owned()));
+    assert!(
+        !env.events("out-0")
+            .await
+            .contains(&"SnapshotDiscarded".to_owned())
+    );
 }

@@ -122,12 +122,22 @@ fn r2_g1_s6_an_unselected_pod_is_reported_and_never_acted_on(
     let c = cr(desire, phase);
     let p = run(&c, PodRead::NotSelected, 10);
     assert_eq!(p.pod_patch, None, "an unselected pod is never patched");
-    assert_eq!(p.delete_tag, None, "no tag delete acts on an unselected pod");
-    assert!(p.events.is_empty(), "no event (no SnapshotDiscarded): {:?}", p.events);
+    assert_eq!(
+        p.delete_tag, None,
+        "no tag delete acts on an unselected pod"
+    );
+    assert!(
+        p.events.is_empty(),
+        "no event (no SnapshotDiscarded): {:?}",
+        p.events
+    );
     assert!(!p.needs_probe && p.finished.is_none() && p.error.is_none());
     assert_eq!(p.status.as_ref().and_then(|s| s.phase), Some(want));
     let seen = condition(&p, PROGRESSING);
-    assert_eq!((seen.status.as_str(), seen.reason.as_str()), (progressing, REASON_POD_NOT_SELECTED));
+    assert_eq!(
+        (seen.status.as_str(), seen.reason.as_str()),
+        (progressing, REASON_POD_NOT_SELECTED)
+    );
     assert!(
         seen.message.contains(&format!("--pod-selector={SELECTOR}"))
             && seen.message.contains("apps/web-0 exists"),
@@ -135,8 +145,16 @@ fn r2_g1_s6_an_unselected_pod_is_reported_and_never_acted_on(
     );
     if want == Phase::Pending {
         let ready = condition(&p, READY);
-        assert_eq!((ready.status.as_str(), ready.reason.as_str()), ("False", "Pending"));
-        assert!(ready.message.contains(&format!("--pod-selector={SELECTOR}")), "{ready:?}");
+        assert_eq!(
+            (ready.status.as_str(), ready.reason.as_str()),
+            ("False", "Pending")
+        );
+        assert!(
+            ready
+                .message
+                .contains(&format!("--pod-selector={SELECTOR}")),
+            "{ready:?}"
+        );
     }
     // W3's debt is kept, not settled: the tag is still owed once the pod is back.
     if phase == Some(Phase::Active) {
@@ -182,9 +200,18 @@ fn r2_a_hibernated_cr_whose_pod_returns_says_done_again() {
     };
     let p = run(&c, PodRead::Found(&pod), 20);
     let seen = condition(&p, PROGRESSING);
-    assert_eq!((seen.status.as_str(), seen.reason.as_str()), ("False", "Done"));
-    assert_eq!(p.status.as_ref().and_then(|s| s.phase), Some(Phase::Hibernated));
-    assert_eq!((p.pod_patch, p.delete_tag, p.needs_probe), (None, None, false));
+    assert_eq!(
+        (seen.status.as_str(), seen.reason.as_str()),
+        ("False", "Done")
+    );
+    assert_eq!(
+        p.status.as_ref().and_then(|s| s.phase),
+        Some(Phase::Hibernated)
+    );
+    assert_eq!(
+        (p.pod_patch, p.delete_tag, p.needs_probe),
+        (None, None, false)
+    );
     c.status = p.status;
     assert_eq!(run(&c, PodRead::Found(&pod), 30).status, None);
 }
@@ -204,7 +231,11 @@ fn g1_s6_a_deleting_cr_keeps_the_tag_of_an_unselected_pod(#[case] phase: Phase) 
     let mut c = cr(Desire::Hibernate, Some(phase));
     c.metadata.deletion_timestamp = Some(at(5));
     let cleanup = plan::plan_cleanup(&c, std::iter::empty(), std::iter::empty());
-    assert_eq!(cleanup.delete_tag.as_deref(), Some("vm-a"), "G1 alone would delete");
+    assert_eq!(
+        cleanup.delete_tag.as_deref(),
+        Some("vm-a"),
+        "G1 alone would delete"
+    );
     assert!(cleanup.remove_finalizer, "G2: the finalizer still goes");
     assert!(plan::own_pod_holds_tag(PodRead::NotSelected));
     let pod = PodView {
