@@ -182,10 +182,12 @@ fn r2_a_missing_pod_is_still_missing_with_a_selector() {
     assert_eq!(p.requeue, Some(Duration::from_secs(5)));
 }
 
-/// SPEC R2: a Hibernated CR whose pod comes back inside the selector says Done again,
-/// once, and asks nothing of the pod or the registry.
-#[test]
-fn r2_a_hibernated_cr_whose_pod_returns_says_done_again() {
+/// SPEC R2: a Hibernated CR whose pod comes back inside the selector, or is deleted,
+/// says Done again, once, and asks nothing of the pod or the registry.
+#[rstest]
+#[case::pod_back(true)]
+#[case::pod_gone(false)]
+fn r2_a_hibernated_cr_whose_pod_returns_or_goes_says_done_again(#[case] back: bool) {
     let mut c = cr(Desire::Hibernate, Some(Phase::Hibernated));
     c.status = run(&c, PodRead::NotSelected, 10).status;
     let pod = PodView {
@@ -198,7 +200,14 @@ fn r2_a_hibernated_cr_whose_pod_returns_says_done_again() {
         vm_id: None,
         container_running: false,
     };
-    let p = run(&c, PodRead::Found(&pod), 20);
+    let read = || {
+        if back {
+            PodRead::Found(&pod)
+        } else {
+            PodRead::Missing
+        }
+    };
+    let p = run(&c, read(), 20);
     let seen = condition(&p, PROGRESSING);
     assert_eq!(
         (seen.status.as_str(), seen.reason.as_str()),
@@ -213,7 +222,7 @@ fn r2_a_hibernated_cr_whose_pod_returns_says_done_again() {
         (None, None, false)
     );
     c.status = p.status;
-    assert_eq!(run(&c, PodRead::Found(&pod), 30).status, None);
+    assert_eq!(run(&c, read(), 30).status, None);
 }
 
 /// SPEC G1 S6: a CR being deleted whose own pod, read fresh, exists outside the selector

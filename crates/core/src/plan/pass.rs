@@ -4,7 +4,7 @@
 use super::{Ending, EventKind, Finished, Plan, PlannedEvent, Settings, Transition};
 use cocoon_api::conditions::{
     self, PROGRESSING, READY, REASON_CONFLICT, REASON_DONE, REASON_FAILED, REASON_PENDING,
-    SNAPSHOT_DELETED, Update,
+    REASON_POD_NOT_SELECTED, SNAPSHOT_DELETED, Update,
 };
 use cocoon_api::{CocoonHibernation, CocoonHibernationStatus, Desire, Failure, Phase};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -121,7 +121,7 @@ impl<'a> Pass<'a> {
             Some(Phase::Hibernated) if self.cr.spec.desire == Desire::Wake => {
                 self.progress(true, reason, message)
             }
-            Some(Phase::Hibernated) => {}
+            Some(Phase::Hibernated) => self.clear_not_selected(),
             _ => {
                 self.set_phase(Phase::Pending, READY_PENDING, message, false);
                 self.progress(true, reason, message);
@@ -142,6 +142,17 @@ impl<'a> Pass<'a> {
         let mut plan = self.pending(reason, message, settings);
         plan.requeue = Some(settings.conflict_recheck);
         plan
+    }
+
+    /// R2: a settled Hibernated CR whose Progressing said PodNotSelected says Done again
+    /// once its pod is back inside the selector, or gone (no news to a hibernated VM).
+    pub(super) fn clear_not_selected(&mut self) {
+        let stale = conditions::find(&self.next.conditions, PROGRESSING)
+            .is_some_and(|c| c.reason == REASON_POD_NOT_SELECTED);
+        if let (true, Some(vm)) = (stale, self.next.vm_name.clone()) {
+            let message = format!("vm {vm} hibernated; snapshot {vm}:hibernate stored");
+            self.progress(false, REASON_DONE, &message);
+        }
     }
 
     /// Enter Hibernating or Waking with a full budget (F2); a retry from Failed is announced (F3).

@@ -5,10 +5,10 @@ use super::pass::{Pass, READY_DONE, READY_PENDING};
 use super::{Ending, EventKind, Plan, PodPatch, Probe, Settings, Timeouts, Transition};
 use cocoon_api::annotations::PodView;
 use cocoon_api::conditions::{
-    self, PROGRESSING, REASON_DONE, REASON_HIBERNATE_NOT_RECORDED, REASON_HIBERNATE_TIMED_OUT,
-    REASON_KEPT_FOR_HIBERNATE, REASON_POD_NOT_SELECTED, REASON_REGISTRY_UNAVAILABLE,
-    REASON_WAITING_FOR_CONTAINER, REASON_WAITING_FOR_FRESH_VMID, REASON_WAITING_FOR_LIFECYCLE,
-    REASON_WAITING_FOR_SNAPSHOT, REASON_WAKE_TIMED_OUT, SNAPSHOT_DELETED,
+    REASON_DONE, REASON_HIBERNATE_NOT_RECORDED, REASON_HIBERNATE_TIMED_OUT,
+    REASON_KEPT_FOR_HIBERNATE, REASON_REGISTRY_UNAVAILABLE, REASON_WAITING_FOR_CONTAINER,
+    REASON_WAITING_FOR_FRESH_VMID, REASON_WAITING_FOR_LIFECYCLE, REASON_WAITING_FOR_SNAPSHOT,
+    REASON_WAKE_TIMED_OUT, SNAPSHOT_DELETED,
 };
 use cocoon_api::{Desire, Phase};
 
@@ -29,13 +29,7 @@ impl Pass<'_> {
         }
         match self.phase() {
             Some(Phase::Hibernated) => {
-                // R2: the pod is back inside --pod-selector; Progressing said it was not.
-                let stale = conditions::find(&self.next.conditions, PROGRESSING)
-                    .is_some_and(|c| c.reason == REASON_POD_NOT_SELECTED);
-                if stale {
-                    let message = format!("vm {vm} hibernated; snapshot {vm}:hibernate stored");
-                    self.progress(false, REASON_DONE, &message);
-                }
+                self.clear_not_selected();
                 self.finish(None)
             }
             Some(Phase::Hibernating) => {
