@@ -70,7 +70,7 @@ pub fn pod_holding<'a>(
 /// delete, holds the tag when it exists outside the selector. This install does not watch
 /// that pod, so it cannot tell whether vk still needs the snapshot (a restore under way, a
 /// hibernate it acted on): the tag is kept and nothing is discarded; the orphan audit,
-/// which reads every pod, lists it once no pod names the VM. The phase decides nothing.
+/// which reads every pod, lists it once no CR holds it. The phase decides nothing.
 pub fn own_pod_holds_tag(own: PodRead<'_>) -> bool {
     matches!(own, PodRead::NotSelected)
 }
