@@ -122,6 +122,7 @@ pub async fn run(args: ServerArgs) -> Result<()> {
         wake_timeout: args.controller.wake_timeout,
         refused_delete_backoff: args.controller.refused_delete_backoff,
         watch_namespace: args.controller.watch_namespace.clone(),
+        pod_selector: args.controller.pod_selector.clone(),
         registry_slots: usize::try_from(args.controller.concurrency - 1)
             .unwrap_or(1)
             .max(1),

@@ -1,8 +1,9 @@
 //! The CocoonHibernation controller. Pure rules in [`plan`]; one pass in [`reconcile`],
-//! its tag deletes in `tag_delete`, a CR's deletion in `finalizer`, its other writes in
-//! `effects`, when it looks again in `error_policy`; what passes share in `context` and
-//! `own_writes`; its trigger policy in `triggers`, the leader-gated run loop in `term`
-//! (where a pass waits: `runtime::limits`); the phase gauges here and in [`census`].
+//! its tag deletes in `tag_delete`, `--pod-selector`'s fresh checks in `selection`, a
+//! CR's deletion in `finalizer`, its other writes in `effects`, when it looks again in
+//! `error_policy`; what passes share in `context` and `own_writes`; its trigger policy in
+//! `triggers`, the leader-gated run loop in `term` (where a pass waits:
+//! `runtime::limits`); the phase gauges here and in [`census`].
 
 pub mod census;
 mod context;
@@ -13,6 +14,7 @@ mod own_writes;
 /// The pure rules live in cocoon-core; re-exported under their old path.
 pub use cocoon_core::plan;
 pub mod reconcile;
+mod selection;
 mod tag_delete;
 mod term;
 mod triggers;

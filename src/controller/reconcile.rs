@@ -8,7 +8,8 @@ use super::effects::{
 };
 use super::error_policy::Deferral;
 use super::finalizer::cleanup;
-use super::plan::{self, Debt, Plan, PodPatch, Probe};
+use super::plan::{self, Debt, Plan, PodPatch, PodRead, Probe};
+use super::selection;
 use super::tag_delete::{Attempt, fenced_delete, pay_wake_debt};
 use crate::api::annotations::{self, PodView};
 use crate::api::pod::PodSlice;
@@ -61,6 +62,12 @@ async fn reconcile_inner(cr: Arc<CocoonHibernation>, ctx: &Context) -> Result<Ac
         return Ok(ctx.defer(Deferral::OwnPodWrite));
     }
     let view = pod.as_deref().map(PodView::from_pod);
+    // R2: a pod the cache lacks may exist outside --pod-selector; it is not missing.
+    let read = match &view {
+        Some(v) => PodRead::Found(v),
+        None if selection::outside_selector(ctx, &ns, &pod_name).await? => PodRead::NotSelected,
+        None => PodRead::Missing,
+    };
     let now = Time(jiff::Timestamp::now());
     let pod_vm = view.as_ref().and_then(|v| v.vm_name.as_deref());
     let same_pod = ctx.cache.crs_for_pod(&ns, &pod_name);
@@ -77,12 +84,12 @@ async fn reconcile_inner(cr: Arc<CocoonHibernation>, ctx: &Context) -> Result<Ac
     let mut probe = Probe::NotProbed;
     let mut digest = None;
     let mut now = now;
-    let plan_on = |view: Option<&PodView>, probe: &Probe, now: &Time, digest: &Option<String>| {
-        let mut plan = plan::plan(&cr, view, &owner, probe, now.clone(), &ctx.settings);
+    let plan_on = |view: PodRead<'_>, probe: &Probe, now: &Time, digest: &Option<String>| {
+        let mut plan = plan::plan_read(&cr, view, &owner, probe, now.clone(), &ctx.settings);
         plan::record_digest(&mut plan, digest.clone());
         plan
     };
-    let mut plan = plan_on(view.as_ref(), &probe, &now, &digest);
+    let mut plan = plan_on(read, &probe, &now, &digest);
     if plan.needs_probe {
         let asked = std::time::Instant::now();
         let Some(_slot) = ctx.limits.registry_slot().await else {
@@ -108,7 +115,7 @@ async fn reconcile_inner(cr: Arc<CocoonHibernation>, ctx: &Context) -> Result<Ac
             probe_ms = (asked.elapsed() - slot_wait).as_millis(),
             "probed"
         );
-        plan = plan_on(view.as_ref(), &probe, &now, &digest);
+        plan = plan_on(read, &probe, &now, &digest);
     }
     // S7 for every ending: a transition that ends without a tag delete (whose own fresh
     // read covers it) ends only if the pod as the apiserver shows it now ends it too. A
@@ -119,7 +126,7 @@ async fn reconcile_inner(cr: Arc<CocoonHibernation>, ctx: &Context) -> Result<Ac
         let fresh = pods.get_opt(&pod_name).await?;
         let fresh_view = fresh.as_ref().map(PodView::from_pod);
         if fresh_view != view {
-            let again = plan_on(fresh_view.as_ref(), &probe, &now, &digest);
+            let again = plan_on(fresh_view.as_ref().into(), &probe, &now, &digest);
             if again.finished != plan.finished {
                 tracing::info!(cr = %key(&cr), "fresh read: the pod does not end the transition yet");
                 return Ok(ctx.defer(Deferral::StalePod));

@@ -4,7 +4,8 @@
 use super::context::Context;
 use super::effects::{event, key, write_status};
 use super::error_policy::Deferral;
-use super::plan::{self, Debt, DeleteResult};
+use super::plan::{self, Debt, DeleteResult, PodRead};
+use super::selection;
 use crate::api::CocoonHibernation;
 use crate::api::annotations::PodView;
 use crate::api::pod::{PodSlice, list_vm_names};
@@ -92,6 +93,26 @@ pub(super) async fn fenced_delete(
         Api::namespaced(ctx.client.clone(), &fresh.namespace().unwrap_or_default());
     let pod = pods.get_opt(&fresh.spec.pod_ref.name).await?;
     let view = pod.as_ref().map(PodView::from_pod);
+    // G1, S6: an own pod outside --pod-selector holds the tag; nothing is discarded.
+    if debt == Debt::OnDeletion && pod.is_some() {
+        let (ns, name) = (
+            fresh.namespace().unwrap_or_default(),
+            &fresh.spec.pod_ref.name,
+        );
+        let own = match selection::selected(ctx, &ns, name).await? {
+            true => PodRead::from(view.as_ref()),
+            false => PodRead::NotSelected,
+        };
+        if plan::own_pod_holds_tag(own) {
+            tracing::info!(
+                cr = %key(cr),
+                vm,
+                selector = %ctx.settings.pod_selector,
+                "fresh read: the pod is outside --pod-selector; tag kept"
+            );
+            return Ok(Attempt::NotOwed);
+        }
+    }
     if debt != Debt::OnDeletion
         && !plan::vm_running_again(view.as_ref(), vm, fresh.pre_hibernate_vm_id())
     {

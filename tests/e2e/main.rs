@@ -16,4 +16,5 @@ mod proxy;
 mod registry_stall;
 mod safety;
 mod schedule;
+mod selector;
 mod status;

@@ -12,6 +12,7 @@ mod fuzz_regressions;
 mod plan_properties;
 mod plan_rules;
 mod plugin_literals;
+mod pod_selector;
 mod registry_client;
 mod registry_harness;
 mod safety_rules;

@@ -47,6 +47,9 @@ pub const REASON_REGISTRY_UNAVAILABLE: &str = "RegistryUnavailable";
 pub const REASON_DELETING_SNAPSHOT: &str = "DeletingSnapshot";
 /// The pod named by spec.podRef does not exist.
 pub const REASON_POD_MISSING: &str = "PodMissing";
+/// The pod exists but lies outside `--pod-selector`: this install does not watch it, so
+/// it neither acts on it nor treats it as missing.
+pub const REASON_POD_NOT_SELECTED: &str = "PodNotSelected";
 /// The pod exists but has no VM name yet.
 pub const REASON_WAITING_FOR_VM: &str = "WaitingForVM";
 /// Failure reasons, also in `status.lastFailure.reason`.

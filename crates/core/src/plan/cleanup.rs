@@ -1,7 +1,7 @@
 //! G1, G2, S6: what a CR being deleted does with its tag and its finalizer.
 
 use super::delete_rules::vm_running_again;
-use super::{EventKind, PlannedEvent};
+use super::{EventKind, PlannedEvent, PodRead};
 use cocoon_api::annotations::PodView;
 use cocoon_api::{CocoonHibernation, Phase};
 
@@ -64,6 +64,15 @@ pub fn pod_holding<'a>(
             *named == Some(vm) && !(*ns == own_ns && *name == cr.spec.pod_ref.name)
         })
         .map(|(ns, name, _)| (ns.to_owned(), name.to_owned()))
+}
+
+/// G1, S6 with `--pod-selector`: the CR's own pod, read fresh right before a deletion's
+/// delete, holds the tag when it exists outside the selector. This install does not watch
+/// that pod, so it cannot tell whether vk still needs the snapshot (a restore under way, a
+/// hibernate it acted on): the tag is kept and nothing is discarded; the orphan audit,
+/// which reads every pod, lists it once no CR holds it. The phase decides nothing.
+pub fn own_pod_holds_tag(own: PodRead<'_>) -> bool {
+    matches!(own, PodRead::NotSelected)
 }
 
 /// S6: the Warning a G1 delete sends first when the tag exists and may be the VM's only

@@ -13,7 +13,7 @@ mod pass;
 mod settings;
 mod transitions;
 
-pub use cleanup::{Cleanup, discard_event, plan_cleanup, pod_holding};
+pub use cleanup::{Cleanup, discard_event, own_pod_holds_tag, plan_cleanup, pod_holding};
 pub use delete_rules::{
     Debt, DeleteResult, after_delete, owes_tag_delete, still_owes, vm_running_again,
 };
@@ -22,8 +22,8 @@ pub use settings::Settings;
 
 use cocoon_api::annotations::PodView;
 use cocoon_api::conditions::{
-    REASON_CONFLICT, REASON_INVALID_SPEC, REASON_POD_MISSING, REASON_VM_CHANGED,
-    REASON_WAITING_FOR_VM,
+    REASON_CONFLICT, REASON_INVALID_SPEC, REASON_POD_MISSING, REASON_POD_NOT_SELECTED,
+    REASON_VM_CHANGED, REASON_WAITING_FOR_VM,
 };
 use cocoon_api::{CocoonHibernation, CocoonHibernationStatus, Desire, Phase};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -70,6 +70,24 @@ pub struct Finished {
     pub ending: Ending,
     /// From entering Hibernating or Waking to this pass.
     pub seconds: f64,
+}
+
+/// The CR's pod as a pass knows it (R2). With `--pod-selector` the cache holds only the
+/// pods inside it, so a pod it lacks may exist all the same: a fresh read tells the two
+/// apart, and nothing that deletes or discards a tag acts on "missing" for such a pod.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum PodRead<'a> {
+    Found(&'a PodView),
+    /// Not in the cache, and (with a selector) not in the apiserver either.
+    Missing,
+    /// The apiserver has it, outside `--pod-selector`: this install does not act on it.
+    NotSelected,
+}
+
+impl<'a> From<Option<&'a PodView>> for PodRead<'a> {
+    fn from(pod: Option<&'a PodView>) -> Self {
+        pod.map_or(PodRead::Missing, PodRead::Found)
+    }
 }
 
 /// What the registry said about `<vm>:hibernate`, if it was asked.
@@ -149,10 +167,22 @@ pub fn may_end_a_transition(cr: &CocoonHibernation) -> bool {
         )
 }
 
-/// One pass's rules, in order: R1, R3, S2, R2, S9, D1, then the transition itself.
+/// [`plan_read`] for a pod the cache either has or does not (no `--pod-selector`).
 pub fn plan(
     cr: &CocoonHibernation,
     pod: Option<&PodView>,
+    owner: &Ownership,
+    probe: &Probe,
+    now: Time,
+    settings: &Settings,
+) -> Plan {
+    plan_read(cr, pod.into(), owner, probe, now, settings)
+}
+
+/// One pass's rules, in order: R1, R3, S2, R2, S9, D1, then the transition itself.
+pub fn plan_read(
+    cr: &CocoonHibernation,
+    pod: PodRead<'_>,
     owner: &Ownership,
     probe: &Probe,
     now: Time,
@@ -207,14 +237,21 @@ pub fn plan(
     let pod_name = &cr.spec.pod_ref.name;
     let ns = cr.metadata.namespace.as_deref().unwrap_or_default();
     let (view, vm) = match pod {
-        None => {
+        PodRead::Missing => {
             return pass.pending(
                 REASON_POD_MISSING,
                 &format!("pod {ns}/{pod_name} not found"),
                 settings,
             );
         }
-        Some(v) => match v.vm_name.clone() {
+        PodRead::NotSelected => {
+            let selector = &settings.pod_selector;
+            let message = format!(
+                "pod {ns}/{pod_name} exists but is outside --pod-selector={selector}: this install does not watch it, so it does nothing with it (label the pod to match, or widen the selector)"
+            );
+            return pass.not_selected(REASON_POD_NOT_SELECTED, &message, settings);
+        }
+        PodRead::Found(v) => match v.vm_name.clone() {
             None => {
                 return pass.pending(
                     REASON_WAITING_FOR_VM,

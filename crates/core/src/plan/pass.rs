@@ -4,7 +4,7 @@
 use super::{Ending, EventKind, Finished, Plan, PlannedEvent, Settings, Transition};
 use cocoon_api::conditions::{
     self, PROGRESSING, READY, REASON_CONFLICT, REASON_DONE, REASON_FAILED, REASON_PENDING,
-    SNAPSHOT_DELETED, Update,
+    REASON_POD_NOT_SELECTED, SNAPSHOT_DELETED, Update,
 };
 use cocoon_api::{CocoonHibernation, CocoonHibernationStatus, Desire, Failure, Phase};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -121,13 +121,38 @@ impl<'a> Pass<'a> {
             Some(Phase::Hibernated) if self.cr.spec.desire == Desire::Wake => {
                 self.progress(true, reason, message)
             }
-            Some(Phase::Hibernated) => {}
+            Some(Phase::Hibernated) => self.clear_not_selected(),
             _ => {
                 self.set_phase(Phase::Pending, READY_PENDING, message, false);
                 self.progress(true, reason, message);
             }
         }
         self.finish(Some(settings.pending_recheck))
+    }
+
+    /// R2 with `--pod-selector`: the pod exists outside it. As for a missing pod, except
+    /// that a settled Hibernated CR says so too (in Progressing, False: nothing is under
+    /// way), since its deletion keeps the tag (G1). A pod entering the selector arrives
+    /// through the watch, which wakes the CR, so the recheck is the slow one.
+    pub(super) fn not_selected(mut self, reason: &str, message: &str, settings: &Settings) -> Plan {
+        if self.phase() == Some(Phase::Hibernated) && self.cr.spec.desire == Desire::Hibernate {
+            self.progress(false, reason, message);
+            return self.finish(Some(settings.conflict_recheck));
+        }
+        let mut plan = self.pending(reason, message, settings);
+        plan.requeue = Some(settings.conflict_recheck);
+        plan
+    }
+
+    /// R2: a settled Hibernated CR whose Progressing said PodNotSelected says Done again
+    /// once its pod is back inside the selector, or gone (no news to a hibernated VM).
+    pub(super) fn clear_not_selected(&mut self) {
+        let stale = conditions::find(&self.next.conditions, PROGRESSING)
+            .is_some_and(|c| c.reason == REASON_POD_NOT_SELECTED);
+        if let (true, Some(vm)) = (stale, self.next.vm_name.clone()) {
+            let message = format!("vm {vm} hibernated; snapshot {vm}:hibernate stored");
+            self.progress(false, REASON_DONE, &message);
+        }
     }
 
     /// Enter Hibernating or Waking with a full budget (F2); a retry from Failed is announced (F3).

@@ -24,6 +24,9 @@ pub struct Settings {
     /// The namespace the product watches (empty: every namespace); G1's fresh read of the
     /// pods that name a VM covers it.
     pub watch_namespace: String,
+    /// `--pod-selector` (empty: every pod). A pod outside it is not in the cache, yet it
+    /// is not missing: R2 names the selector, and no G1 delete acts on such a pod.
+    pub pod_selector: String,
 }
 
 impl Settings {
@@ -61,6 +64,7 @@ impl Default for Settings {
             registry_slots: 3,
             refused_delete_backoff: Duration::from_secs(60),
             watch_namespace: String::new(),
+            pod_selector: String::new(),
         }
     }
 }

@@ -28,7 +28,10 @@ impl Pass<'_> {
             self.next.pre_hibernate_vm_id = view.vm_id.clone();
         }
         match self.phase() {
-            Some(Phase::Hibernated) => self.finish(None),
+            Some(Phase::Hibernated) => {
+                self.clear_not_selected();
+                self.finish(None)
+            }
             Some(Phase::Hibernating) => {
                 let elapsed = self.elapsed();
                 // H3: the registry is asked only once vk reports this round hibernated.
