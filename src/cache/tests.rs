@@ -3,6 +3,7 @@ use super::*;
 use crate::api::annotations::PodView;
 use crate::api::annotations::{self, HIBERNATE, LIFECYCLE_STATE, VM_ID, VM_NAME};
 use k8s_openapi::api::core::v1::Pod;
+use kube::ResourceExt;
 
 fn realistic_pod() -> serde_json::Value {
     serde_json::json!({
@@ -312,8 +313,11 @@ fn k9_c3_one_change_reaches_both_controllers_policies() {
         "nothing of it is labelled"
     );
 
-    let mut web = pod("pa", "20", "vm-a", false);
-    web.metadata.labels = Some([("tier".to_owned(), "web".to_owned())].into());
+    let unlabelled = pod("pa", "20", "vm-a", false);
+    let mut meta = unlabelled.metadata.clone();
+    meta.labels = Some([("tier".to_owned(), "web".to_owned())].into());
+    meta.annotations = Some(unlabelled.annotations());
+    let mut web = PodSlice::new(meta, false);
     h.on_pod(Event::Apply(web.clone()));
     assert_eq!(
         names(&mut schedules),
