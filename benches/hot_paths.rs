@@ -147,12 +147,19 @@ fn main() {
     let before = serde_json::to_vec(&listed)
         .map(|v| v.len())
         .unwrap_or_default();
-    let mut kept: cocoon_hibernation::api::pod::PodSlice =
+    let kept: cocoon_hibernation::api::pod::PodSlice =
         serde_json::from_str(TYPICAL_POD).unwrap_or_default();
-    cocoon_hibernation::cache::strip_pod(&mut kept);
+    // The labels and annotations the slice keeps outside its metadata count too.
     let after = serde_json::to_vec(&kept.metadata)
         .map(|v| v.len())
-        .unwrap_or_default();
+        .unwrap_or_default()
+        + serde_json::to_vec(&kept.labels())
+            .map(|v| v.len())
+            .unwrap_or_default()
+        + cocoon_hibernation::api::annotations::CONTRACT
+            .iter()
+            .filter_map(|k| kept.annotation(k).map(|v| k.len() + v.len() + 6))
+            .sum::<usize>();
     println!(
         "cached pod size (JSON bytes, proxy for memory): as listed {before}, kept {after}, kept/listed = {:.2}",
         after as f64 / before.max(1) as f64

@@ -4,7 +4,7 @@
 //! still holds the previous object to compare with, and told once it has (`change.rs`).
 
 use crate::api::annotations::VM_NAME;
-use crate::api::pod::PodSlice;
+use crate::api::pod::{LabelPair, PodSlice};
 use kube::ResourceExt;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
@@ -29,12 +29,12 @@ pub enum Arrival {
 pub fn of_pod(old: Option<&PodSlice>, new: Option<&PodSlice>) -> Option<Arrival> {
     // Borrowed until there is something to publish: most pod events change neither.
     // Names a VM as PodView reads it: a non-empty name annotation.
-    fn seen(p: &PodSlice) -> (&Labels, bool) {
-        let vm = p.annotations().get(VM_NAME).is_some_and(|v| !v.is_empty());
-        (p.labels(), vm)
+    fn seen(p: &PodSlice) -> (&[LabelPair], bool) {
+        let vm = p.annotation(VM_NAME).is_some_and(|v| !v.is_empty());
+        (p.label_pairs(), vm)
     }
     let (before, after) = (old.map(seen), new.map(seen));
-    let names_vm = |s: &Option<(&Labels, bool)>| s.is_some_and(|(_, vm)| vm);
+    let names_vm = |s: &Option<(&[LabelPair], bool)>| s.is_some_and(|(_, vm)| vm);
     if before == after || !(names_vm(&before) || names_vm(&after)) {
         return None;
     }
@@ -44,7 +44,11 @@ pub fn of_pod(old: Option<&PodSlice>, new: Option<&PodSlice>) -> Option<Arrival>
         labels: [before, after]
             .into_iter()
             .flatten()
-            .map(|(l, _)| l.clone())
+            .map(|(l, _)| {
+                l.iter()
+                    .map(|(k, v)| ((**k).to_owned(), (**v).to_owned()))
+                    .collect()
+            })
             .collect(),
     })
 }
@@ -73,8 +77,8 @@ mod tests {
     use kube::api::ObjectMeta;
 
     fn pod(labels: &[(&str, &str)], vm: Option<&str>) -> PodSlice {
-        PodSlice {
-            metadata: ObjectMeta {
+        PodSlice::new(
+            ObjectMeta {
                 name: Some("web-0".into()),
                 namespace: Some("shop".into()),
                 labels: Some(
@@ -86,8 +90,8 @@ mod tests {
                 annotations: vm.map(|vm| BTreeMap::from([(VM_NAME.to_owned(), vm.to_owned())])),
                 ..ObjectMeta::default()
             },
-            container_running: false,
-        }
+            false,
+        )
     }
 
     fn labels(pairs: &[(&str, &str)]) -> Labels {

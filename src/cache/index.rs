@@ -2,10 +2,47 @@
 //! without scanning every CR (C3), and pod churn that a pass does not read is ignored.
 
 use crate::api::annotations::PodView;
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::borrow::Borrow;
+use std::collections::{HashMap, HashSet};
 
 /// (namespace, name)
 pub type Key = (String, String);
+
+/// A small sorted set (issue 38, memory). Most pods have one CR and most VMs one pod,
+/// and a `BTreeSet`'s first node holds 11 slots whatever it holds: about 0.5 KiB for one
+/// [`Key`]. This holds what it holds. A sorted `Vec` rather than `smallvec`: the one
+/// allocation it would save is not worth a dependency.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+struct Few<T>(Vec<T>);
+
+impl<T: Ord> Few<T> {
+    fn insert(&mut self, item: T) {
+        if let Err(at) = self.0.binary_search(&item) {
+            if self.0.len() < 4 {
+                // Vec's first growth would take room for 4.
+                self.0.reserve_exact(1);
+            }
+            self.0.insert(at, item);
+        }
+    }
+
+    fn remove<Q: Ord + ?Sized>(&mut self, item: &Q)
+    where
+        T: Borrow<Q>,
+    {
+        if let Ok(at) = self.0.binary_search_by(|x| x.borrow().cmp(item)) {
+            self.0.remove(at);
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    fn iter(&self) -> std::slice::Iter<'_, T> {
+        self.0.iter()
+    }
+}
 
 /// What the index remembers of one CR.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -19,8 +56,8 @@ struct Entry {
 /// they hold, status.vmName -> (namespace, name) in any namespace (S2, G1).
 #[derive(Debug, Default)]
 pub struct PodRefIndex {
-    by_pod: HashMap<Key, BTreeSet<String>>,
-    by_vm: HashMap<String, BTreeSet<Key>>,
+    by_pod: HashMap<Key, Few<String>>,
+    by_vm: HashMap<String, Few<Key>>,
     by_cr: HashMap<Key, Entry>,
     resync_seen: Option<HashSet<Key>>,
 }
@@ -154,7 +191,7 @@ impl PodRefIndex {
 pub struct PodChangeTracker {
     /// Each pod's view and when it last changed (for the reaction-time histogram).
     views: HashMap<Key, (PodView, std::time::Instant)>,
-    by_vm: HashMap<String, BTreeSet<Key>>,
+    by_vm: HashMap<String, Few<Key>>,
     resync_seen: Option<HashSet<Key>>,
 }
 
@@ -250,6 +287,25 @@ mod tests {
 
     fn key(ns: &str, n: &str) -> Key {
         (ns.to_owned(), n.to_owned())
+    }
+
+    /// Issue 38, C3: the index's sets stay sorted and free of duplicates, and one item
+    /// takes room for one.
+    #[test]
+    fn c3_few_is_a_sorted_set_sized_to_its_items() {
+        let mut few = Few::default();
+        few.insert("b".to_owned());
+        assert_eq!(few.0.capacity(), 1);
+        few.insert("c".to_owned());
+        few.insert("a".to_owned());
+        few.insert("b".to_owned());
+        assert_eq!(few.0, ["a", "b", "c"]);
+        few.remove("b");
+        few.remove("x");
+        assert_eq!(few.iter().collect::<Vec<_>>(), ["a", "c"]);
+        few.remove("a");
+        few.remove("c");
+        assert!(few.is_empty());
     }
 
     /// SPEC C3.

@@ -22,7 +22,7 @@ use driver::{Writers, drive};
 use index::{PodChangeTracker, PodRefIndex};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
-use kube::{Api, Client, ResourceExt};
+use kube::{Api, Client};
 use list_mode::{ListChoice, ListMode, POD_LIST_PAGE};
 use liveness::{Informer, InformerState, Progress, Verdict};
 use parking_lot::RwLock;
@@ -219,31 +219,18 @@ pub fn start_tracked(
             pod_cfg = pod_cfg.labels(&pod_selector);
         }
         // The driver writes the stores itself (no `.reflect`): S4, no going back in time.
-        let cr_events = watcher(cr_api, cr_cfg)
-            .default_backoff()
-            .modify(|cr: &mut CocoonHibernation| cr.managed_fields_mut().clear());
-        let pod_events = watcher(pod_api, pod_cfg)
-            .default_backoff()
-            .modify(strip_pod);
+        let cr_events = watcher(cr_api, cr_cfg).default_backoff().modify(strip_cr);
+        // Pods arrive slim already: `PodSlice` decodes only what is kept.
+        let pod_events = watcher(pod_api, pod_cfg).default_backoff();
         drive(shared, writers, cr_events, pod_events).await;
     };
     (cache, driver)
 }
 
-/// Keep only what a pass or the webhook reads: name, namespace, uid, resourceVersion and
-/// the contract's annotations ([`PodSlice`] already dropped the spec and all but whether a
-/// container runs), and the labels schedules select on (K1); other annotations (such as last-applied-configuration), owner references and
-/// managed fields go.
-pub fn strip_pod(pod: &mut PodSlice) {
-    let meta = &mut pod.metadata;
-    meta.managed_fields = None;
-    meta.owner_references = None;
-    meta.finalizers = None;
-    meta.generate_name = None;
-    if let Some(annotations) = meta.annotations.as_mut() {
-        // An empty map, not None: a patch creating the map must know one exists.
-        annotations.retain(|k, _| crate::api::annotations::CONTRACT.contains(&k.as_str()));
-    }
+/// A CR as the cache keeps it: without `managedFields`, never read. Set to `None`, not
+/// cleared: a cleared Vec keeps its buffer, a few hundred bytes per CR (issue 38).
+pub fn strip_cr(cr: &mut CocoonHibernation) {
+    cr.metadata.managed_fields = None;
 }
 
 impl SharedCache {
@@ -278,6 +265,7 @@ impl SharedCache {
         crs: Vec<CocoonHibernation>,
         pods: Vec<k8s_openapi::api::core::v1::Pod>,
     ) -> Self {
+        use kube::ResourceExt;
         let (cr_store, mut cr_writer) = reflector::store::<CocoonHibernation>();
         let (pod_store, mut pod_writer) = reflector::store::<PodSlice>();
         let cache = SharedCache {

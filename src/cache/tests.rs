@@ -3,6 +3,7 @@ use super::*;
 use crate::api::annotations::PodView;
 use crate::api::annotations::{self, HIBERNATE, LIFECYCLE_STATE, VM_ID, VM_NAME};
 use k8s_openapi::api::core::v1::Pod;
+use kube::ResourceExt;
 
 fn realistic_pod() -> serde_json::Value {
     serde_json::json!({
@@ -36,21 +37,20 @@ fn realistic_pod() -> serde_json::Value {
 fn c3_stripped_pod_keeps_everything_a_pass_reads() {
     let json = realistic_pod();
     let full: Pod = serde_json::from_value(json.clone()).unwrap();
-    let mut stripped: PodSlice = serde_json::from_value(json.clone()).unwrap();
-    strip_pod(&mut stripped);
+    let stripped: PodSlice = serde_json::from_value(json.clone()).unwrap();
     assert_eq!(
         PodView::from_pod(&stripped),
         PodView::from_pod(&PodSlice::from(&full))
     );
     assert!(stripped.container_running);
     // K1: schedules select pods by label.
-    assert_eq!(
-        stripped.metadata.labels.as_ref().and_then(|l| l.get("app")),
-        Some(&"web".to_owned())
-    );
+    assert_eq!(stripped.label("app"), Some("web"));
     assert!(stripped.metadata.owner_references.is_none());
-    let kept = stripped.metadata.annotations.clone().unwrap_or_default();
-    assert!(!kept.contains_key("kubectl.kubernetes.io/last-applied-configuration"));
+    assert!(
+        stripped
+            .annotation("kubectl.kubernetes.io/last-applied-configuration")
+            .is_none()
+    );
     let full_len = serde_json::to_vec(&full).unwrap().len();
     let stripped_len = serde_json::to_vec(&stripped.metadata).unwrap().len();
     assert!(
@@ -58,8 +58,8 @@ fn c3_stripped_pod_keeps_everything_a_pass_reads() {
         "{stripped_len} of {full_len} bytes"
     );
     for patch in [
-        annotations::clear_hibernate_patch(&stripped.metadata),
-        annotations::set_hibernate_patch(&stripped.metadata),
+        annotations::clear_hibernate_patch(&stripped),
+        annotations::set_hibernate_patch(&stripped),
     ] {
         let mut doc = json.clone();
         json_patch::patch(&mut doc, &patch.0).unwrap();
@@ -95,13 +95,15 @@ fn pod(name: &str, rv: &str, vm: &str, hibernate: bool) -> PodSlice {
     if hibernate {
         annotations.insert(HIBERNATE.to_owned(), "true".to_owned());
     }
-    let mut pod = PodSlice::default();
-    pod.metadata.name = Some(name.into());
-    pod.metadata.namespace = Some("ns".into());
-    pod.metadata.uid = Some(format!("uid-{name}"));
-    pod.metadata.resource_version = Some(rv.into());
-    pod.metadata.annotations = Some(annotations);
-    pod
+    let meta = kube::api::ObjectMeta {
+        name: Some(name.into()),
+        namespace: Some("ns".into()),
+        uid: Some(format!("uid-{name}")),
+        resource_version: Some(rv.into()),
+        annotations: Some(annotations),
+        ..Default::default()
+    };
+    PodSlice::new(meta, false)
 }
 
 /// An event handler on an empty cache, as the driver builds it, and the triggers the
@@ -311,8 +313,11 @@ fn k9_c3_one_change_reaches_both_controllers_policies() {
         "nothing of it is labelled"
     );
 
-    let mut web = pod("pa", "20", "vm-a", false);
-    web.metadata.labels = Some([("tier".to_owned(), "web".to_owned())].into());
+    let unlabelled = pod("pa", "20", "vm-a", false);
+    let mut meta = unlabelled.metadata.clone();
+    meta.labels = Some([("tier".to_owned(), "web".to_owned())].into());
+    meta.annotations = Some(unlabelled.annotations());
+    let mut web = PodSlice::new(meta, false);
     h.on_pod(Event::Apply(web.clone()));
     assert_eq!(
         names(&mut schedules),

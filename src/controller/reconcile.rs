@@ -185,8 +185,8 @@ async fn execute(
         let pods: Api<PodSlice> =
             Api::namespaced(ctx.client.clone(), &cr.namespace().unwrap_or_default());
         let json = match patch {
-            PodPatch::SetHibernate => annotations::set_hibernate_patch(&pod.metadata),
-            PodPatch::ClearHibernate => annotations::clear_hibernate_patch(&pod.metadata),
+            PodPatch::SetHibernate => annotations::set_hibernate_patch(pod),
+            PodPatch::ClearHibernate => annotations::clear_hibernate_patch(pod),
         };
         let patched = pods
             .patch(&pod.name_any(), &patch_params(), &Patch::Json::<()>(json))

@@ -76,7 +76,6 @@ pub fn read(me: &CocoonIdlePolicy, f: &Fetched<'_>) -> Read {
         .filter(|c| c.namespace() == ns)
         .map(|c| (c.name_any(), c))
         .collect();
-    let empty = BTreeMap::new();
     let mut out = Read {
         pods: BTreeMap::new(),
         strays: Vec::new(),
@@ -85,7 +84,7 @@ pub fn read(me: &CocoonIdlePolicy, f: &Fetched<'_>) -> Read {
         pod_uids: HashMap::new(),
     };
     for pod in f.pods.iter().filter(|p| p.namespace() == ns) {
-        let labels = pod.metadata.labels.as_ref().unwrap_or(&empty);
+        let labels = &pod.labels();
         let name = pod.name_any();
         // A pod whose Lease name would be refused cannot be tracked (I2).
         if !mine.as_ref().is_some_and(|s| s.matches(labels))

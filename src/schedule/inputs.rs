@@ -30,10 +30,9 @@ pub fn selected_pods(
         .filter(|s| s.namespace() == ns && s.metadata.deletion_timestamp.is_none())
         .filter_map(|s| Some((created(s), s.name_any(), selector(s)?)))
         .collect();
-    let empty = BTreeMap::new();
     let mut out = BTreeMap::new();
     for pod in pods {
-        let labels = pod.metadata.labels.as_ref().unwrap_or(&empty);
+        let labels = &pod.labels();
         if !mine.matches(labels) || PodView::from_pod(pod).vm_name.is_none() {
             continue;
         }

@@ -45,7 +45,7 @@ impl Policy for SchedulePolicy {
             Change::Cr((ns, name)) => match cache.cr(ns, name) {
                 Some(cr) => {
                     let pod = cache.pod(ns, &cr.spec.pod_ref.name);
-                    let labels: Vec<Labels> = pod.iter().map(|p| p.labels().clone()).collect();
+                    let labels: Vec<Labels> = pod.iter().map(|p| p.labels()).collect();
                     selecting(&in_ns, &labels, cr.labels().get(SCHEDULE_LABEL))
                 }
                 None => Vec::new(),

@@ -56,15 +56,14 @@ impl PodView {
     }
 
     pub fn from_pod(pod: &PodSlice) -> Self {
-        Self::read(&pod.metadata, pod.container_running)
+        Self::read(pod, pod.container_running)
     }
 
-    fn read(meta: &ObjectMeta, container_running: bool) -> Self {
-        let ann = meta.annotations.as_ref();
-        let get = |key: &str| ann.and_then(|a| a.get(key)).map(String::as_str);
+    fn read(meta: &impl PodMeta, container_running: bool) -> Self {
+        let get = |key: &str| meta.annotation(key);
         let non_empty = |key: &str| get(key).filter(|v| !v.is_empty()).map(str::to_owned);
         Self {
-            uid: meta.uid.clone(),
+            uid: meta.pod_uid().map(str::to_owned),
             vm_name: non_empty(VM_NAME),
             hibernate_requested: get(HIBERNATE) == Some(HIBERNATE_REQUESTED),
             lifecycle_state: non_empty(LIFECYCLE_STATE),
@@ -100,6 +99,47 @@ impl PodView {
     }
 }
 
+/// What the view and the pod patches read of a pod's metadata: a whole pod's
+/// [`ObjectMeta`] or the cache's [`PodSlice`] alike.
+pub trait PodMeta {
+    fn pod_uid(&self) -> Option<&str>;
+    fn pod_version(&self) -> Option<&str>;
+    /// The value of annotation `key`, if the pod carries it.
+    fn annotation(&self, key: &str) -> Option<&str>;
+    /// Whether the pod has an annotation map at all.
+    fn has_annotations(&self) -> bool;
+}
+
+impl PodMeta for ObjectMeta {
+    fn pod_uid(&self) -> Option<&str> {
+        self.uid.as_deref()
+    }
+    fn pod_version(&self) -> Option<&str> {
+        self.resource_version.as_deref()
+    }
+    fn annotation(&self, key: &str) -> Option<&str> {
+        self.annotations.as_ref()?.get(key).map(String::as_str)
+    }
+    fn has_annotations(&self) -> bool {
+        self.annotations.is_some()
+    }
+}
+
+impl PodMeta for PodSlice {
+    fn pod_uid(&self) -> Option<&str> {
+        self.metadata.uid.as_deref()
+    }
+    fn pod_version(&self) -> Option<&str> {
+        self.metadata.resource_version.as_deref()
+    }
+    fn annotation(&self, key: &str) -> Option<&str> {
+        PodSlice::annotation(self, key)
+    }
+    fn has_annotations(&self) -> bool {
+        PodSlice::has_annotations(self)
+    }
+}
+
 /// A4: a missing or unparsable integer reads as 0.
 pub fn parse_generation(raw: Option<&str>) -> i64 {
     raw.and_then(|v| v.trim().parse::<i64>().ok()).unwrap_or(0)
@@ -114,30 +154,30 @@ fn annotation_pointer(key: &str) -> PointerBuf {
 /// from landing on another VM than the one the CR records as this round's (W2). Without a
 /// VMID to test (JSON Patch cannot test for an absent key), the pod's resourceVersion is
 /// tested instead: a view that shows none may be stale, and the pod may run a VM again.
-pub fn set_hibernate_patch(pod: &ObjectMeta) -> Patch {
+pub fn set_hibernate_patch(pod: &impl PodMeta) -> Patch {
     let mut ops = Vec::new();
-    if let Some(uid) = &pod.uid {
+    if let Some(uid) = pod.pod_uid() {
         ops.push(PatchOperation::Test(TestOperation {
             path: PointerBuf::from_tokens(["metadata", "uid"]),
-            value: Value::String(uid.clone()),
+            value: Value::String(uid.to_owned()),
         }));
     }
-    match pod.annotations.as_ref().and_then(|a| a.get(VM_ID)) {
+    match pod.annotation(VM_ID) {
         Some(vm_id) => ops.push(PatchOperation::Test(TestOperation {
             path: annotation_pointer(VM_ID),
-            value: Value::String(vm_id.clone()),
+            value: Value::String(vm_id.to_owned()),
         })),
         // Also keeps a new annotation map from racing a writer that adds one meanwhile.
         None => {
-            if let Some(rv) = &pod.resource_version {
+            if let Some(rv) = pod.pod_version() {
                 ops.push(PatchOperation::Test(TestOperation {
                     path: PointerBuf::from_tokens(["metadata", "resourceVersion"]),
-                    value: Value::String(rv.clone()),
+                    value: Value::String(rv.to_owned()),
                 }));
             }
         }
     }
-    if pod.annotations.is_some() {
+    if pod.has_annotations() {
         ops.push(PatchOperation::Add(AddOperation {
             path: annotation_pointer(HIBERNATE),
             value: Value::String(HIBERNATE_REQUESTED.to_owned()),
@@ -152,13 +192,8 @@ pub fn set_hibernate_patch(pod: &ObjectMeta) -> Patch {
 }
 
 /// JSON Patch that removes [`HIBERNATE`] only if it still holds the value we saw.
-pub fn clear_hibernate_patch(pod: &ObjectMeta) -> Patch {
-    let current = pod
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(HIBERNATE))
-        .cloned()
-        .unwrap_or_default();
+pub fn clear_hibernate_patch(pod: &impl PodMeta) -> Patch {
+    let current = pod.annotation(HIBERNATE).unwrap_or_default().to_owned();
     Patch(vec![
         PatchOperation::Test(TestOperation {
             path: annotation_pointer(HIBERNATE),

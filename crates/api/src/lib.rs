@@ -11,6 +11,7 @@ pub mod cluster;
 pub mod conditions;
 pub mod flags;
 pub mod idle;
+pub mod intern;
 pub mod pod;
 pub mod schedule;
 pub mod tenancy;

@@ -177,6 +177,45 @@ pub(super) fn declare(figs: &mut Figures) {
             "(RSS − empty RSS) / (pods + CRs)",
             Memory,
         ),
+        ("scale50k.n", "pods and CRs", Info),
+        ("scale50k.startup_cold_s", "s to /readyz, first start", Time),
+        ("scale50k.settle_s", "s, first start → all Active", Time),
+        (
+            "scale50k.rss_settled_mib",
+            "MiB after the first start settled",
+            Memory,
+        ),
+        (
+            "scale50k.hwm_settled_mib",
+            "MiB peak (VmHWM) of the first start",
+            Memory,
+        ),
+        (
+            "scale50k.kib_per_object_settled",
+            "KiB, (settled RSS − empty RSS) / (pods + CRs)",
+            Memory,
+        ),
+        (
+            "scale50k.startup_s",
+            "s to /readyz, restart in a settled world (median)",
+            Time,
+        ),
+        (
+            "scale50k.startup_cpu_s",
+            "s of product CPU from start to /readyz, restart (median)",
+            Time,
+        ),
+        (
+            "scale50k.rss_mib",
+            "MiB VmRSS after the restart's initial pass",
+            Memory,
+        ),
+        ("scale50k.hwm_mib", "MiB VmHWM of the restart", Memory),
+        (
+            "scale50k.kib_per_object",
+            "KiB, (RSS − empty RSS) / (pods + CRs), after the restart",
+            Memory,
+        ),
         ("sched.n", "pods of one schedule", Info),
         (
             "sched.flip_s",

@@ -12,6 +12,8 @@
 //! - admission: requests/s and latency at concurrency 16 and 64 straight to the webhook
 //!   over TLS, and the same load against a no-op axum + rustls server (the ceiling);
 //! - scale: RSS and time to /readyz with S realistic pods (3 containers, ~8 KB) and S CRs;
+//! - scale50k: the same with 50k of each (`--scale-50k-n`): RSS above the empty process
+//!   per pod and CR, and start-up, at the size the chart's default memory limit must hold;
 //! - schedule: N pods of one CocoonHibernationSchedule, a boundary reached through the
 //!   product's shifted clock: boundary → all Hibernated, and CR writes per pod (K2);
 //! - proxy (only when asked for: `--parts proxy`): the wake proxy's warm path beside
@@ -64,6 +66,8 @@ pub struct Opts {
     quiet_s: u64,
     /// Pods and CRs of the cache-memory run (0 skips it).
     scale_n: usize,
+    /// Pods and CRs of the `scale50k` part.
+    scale_50k_n: usize,
     /// Seconds per admission load run, and runs per point (the median is kept).
     admission_s: f64,
     admission_reps: usize,
@@ -150,13 +154,14 @@ impl Opts {
             fresh_n: num("fresh_n", &n.min(100).to_string()) as usize,
             quiet_s: num("quiet_s", "60") as u64,
             scale_n: num("scale_n", "10000") as usize,
+            scale_50k_n: num("scale_50k_n", "50000") as usize,
             admission_s: num("admission_s", "3"),
             admission_reps: num("admission_reps", "3") as usize,
             startup_reps: num("startup_reps", "3") as usize,
             sim_delay_ms: num("sim_delay_ms", "50") as u64,
             sim_hibernating_first: get("sim_hibernating_first", "0") == "1",
             sim_wake_drops_tag: num("sim_wake_drops_tag", "0"),
-            parts: get("parts", "roundtrip,quiet,admission,scale,schedule")
+            parts: get("parts", "roundtrip,quiet,admission,scale,scale50k,schedule")
                 .split(',')
                 .map(|s| s.trim().to_owned())
                 .collect(),
@@ -276,6 +281,9 @@ pub async fn measure(o: &Opts) -> (Figures, serde_json::Map<String, Value>) {
     if o.part("scale") && o.scale_n > 0 {
         scale(o, cluster, &client, &mut figs, &mut detail).await;
     }
+    if o.part("scale50k") && o.scale_50k_n > 0 {
+        scale::scale_50k(o, cluster, &client, &mut figs, &mut detail).await;
+    }
     if o.part("schedule") && o.n > 0 {
         schedule::schedule(o, &mut figs, &mut detail).await;
     }
@@ -367,6 +375,7 @@ async fn run(o: Opts) -> i32 {
     println!(
         "bench: writes_per_round={} floor=9 reason_writes={} conflicts={} reaction_p99_ms={} \
          registry_calls_per_wake={} fresh_wake_writes={} rss_mib_10k={} startup_s_10k={} \
+         rss_kib_per_object_50k={} rss_mib_50k={} startup_s_50k={} \
          admission_rps_c64_10k={} ceiling_share={} schedule_flip_s_1000={} \
          schedule_writes_per_pod={} overhead_wake_s={} overhead_hibernate_s={}",
         f("rt.writes_per_round"),
@@ -377,6 +386,9 @@ async fn run(o: Opts) -> i32 {
         f("fresh.writes_per_cr"),
         mib("scale.rss_mib"),
         f("scale.startup_s"),
+        f("scale50k.kib_per_object"),
+        mib("scale50k.rss_mib"),
+        f("scale50k.startup_s"),
         mib("adm.rps_c64_10k"),
         figs.get("adm.ceiling_share")
             .map_or("na".into(), |v| format!("{v:.2}")),

@@ -7,7 +7,9 @@ use kube::Api;
 use kube::api::{Patch, PatchParams, PostParams};
 
 /// A VM-backed pod as a real workload looks: three containers with env, resources,
-/// probes and mounts, labels and annotations; about 8 KB of JSON. Running (VMID, ready).
+/// probes and mounts, labels, annotations and the CocoonSet that owns it (as its
+/// controller makes them: a generated name's prefix, an owner reference, the set's name
+/// label); about 8 KB of JSON. Running (VMID, ready).
 pub fn realistic_pod(name: &str, vm: &str) -> Pod {
     let container = |cname: &str, image: &str| {
         let env: Vec<serde_json::Value> = (0..10)
@@ -45,7 +47,14 @@ pub fn realistic_pod(name: &str, vm: &str) -> Pod {
         "kind": "Pod",
         "metadata": {
             "name": name,
+            "generateName": "sandbox-",
+            "ownerReferences": [{
+                "apiVersion": "cocoonset.cocoonstack.io/v1", "kind": "CocoonSet",
+                "name": "bench", "uid": "5b0e7a52-3f7c-4d8e-9a51-0c6f2b7d1e44",
+                "controller": true, "blockOwnerDeletion": true
+            }],
             "labels": {
+                "cocoonset.cocoonstack.io/name": "bench",
                 "app.kubernetes.io/name": "sandbox",
                 "app.kubernetes.io/instance": name,
                 "app.kubernetes.io/part-of": "cocoonset-bench",

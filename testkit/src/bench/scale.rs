@@ -13,6 +13,32 @@ use kube::Api;
 use serde_json::{Value, json};
 use std::time::{Duration, Instant};
 
+/// What one scale step measured.
+struct Step {
+    /// RSS of the product in an empty namespace (KiB).
+    rss0: u64,
+    /// RSS and high-water mark once the first start settled (KiB).
+    rss1: u64,
+    hwm1: u64,
+    /// RSS and high-water mark after the last restart's initial pass (KiB).
+    rss2: u64,
+    hwm2: u64,
+    cold: f64,
+    settle_s: f64,
+    warm: f64,
+    cpu_s: Option<f64>,
+    passes_s: f64,
+    pod_json_avg: f64,
+    ns: String,
+}
+
+impl Step {
+    /// KiB of RSS above the empty process per pod and CR.
+    fn kib_per_object(&self, rss: u64, s: usize) -> f64 {
+        rss.saturating_sub(self.rss0) as f64 / (2 * s) as f64
+    }
+}
+
 /// Cache memory and start-up with S realistic pods and S CRs.
 pub(super) async fn scale(
     o: &Opts,
@@ -22,6 +48,123 @@ pub(super) async fn scale(
     detail: &mut serde_json::Map<String, Value>,
 ) {
     let s = o.scale_n;
+    let (step, p) = measure_step(o, s, cluster, client).await;
+    figs.set(
+        "scale.rss_empty_mib",
+        Some(step.rss0 as f64 / 1024.0),
+        "",
+        Kind::Memory,
+    );
+    figs.set("scale.n", Some(s as f64), "", Kind::Info);
+    figs.set(
+        "scale.pod_json_bytes",
+        Some(step.pod_json_avg.round()),
+        "",
+        Kind::Info,
+    );
+    let mut mib =
+        |key: &'static str, kib: u64| figs.set(key, Some(kib as f64 / 1024.0), "", Kind::Memory);
+    mib("scale.rss_settled_mib", step.rss1);
+    mib("scale.hwm_settled_mib", step.hwm1);
+    mib("scale.rss_mib", step.rss2);
+    mib("scale.hwm_mib", step.hwm2);
+    figs.set("scale.startup_cold_s", Some(step.cold), "", Kind::Time);
+    figs.set("scale.settle_s", Some(step.settle_s), "", Kind::Time);
+    figs.set("scale.startup_s", Some(step.warm), "", Kind::Time);
+    figs.set("scale.startup_cpu_s", step.cpu_s, "", Kind::Time);
+    figs.set(
+        "scale.restart_passes_s",
+        Some(step.passes_s),
+        "",
+        Kind::Time,
+    );
+    figs.set(
+        "scale.bytes_per_object",
+        Some(step.kib_per_object(step.rss2, s) * 1024.0),
+        "",
+        Kind::Memory,
+    );
+    detail.insert(
+        "scale".into(),
+        json!({ "namespace": step.ns, "pod_json_bytes_avg": step.pod_json_avg }),
+    );
+
+    if o.part("admission") {
+        admission(
+            o,
+            cluster,
+            client,
+            &step.ns,
+            p.webhook_port,
+            "10k",
+            figs,
+            detail,
+        )
+        .await;
+    }
+    drop(p);
+    finish(o, client, &step.ns).await;
+}
+
+/// The same at 50k (issue 38): memory per object and start-up at the size the chart's
+/// default memory limit must hold.
+pub(super) async fn scale_50k(
+    o: &Opts,
+    cluster: &cluster::Cluster,
+    client: &kube::Client,
+    figs: &mut Figures,
+    detail: &mut serde_json::Map<String, Value>,
+) {
+    let s = o.scale_50k_n;
+    let (step, p) = measure_step(o, s, cluster, client).await;
+    drop(p);
+    figs.set("scale50k.n", Some(s as f64), "", Kind::Info);
+    let mut mib =
+        |key: &'static str, kib: u64| figs.set(key, Some(kib as f64 / 1024.0), "", Kind::Memory);
+    mib("scale50k.rss_settled_mib", step.rss1);
+    mib("scale50k.hwm_settled_mib", step.hwm1);
+    mib("scale50k.rss_mib", step.rss2);
+    mib("scale50k.hwm_mib", step.hwm2);
+    figs.set(
+        "scale50k.kib_per_object",
+        Some(step.kib_per_object(step.rss2, s)),
+        "",
+        Kind::Memory,
+    );
+    figs.set(
+        "scale50k.kib_per_object_settled",
+        Some(step.kib_per_object(step.rss1, s)),
+        "",
+        Kind::Memory,
+    );
+    figs.set("scale50k.startup_cold_s", Some(step.cold), "", Kind::Time);
+    figs.set("scale50k.settle_s", Some(step.settle_s), "", Kind::Time);
+    figs.set("scale50k.startup_s", Some(step.warm), "", Kind::Time);
+    figs.set("scale50k.startup_cpu_s", step.cpu_s, "", Kind::Time);
+    detail.insert(
+        "scale50k".into(),
+        json!({ "namespace": step.ns, "pod_json_bytes_avg": step.pod_json_avg }),
+    );
+    finish(o, client, &step.ns).await;
+}
+
+async fn finish(o: &Opts, client: &kube::Client, ns: &str) {
+    if o.keep_scale {
+        log(format!("scale: pods and CRs kept in namespace {ns}"));
+        return;
+    }
+    // The bulk of what this run stored: gone, so runs do not pile up in etcd.
+    pods::delete_pods(client, ns).await;
+}
+
+/// S realistic pods and S CRs created, the product started on them until all are
+/// `Active`, then restarted `startup_reps` times; the product is returned running.
+async fn measure_step(
+    o: &Opts,
+    s: usize,
+    cluster: &cluster::Cluster,
+    client: &kube::Client,
+) -> (Step, product::Product) {
     let registry = cluster.registry.clone();
     let opts_for = |ns: &str| {
         let mut p = product::ProductOptions::new(ns, &registry);
@@ -34,12 +177,6 @@ pub(super) async fn scale(
     tokio::time::sleep(Duration::from_secs(3)).await;
     let (rss0, _) = metrics::memory_kib(empty.pid().expect("pid"));
     drop(empty);
-    figs.set(
-        "scale.rss_empty_mib",
-        Some(rss0 as f64 / 1024.0),
-        "",
-        Kind::Memory,
-    );
 
     let ns = cluster.fresh_namespace(client, "bench-scale").await;
     log(format!("scale: {s} realistic pods and {s} CRs in {ns}"));
@@ -62,8 +199,6 @@ pub(super) async fn scale(
     log(format!("{s} CRs in {:.1}s", t.elapsed().as_secs_f64()));
     let sizes = sizes.lock().expect("sizes").clone();
     let avg = sizes.iter().sum::<usize>() as f64 / sizes.len().max(1) as f64;
-    figs.set("scale.n", Some(s as f64), "", Kind::Info);
-    figs.set("scale.pod_json_bytes", Some(avg.round()), "", Kind::Info);
 
     // First start: every CR is new to the controller.
     let watches = Watches::start(client, &ns, false);
@@ -115,36 +250,19 @@ pub(super) async fn scale(
         rss2 / 1024,
         hwm2 / 1024
     ));
-    let mut mib =
-        |key: &'static str, kib: u64| figs.set(key, Some(kib as f64 / 1024.0), "", Kind::Memory);
-    mib("scale.rss_settled_mib", rss1);
-    mib("scale.hwm_settled_mib", hwm1);
-    mib("scale.rss_mib", rss2);
-    mib("scale.hwm_mib", hwm2);
-    figs.set("scale.startup_cold_s", Some(cold), "", Kind::Time);
-    figs.set("scale.settle_s", Some(settle_s), "", Kind::Time);
-    figs.set("scale.startup_s", Some(warm), "", Kind::Time);
-    figs.set("scale.startup_cpu_s", cpu_s, "", Kind::Time);
-    figs.set("scale.restart_passes_s", Some(passes_s), "", Kind::Time);
-    figs.set(
-        "scale.bytes_per_object",
-        Some((rss2.saturating_sub(rss0) as f64 * 1024.0) / (2 * s) as f64),
-        "",
-        Kind::Memory,
-    );
-    detail.insert(
-        "scale".into(),
-        json!({ "namespace": ns, "pod_json_bytes_avg": avg }),
-    );
-
-    if o.part("admission") {
-        admission(o, cluster, client, &ns, p.webhook_port, "10k", figs, detail).await;
-    }
-    drop(p);
-    if o.keep_scale {
-        log(format!("scale: {s} pods and CRs kept in namespace {ns}"));
-        return;
-    }
-    // The bulk of what this run stored: gone, so runs do not pile up in etcd.
-    pods::delete_pods(client, &ns).await;
+    let step = Step {
+        rss0,
+        rss1,
+        hwm1,
+        rss2,
+        hwm2,
+        cold,
+        settle_s,
+        warm,
+        cpu_s,
+        passes_s,
+        pod_json_avg: avg,
+        ns,
+    };
+    (step, p)
 }
