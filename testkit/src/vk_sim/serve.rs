@@ -46,6 +46,7 @@ impl Servers {
         key: &(String, String),
         vm_id: &str,
         ports: (u16, u16),
+        net: Option<(Ipv4Addr, u8)>,
     ) -> Result<IpAddr, SimError> {
         let mut by_pod = self.by_pod.lock().map_err(|_| "servers lock poisoned")?;
         if let Some(s) = by_pod.get(key)
@@ -54,7 +55,7 @@ impl Servers {
             return Ok(s.ip);
         }
         by_pod.remove(key);
-        let server = start(&key.1, vm_id, ports)?;
+        let server = start(&key.1, vm_id, ports, net)?;
         let ip = server.ip;
         by_pod.insert(key.clone(), server);
         Ok(ip)
@@ -77,17 +78,28 @@ impl Servers {
     }
 }
 
-/// A random address in 127.64.0.0/10, clear of 127.0.0.1 and its neighbours.
-fn random_loopback() -> IpAddr {
+/// A random address in `net` (base, prefix length) that is neither its first nor its
+/// last; without one, in 127.64.0.0/10, clear of 127.0.0.1 and its neighbours.
+fn random_address(net: Option<(Ipv4Addr, u8)>) -> IpAddr {
     let r = RandomState::new().hash_one(std::time::SystemTime::now());
-    let [a, b, c, ..] = r.to_le_bytes();
-    IpAddr::V4(Ipv4Addr::new(127, 64 + (a % 64), b, c.max(1)))
+    let Some((base, bits)) = net else {
+        let [a, b, c, ..] = r.to_le_bytes();
+        return IpAddr::V4(Ipv4Addr::new(127, 64 + (a % 64), b, c.max(1)));
+    };
+    let size = 1u64 << (32 - u32::from(bits.clamp(8, 30)));
+    let offset = 1 + r % (size - 2);
+    IpAddr::V4(Ipv4Addr::from(u32::from(base).wrapping_add(offset as u32)))
 }
 
-fn start(pod: &str, vm_id: &str, (http_port, tcp_port): (u16, u16)) -> Result<VmServer, SimError> {
+fn start(
+    pod: &str,
+    vm_id: &str,
+    (http_port, tcp_port): (u16, u16),
+    net: Option<(Ipv4Addr, u8)>,
+) -> Result<VmServer, SimError> {
     let mut last = None;
     for _ in 0..ADDRESS_TRIES {
-        let ip = random_loopback();
+        let ip = random_address(net);
         match bind_both(ip, http_port, tcp_port) {
             Ok((http, tcp)) => {
                 let mut tasks = JoinSet::new();
