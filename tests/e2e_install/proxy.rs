@@ -181,11 +181,11 @@ async fn phase(crs: &Api<CocoonHibernation>) -> Result<Option<Phase>> {
 /// The proxy pod's address once it is Ready (the host reaches pods on the bridge).
 async fn proxy_pod_ip(world: &World) -> Result<String> {
     let api: Api<Pod> = Api::namespaced(world.client.clone(), RELEASE_NS);
-    let mut ip = String::new();
-    wait_for("the wake proxy pod Ready", Duration::from_secs(120), || {
-        let api = api.clone();
-        let ip = &mut ip;
-        async move {
+    let ip = std::sync::Mutex::new(String::new());
+    wait_for(
+        "the wake proxy pod Ready",
+        Duration::from_secs(120),
+        || async {
             let pods = api.list(&ListParams::default().labels(SELECTOR)).await?;
             let ready = pods.items.into_iter().find(|p| {
                 p.metadata.deletion_timestamp.is_none()
@@ -198,14 +198,15 @@ async fn proxy_pod_ip(world: &World) -> Result<String> {
             });
             match ready.and_then(|p| p.status?.pod_ip) {
                 Some(found) => {
-                    *ip = found;
+                    *ip.lock().map_err(|_| "lock poisoned")? = found;
                     Ok(true)
                 }
                 None => Ok(false),
             }
-        }
-    })
+        },
+    )
     .await?;
+    let ip = ip.into_inner().map_err(|_| "lock poisoned")?;
     Ok(ip)
 }
 

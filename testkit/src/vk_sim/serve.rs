@@ -6,7 +6,8 @@
 //!
 //! HTTP answers `vm=<VMID> pod=<pod> path=<path> body=<bytes read>`; the TCP echo first
 //! writes `vm=<VMID>\n`, then echoes. Both name the VMID, so a test can tell which VM
-//! served it.
+//! served it. An HTTP/1.1 request with `Upgrade` (any protocol, WebSocket's handshake
+//! left out) is answered `101` and the connection becomes that same echo.
 
 use super::SimError;
 use http_body_util::{BodyExt, Full};
@@ -136,9 +137,26 @@ async fn serve_http(listener: TcpListener, vm_id: String, pod: String) {
         };
         let (vm_id, pod) = (vm_id.clone(), pod.clone());
         conns.spawn(async move {
-            let svc = service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+            let banner = format!("vm={vm_id}\n");
+            // The upgraded connection is echoed in this task, so the VM's removal ends it.
+            let (upgraded_tx, mut upgraded) = tokio::sync::mpsc::unbounded_channel();
+            let svc = service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
                 let (vm_id, pod) = (vm_id.clone(), pod.clone());
+                let upgrade = req.headers().get(hyper::header::UPGRADE).cloned();
+                if upgrade.is_some() {
+                    let _ = upgraded_tx.send(hyper::upgrade::on(&mut req));
+                }
                 async move {
+                    if let Some(protocol) = upgrade {
+                        let mut resp = hyper::Response::new(Full::new(Bytes::new()));
+                        *resp.status_mut() = hyper::StatusCode::SWITCHING_PROTOCOLS;
+                        resp.headers_mut().insert(hyper::header::UPGRADE, protocol);
+                        resp.headers_mut().insert(
+                            hyper::header::CONNECTION,
+                            hyper::header::HeaderValue::from_static("upgrade"),
+                        );
+                        return Ok(resp);
+                    }
                     let path = req.uri().path().to_owned();
                     let body = req.into_body().collect().await?.to_bytes();
                     let text = format!("vm={vm_id} pod={pod} path={path} body={}\n", body.len());
@@ -147,7 +165,16 @@ async fn serve_http(listener: TcpListener, vm_id: String, pod: String) {
             });
             let _ = http1::Builder::new()
                 .serve_connection(TokioIo::new(stream), svc)
+                .with_upgrades()
                 .await;
+            if let Ok(on) = upgraded.try_recv()
+                && let Ok(io) = on.await
+            {
+                let (mut rd, mut wr) = tokio::io::split(TokioIo::new(io));
+                if wr.write_all(banner.as_bytes()).await.is_ok() {
+                    let _ = copy(&mut rd, &mut wr).await;
+                }
+            }
         });
         while conns.try_join_next().is_some() {}
     }
