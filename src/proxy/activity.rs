@@ -390,10 +390,11 @@ mod tests {
         assert_eq!(c.open_changed(&key("a"), false, at(21)), None);
         assert_eq!(c.open_changed(&key("a"), true, at(22)), None);
         assert!(c.due(at(30)).is_empty());
-        for s in 31..33 {
-            let _ = c.open_changed(&key("a"), false, at(s));
-        }
-        assert_eq!(c.due(at(40)), vec![open(0)]);
+        // A window free again: written at once; the next change waits for its end.
+        assert_eq!(c.open_changed(&key("a"), false, at(31)), Some(open(1)));
+        assert_eq!(c.open_changed(&key("a"), false, at(32)), None);
+        assert!(c.due(at(40)).is_empty());
+        assert_eq!(c.due(at(41)), vec![open(0)]);
         // Quiet since: forgotten, and no write owed.
         assert!(c.due(at(200)).is_empty());
         assert!(c.vms.is_empty());
