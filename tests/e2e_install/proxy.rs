@@ -158,6 +158,19 @@ pub async fn q1_q2_held_request_served_after_wake(world: &World) -> Result<()> {
         held.as_secs_f64()
     );
 
+    // Leave nothing the documented uninstall does not know of: the policy first (it
+    // would make a CR for a selected pod without one), then the CR, while the product
+    // still runs to release its finalizer.
+    Api::<CocoonIdlePolicy>::namespaced(world.client.clone(), &ns)
+        .delete("idle", &Default::default())
+        .await?;
+    crs.delete(POD, &Default::default()).await?;
+    wait_for(
+        "the proxy test's CR gone",
+        Duration::from_secs(120),
+        || async { Ok(crs.get_opt(POD).await?.is_none()) },
+    )
+    .await?;
     world.helm(&[
         "upgrade",
         RELEASE,
