@@ -2,7 +2,8 @@
 # The root-only steps of a real node for `cargo xtask cluster-up --node` (which starts and
 # stops the daemons: containerd, kube-controller-manager, kube-scheduler, kubelet):
 #   node.sh preflight    root and the node's packages (containerd, runc, CNI, buildah, ...)
-#   node.sh network-up   the bridge and one DNAT rule to the apiserver (API_PORT)
+#   node.sh network-up   the bridge, the simulated VMs' addresses on it, and one DNAT rule
+#                        to the apiserver (API_PORT)
 #   node.sh configs      containerd's, the CNI's and the kubelet's configs, and the pause
 #                        image (REGISTRY, KUBELET_PORT, KUBELET_HEALTHZ_PORT)
 #   node.sh drain        kills the pods' containers (containerd still running)
@@ -17,6 +18,10 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 : "${STATE_DIR:?set by cargo xtask cluster-up}" "${NODE_BRIDGE:?}" "${NODE_IP:?}" "${KUBERNETES_SERVICE_IP:?}"
 NODE_SUBNET="${NODE_IP%.*}.0/24"
+# The subnet's top /26 is the simulated VMs' (vk-sim's `set_serve_net`): local to the host,
+# so a pod reaches a VM's server there; pods get addresses below it.
+NODE_VMS="${NODE_IP%.*}.192/26"
+NODE_POD_END="${NODE_IP%.*}.191"
 NAT_CHAIN=COCOON-NODE
 # Which state dir owns the bridge now.
 NODE_OWNER=/run/cocoon-hibernation-node.owner
@@ -54,6 +59,7 @@ network_up() {
   fi
   ip addr replace "$NODE_IP/24" dev "$NODE_BRIDGE"
   ip link set "$NODE_BRIDGE" up
+  ip route replace local "$NODE_VMS" dev "$NODE_BRIDGE"
   iptables -t nat -N "$NAT_CHAIN" 2>/dev/null || iptables -t nat -F "$NAT_CHAIN"
   iptables -t nat -C PREROUTING -i "$NODE_BRIDGE" -j "$NAT_CHAIN" 2>/dev/null ||
     iptables -t nat -A PREROUTING -i "$NODE_BRIDGE" -j "$NAT_CHAIN"
@@ -125,7 +131,7 @@ EOF
       "ipam": {
         "type": "host-local",
         "dataDir": "$STATE_DIR/cni/ipam",
-        "ranges": [[{"subnet": "$NODE_SUBNET", "gateway": "$NODE_IP"}]],
+        "ranges": [[{"subnet": "$NODE_SUBNET", "gateway": "$NODE_IP", "rangeEnd": "$NODE_POD_END"}]],
         "routes": [{"dst": "$KUBERNETES_SERVICE_IP/32"}]
       }
     },

@@ -4,11 +4,11 @@
 
 use super::hold::VmKey;
 use super::metrics::ProxyMetrics;
-use crate::api::activity::{ACTIVITY_FOR, COALESCE, lease_name, report_patch};
+use crate::api::activity::{ACTIVITY_FOR, COALESCE, OPEN_CONNECTIONS, lease_name, report_patch};
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
 use parking_lot::Mutex;
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
@@ -16,66 +16,151 @@ use tokio::time::Instant;
 /// How often owed reports are looked for.
 const FLUSH_EVERY: Duration = Duration::from_secs(1);
 
-/// Which reports to write when. Pure: the caller passes the time.
+/// One Lease write: the activity it reports (`renewTime`), and the open-connections count
+/// when that changed since the last write.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Report {
+    pub key: VmKey,
+    pub activity: bool,
+    pub open: Option<u32>,
+}
+
+/// What one VM owes and has written.
+#[derive(Debug, Default)]
+struct VmState {
+    last: Option<Instant>,
+    activity_owed: bool,
+    open: u32,
+    written_open: u32,
+}
+
+impl VmState {
+    fn owes(&self) -> bool {
+        self.activity_owed || self.open != self.written_open
+    }
+}
+
+/// Which reports to write when: at most one write per VM per window, whatever changed.
+/// Pure: the caller passes the time.
 #[derive(Debug)]
 pub struct Coalescer {
     every: Duration,
-    last: HashMap<VmKey, Instant>,
-    owed: HashSet<VmKey>,
+    vms: HashMap<VmKey, VmState>,
 }
 
 impl Coalescer {
     pub fn new(every: Duration) -> Self {
         Self {
             every,
-            last: HashMap::new(),
-            owed: HashSet::new(),
+            vms: HashMap::new(),
         }
     }
 
-    /// Traffic for `key` at `now`: `true` when a report is to be written now; otherwise
-    /// one is owed for the window's end.
-    pub fn note(&mut self, key: &VmKey, now: Instant) -> bool {
-        match self.last.get(key) {
-            Some(at) if now.duration_since(*at) < self.every => {
-                self.owed.insert(key.clone());
-                false
-            }
-            _ => {
-                self.last.insert(key.clone(), now);
-                self.owed.remove(key);
-                true
-            }
-        }
+    /// Traffic for `key` at `now`: the report to write now, if its window is free;
+    /// otherwise one is owed for the window's end.
+    pub fn note(&mut self, key: &VmKey, now: Instant) -> Option<Report> {
+        let every = self.every;
+        let vm = self.vm(key)?;
+        vm.activity_owed = true;
+        take_if_free(key, vm, now, every)
     }
 
-    /// Every owed report, whatever its window.
-    pub fn drain(&mut self) -> Vec<VmKey> {
-        self.owed.drain().collect()
+    /// A connection to `key` opened (`true`) or closed at `now` (I3): the report to write
+    /// now, if its window is free; otherwise the new count is owed.
+    pub fn open_changed(&mut self, key: &VmKey, opened: bool, now: Instant) -> Option<Report> {
+        let every = self.every;
+        let vm = self.vm(key)?;
+        vm.open = if opened {
+            vm.open.saturating_add(1)
+        } else {
+            vm.open.saturating_sub(1)
+        };
+        take_if_free(key, vm, now, every)
+    }
+
+    /// The VM's state; the key is cloned only for a VM not yet known (the warm path
+    /// allocates nothing here).
+    fn vm(&mut self, key: &VmKey) -> Option<&mut VmState> {
+        if !self.vms.contains_key(key) {
+            self.vms.insert(key.clone(), VmState::default());
+        }
+        self.vms.get_mut(key)
+    }
+
+    /// Open connections to `key` now.
+    pub fn open(&self, key: &VmKey) -> u32 {
+        self.vms.get(key).map_or(0, |v| v.open)
+    }
+
+    /// Every owed report, whatever its window; with `closing`, every count written is
+    /// reported as zero (the process's connections end with it).
+    pub fn drain(&mut self, closing: bool) -> Vec<Report> {
+        let mut out = Vec::new();
+        for (key, vm) in &mut self.vms {
+            if closing {
+                vm.open = 0;
+            }
+            if vm.owes() {
+                out.push(take(key, vm, None));
+            }
+        }
+        out
     }
 
     /// The owed reports whose window ended by `now`, marked written.
-    pub fn due(&mut self, now: Instant) -> Vec<VmKey> {
-        let due: Vec<VmKey> = self
-            .owed
-            .iter()
-            .filter(|k| {
-                self.last
-                    .get(*k)
-                    .is_none_or(|at| now.duration_since(*at) >= self.every)
-            })
-            .cloned()
-            .collect();
-        for k in &due {
-            self.owed.remove(k);
-            self.last.insert(k.clone(), now);
+    pub fn due(&mut self, now: Instant) -> Vec<Report> {
+        let every = self.every;
+        let mut due = Vec::new();
+        for (key, vm) in &mut self.vms {
+            if let Some(r) = take_if_free(key, vm, now, every) {
+                due.push(r);
+            }
         }
         // Forget VMs quiet for a while: the map stays the size of the busy set.
-        let every = self.every;
-        self.last
-            .retain(|k, at| now.duration_since(*at) < every * 6 || self.owed.contains(k));
+        self.vms.retain(|_, vm| {
+            vm.owes()
+                || vm.open > 0
+                || vm.written_open > 0
+                || vm.last.is_some_and(|at| now.duration_since(at) < every * 6)
+        });
         due
     }
+}
+
+/// The VM's owed report when its window is free at `now`, marked written.
+fn take_if_free(key: &VmKey, vm: &mut VmState, now: Instant, every: Duration) -> Option<Report> {
+    let free = vm.last.is_none_or(|at| now.duration_since(at) >= every);
+    (free && vm.owes()).then(|| take(key, vm, Some(now)))
+}
+
+fn take(key: &VmKey, vm: &mut VmState, now: Option<Instant>) -> Report {
+    let open = (vm.open != vm.written_open).then_some(vm.open);
+    let report = Report {
+        key: key.clone(),
+        activity: vm.activity_owed,
+        open,
+    };
+    vm.activity_owed = false;
+    vm.written_open = vm.open;
+    if now.is_some() {
+        vm.last = now;
+    }
+    report
+}
+
+/// The merge patch of one report: `renewTime` only for activity (a count alone is no
+/// activity, Q4), the count as the Lease's annotation (I3).
+pub fn patch(report: &Report, now: jiff::Timestamp, holder: &str) -> serde_json::Value {
+    let mut patch = if report.activity {
+        report_patch(now, holder)
+    } else {
+        serde_json::json!({})
+    };
+    if let Some(n) = report.open {
+        patch["metadata"] =
+            serde_json::json!({ "annotations": { OPEN_CONNECTIONS: n.to_string() } });
+    }
+    patch
 }
 
 /// Writes the reports.
@@ -99,18 +184,37 @@ impl Reporter {
 
     /// Traffic for the pod moved bytes now.
     pub fn note(&self, key: &VmKey) {
-        if self.coalescer.lock().note(key, Instant::now()) {
-            let me = self.clone();
-            let key = key.clone();
-            tokio::spawn(async move { me.write(&key).await });
+        let report = self.coalescer.lock().note(key, Instant::now());
+        self.spawn_write(report);
+    }
+
+    /// A connection to the pod is open (held, forwarded, a TCP session or an upgraded
+    /// one) until the guard drops (I3).
+    pub fn opened(&self, key: &VmKey) -> OpenGuard {
+        let report = self
+            .coalescer
+            .lock()
+            .open_changed(key, true, Instant::now());
+        self.spawn_write(report);
+        OpenGuard {
+            reporter: self.clone(),
+            key: key.clone(),
         }
     }
 
-    /// Writes every owed report now (at exit: a restart loses no activity, Q6).
+    fn spawn_write(&self, report: Option<Report>) {
+        if let Some(report) = report {
+            let me = self.clone();
+            tokio::spawn(async move { me.write(&report).await });
+        }
+    }
+
+    /// Writes every owed report now, open counts as zero (at exit: a restart loses no
+    /// activity, Q6, and leaves no count that would keep a pod awake for ever, I3).
     pub async fn flush_all(&self) {
-        let owed = self.coalescer.lock().drain();
-        for key in owed {
-            self.write(&key).await;
+        let owed = self.coalescer.lock().drain(true);
+        for report in owed {
+            self.write(&report).await;
         }
     }
 
@@ -120,20 +224,21 @@ impl Reporter {
         loop {
             tick.tick().await;
             let due = self.coalescer.lock().due(Instant::now());
-            for key in due {
-                self.write(&key).await;
+            for report in due {
+                self.write(&report).await;
             }
         }
     }
 
     /// Renews the Lease, creating it when the pod has none yet.
-    async fn write(&self, (ns, pod): &VmKey) {
+    async fn write(&self, report: &Report) {
+        let (ns, pod) = &report.key;
         let Some(name) = lease_name(pod) else {
             return;
         };
         self.metrics.activity_reports.inc();
         let api: Api<Lease> = Api::namespaced(self.client.clone(), ns);
-        let patch = report_patch(jiff::Timestamp::now(), &self.holder);
+        let patch = patch(report, jiff::Timestamp::now(), &self.holder);
         let result = match api
             .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
             .await
@@ -149,6 +254,9 @@ impl Reporter {
                 lease.metadata = ObjectMeta {
                     name: Some(name.clone()),
                     labels: Some(BTreeMap::from([(ACTIVITY_FOR.to_owned(), label(pod))])),
+                    annotations: report
+                        .open
+                        .map(|n| BTreeMap::from([(OPEN_CONNECTIONS.to_owned(), n.to_string())])),
                     ..ObjectMeta::default()
                 };
                 api.create(&PostParams::default(), &lease).await.map(|_| ())
@@ -161,6 +269,26 @@ impl Reporter {
     }
 }
 
+/// Holds one open connection's place in its pod's count; dropping it closes it.
+pub struct OpenGuard {
+    reporter: Reporter,
+    key: VmKey,
+}
+
+impl Drop for OpenGuard {
+    fn drop(&mut self) {
+        let report = self
+            .reporter
+            .coalescer
+            .lock()
+            .open_changed(&self.key, false, Instant::now());
+        // A drop outside a runtime (at exit) leaves the count to `flush_all`.
+        if tokio::runtime::Handle::try_current().is_ok() {
+            self.reporter.spawn_write(report);
+        }
+    }
+}
+
 /// The pod name as a label value (at most 63 characters; the Lease name is the link).
 fn label(pod: &str) -> String {
     pod.chars().take(63).collect()
@@ -169,9 +297,22 @@ fn label(pod: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rstest::rstest;
 
     fn key(p: &str) -> VmKey {
         ("ns".into(), p.into())
+    }
+
+    fn activity(p: &str) -> Option<Report> {
+        Some(Report {
+            key: key(p),
+            activity: true,
+            open: None,
+        })
+    }
+
+    fn keys(reports: Vec<Report>) -> Vec<VmKey> {
+        reports.into_iter().map(|r| r.key).collect()
     }
 
     /// SPEC Q4, Q6: the first traffic reports at once; more within 10 s is owed, not written,
@@ -180,20 +321,23 @@ mod tests {
     async fn q4_q6_reports_coalesce_per_vm_and_owed_ones_are_written_later() {
         let mut c = Coalescer::new(COALESCE);
         let t0 = Instant::now();
-        assert!(c.note(&key("a"), t0));
-        assert!(!c.note(&key("a"), t0 + Duration::from_secs(3)));
-        assert!(c.note(&key("b"), t0 + Duration::from_secs(3)));
+        assert_eq!(c.note(&key("a"), t0), activity("a"));
+        assert_eq!(c.note(&key("a"), t0 + Duration::from_secs(3)), None);
+        assert_eq!(
+            c.note(&key("b"), t0 + Duration::from_secs(3)),
+            activity("b")
+        );
         assert!(c.due(t0 + Duration::from_secs(9)).is_empty());
-        assert_eq!(c.due(t0 + Duration::from_secs(10)), vec![key("a")]);
+        assert_eq!(keys(c.due(t0 + Duration::from_secs(10))), vec![key("a")]);
         // Written at 10 s: the next window starts there.
-        assert!(!c.note(&key("a"), t0 + Duration::from_secs(15)));
-        assert!(c.note(&key("a"), t0 + Duration::from_secs(20)));
+        assert_eq!(c.note(&key("a"), t0 + Duration::from_secs(15)), None);
+        assert!(c.note(&key("a"), t0 + Duration::from_secs(20)).is_some());
         assert!(c.due(t0 + Duration::from_secs(40)).is_empty());
         // Q6: at exit, what is owed is written at once.
-        assert!(c.note(&key("c"), t0 + Duration::from_secs(41)));
-        assert!(!c.note(&key("c"), t0 + Duration::from_secs(42)));
-        assert_eq!(c.drain(), vec![key("c")]);
-        assert!(c.drain().is_empty());
+        assert!(c.note(&key("c"), t0 + Duration::from_secs(41)).is_some());
+        assert_eq!(c.note(&key("c"), t0 + Duration::from_secs(42)), None);
+        assert_eq!(keys(c.drain(true)), vec![key("c")]);
+        assert!(c.drain(true).is_empty());
     }
 
     /// SPEC Q4: at most one write per VM per 10 s, whatever the traffic.
@@ -204,9 +348,108 @@ mod tests {
         let mut writes = 0;
         for ms in (0..60_000).step_by(100) {
             let now = t0 + Duration::from_millis(ms);
-            writes += usize::from(c.note(&key("a"), now));
+            writes += usize::from(c.note(&key("a"), now).is_some());
+            // Connections open and close too: still one write per window.
+            writes += usize::from(c.open_changed(&key("a"), ms % 200 == 0, now).is_some());
             writes += c.due(now).len();
         }
         assert_eq!(writes, 6, "one per 10 s over a minute");
+    }
+
+    /// SPEC I3, Q4: the first connection's count is written at once, without renewing the
+    /// activity (a count alone moved no bytes); counts changed inside a window are written
+    /// at its end as the latest count; back to zero is written too, and a count that
+    /// returned to the written one owes nothing.
+    #[tokio::test(start_paused = true)]
+    async fn i3_open_connections_are_reported_coalesced_and_back_to_zero() {
+        let mut c = Coalescer::new(COALESCE);
+        let t0 = Instant::now();
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        let open = |n: u32| Report {
+            key: key("a"),
+            activity: false,
+            open: Some(n),
+        };
+        assert_eq!(c.open_changed(&key("a"), true, at(0)), Some(open(1)));
+        assert_eq!(c.open_changed(&key("a"), true, at(1)), None);
+        assert_eq!(c.open_changed(&key("a"), true, at(2)), None);
+        assert_eq!(c.open(&key("a")), 3);
+        assert_eq!(c.due(at(10)), vec![open(3)]);
+        // Activity and a count in one window: one write carries both.
+        assert_eq!(c.note(&key("a"), at(12)), None);
+        assert_eq!(c.open_changed(&key("a"), false, at(13)), None);
+        assert_eq!(
+            c.due(at(20)),
+            vec![Report {
+                key: key("a"),
+                activity: true,
+                open: Some(2)
+            }]
+        );
+        // 2 -> 1 -> 2 inside a window: nothing owed.
+        assert_eq!(c.open_changed(&key("a"), false, at(21)), None);
+        assert_eq!(c.open_changed(&key("a"), true, at(22)), None);
+        assert!(c.due(at(30)).is_empty());
+        // A window free again: written at once; the next change waits for its end.
+        assert_eq!(c.open_changed(&key("a"), false, at(31)), Some(open(1)));
+        assert_eq!(c.open_changed(&key("a"), false, at(32)), None);
+        assert!(c.due(at(40)).is_empty());
+        assert_eq!(c.due(at(41)), vec![open(0)]);
+        // Quiet since: forgotten, and no write owed.
+        assert!(c.due(at(200)).is_empty());
+        assert!(c.vms.is_empty());
+    }
+
+    /// SPEC I3: at exit every count written is reported as zero, so a stopped proxy keeps
+    /// no pod awake; a count never written owes nothing.
+    #[tokio::test(start_paused = true)]
+    async fn i3_exit_writes_open_counts_as_zero() {
+        let mut c = Coalescer::new(COALESCE);
+        let t0 = Instant::now();
+        assert!(c.open_changed(&key("a"), true, t0).is_some());
+        assert!(c.open_changed(&key("b"), true, t0).is_some());
+        assert_eq!(c.open_changed(&key("b"), false, t0), None);
+        let mut out = c.drain(true);
+        out.sort_by(|x, y| x.key.cmp(&y.key));
+        assert_eq!(
+            out,
+            vec![
+                Report {
+                    key: key("a"),
+                    activity: false,
+                    open: Some(0)
+                },
+                Report {
+                    key: key("b"),
+                    activity: false,
+                    open: Some(0)
+                },
+            ]
+        );
+    }
+
+    /// SPEC I3, Q4: what one write patches.
+    #[rstest]
+    #[case::activity_only(true, None, true, None)]
+    #[case::count_only(false, Some(2), false, Some("2"))]
+    #[case::both(true, Some(0), true, Some("0"))]
+    fn i3_q4_report_patch(
+        #[case] activity: bool,
+        #[case] open: Option<u32>,
+        #[case] renews: bool,
+        #[case] count: Option<&str>,
+    ) {
+        let report = Report {
+            key: key("a"),
+            activity,
+            open,
+        };
+        let p = patch(&report, jiff::Timestamp::UNIX_EPOCH, "wake-proxy");
+        assert_eq!(p["spec"]["renewTime"].is_string(), renews, "{p}");
+        assert_eq!(
+            p["metadata"]["annotations"][OPEN_CONNECTIONS].as_str(),
+            count,
+            "{p}"
+        );
     }
 }

@@ -162,12 +162,13 @@ pub async fn resolve<W: World>(
     metrics: &ProxyMetrics,
     target: &Target,
 ) -> Result<Ready, Answer> {
-    let key: VmKey = (target.namespace().to_owned(), target.pod.clone());
     match world.verdict(target) {
         Verdict::Forward { ip, uid } => return Ok(Ready { ip, uid }),
         Verdict::Refuse(r) => return Err(Answer::Refused(r)),
         Verdict::Wake { .. } | Verdict::Wait => {}
     }
+    // Past the warm path: only a held request pays for its key.
+    let key: VmKey = (target.namespace().to_owned(), target.pod.clone());
     let _ticket = holds
         .enter(&key, target.policy.max_pending)
         .ok_or(Answer::Full)?;

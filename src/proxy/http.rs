@@ -1,11 +1,14 @@
 //! HTTP (1.1 and 2) through the proxy (Q1–Q3): route by host and path, hold while the pod
-//! wakes, forward to the pod's current address over HTTP/1.1.
+//! wakes, forward to the pod's current address over HTTP/1.1 with `X-Forwarded-*` and
+//! `Forwarded` added. An HTTP/1.1 `Upgrade` (WebSocket and the like) is held like any
+//! request, then both upgraded connections are joined byte for byte.
 //!
 //! hyper and hyper-util rather than a proxy framework (pingora, a tower reverse proxy):
 //! the proxy's one special part is holding before the connect, which is a plain future
 //! here; the forwarding itself is a pooled client call.
 
 use super::Proxy;
+use super::activity::OpenGuard;
 use super::decide::Refusal;
 use super::hold::{Answer, Ready, VmKey, resolve};
 use super::routes::{HttpMatch, Target};
@@ -14,12 +17,15 @@ use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Request, Response, StatusCode, Version};
 use http_body_util::{BodyExt, Full, combinators::BoxBody};
 use hyper::body::Incoming;
+use hyper::body::{Frame, SizeHint};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use std::convert::Infallible;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::net::TcpListener;
 
@@ -43,7 +49,7 @@ pub(super) struct Upstream {
 /// speaks.
 pub async fn serve(listener: TcpListener, proxy: Arc<Proxy>) {
     loop {
-        let (stream, _) = match listener.accept().await {
+        let (stream, peer) = match listener.accept().await {
             Ok(c) => c,
             Err(e) => {
                 tracing::warn!(error = %e, "accept");
@@ -53,16 +59,21 @@ pub async fn serve(listener: TcpListener, proxy: Arc<Proxy>) {
         let _ = stream.set_nodelay(true);
         let proxy = proxy.clone();
         tokio::spawn(async move {
-            let svc = hyper::service::service_fn(move |req| handle(proxy.clone(), req));
+            let svc = hyper::service::service_fn(move |req| handle(proxy.clone(), peer, req));
             let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-            if let Err(e) = builder.serve_connection(TokioIo::new(stream), svc).await {
+            let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), svc);
+            if let Err(e) = conn.await {
                 tracing::debug!(error = %e, "connection ended");
             }
         });
     }
 }
 
-async fn handle(proxy: Arc<Proxy>, req: Request<Incoming>) -> Result<Response<Body>, Infallible> {
+async fn handle(
+    proxy: Arc<Proxy>,
+    peer: SocketAddr,
+    req: Request<Incoming>,
+) -> Result<Response<Body>, Infallible> {
     let host = request_host(&req);
     let table = proxy.cluster.routes();
     let target = match table.http(&host, req.uri().path()) {
@@ -73,9 +84,18 @@ async fn handle(proxy: Arc<Proxy>, req: Request<Incoming>) -> Result<Response<Bo
         }
         HttpMatch::Route(t) => t,
     };
+    let key: VmKey = (target.namespace().to_owned(), target.pod.clone());
+    // Held or forwarded, until its response ends, the request keeps the pod awake (I3).
+    let open = proxy.reporter.opened(&key);
     // The request, its body unread, waits here while the pod wakes (Q2).
     match resolve(&*proxy.cluster, &proxy.holds, &proxy.metrics, &target).await {
-        Ok(ready) => Ok(forward(&proxy, req, &target, &ready).await),
+        Ok(ready) => {
+            let from = Origin {
+                peer: peer.ip(),
+                host: &host,
+            };
+            Ok(forward(&proxy, req, key, &target, &ready, from, open).await)
+        }
         Err(a) => {
             proxy.metrics.refused(a.cause());
             Ok(answer(&a, Some(&target)))
@@ -97,15 +117,25 @@ fn request_host<B>(req: &Request<B>) -> String {
         .unwrap_or_default()
 }
 
+/// Who asked, for the forwarding headers.
+struct Origin<'a> {
+    peer: IpAddr,
+    host: &'a str,
+}
+
 async fn forward(
     proxy: &Proxy,
-    req: Request<Incoming>,
+    mut req: Request<Incoming>,
+    key: VmKey,
     target: &Target,
     ready: &Ready,
+    from: Origin<'_>,
+    open: OpenGuard,
 ) -> Response<Body> {
-    let key: VmKey = (target.namespace().to_owned(), target.pod.clone());
     let addr = SocketAddr::new(ready.ip, target.port);
     let client = proxy.upstream(&key, &ready.uid, addr);
+    let upgrade = upgrade_asked(&req);
+    let client_side = upgrade.is_some().then(|| hyper::upgrade::on(&mut req));
     let (mut parts, body) = req.into_parts();
     let authority = parts.uri.authority().map(|a| a.as_str().to_owned());
     let pq = parts
@@ -131,12 +161,35 @@ async fn forward(
     }
     parts.version = Version::HTTP_11;
     strip_hop_by_hop(&mut parts.headers);
+    if let Some(protocol) = &upgrade {
+        keep_upgrade(&mut parts.headers, protocol.clone());
+    }
+    add_forwarded(&mut parts.headers, from.peer, from.host);
     match client.request(Request::from_parts(parts, body)).await {
-        Ok(resp) => {
+        Ok(mut resp) => {
             proxy.metrics.forwarded("http");
             proxy.reporter.note(&key);
+            let switched = resp.status() == StatusCode::SWITCHING_PROTOCOLS;
+            let protocol = resp.headers().get(header::UPGRADE).cloned();
+            if let (true, Some(client_side), Some(protocol)) = (switched, client_side, protocol) {
+                let upstream_side = hyper::upgrade::on(&mut resp);
+                let reporter = proxy.reporter.clone();
+                tokio::spawn(async move {
+                    join_upgraded(client_side, upstream_side, &key).await;
+                    reporter.note(&key);
+                    drop(open);
+                });
+                let (mut parts, body) = resp.into_parts();
+                strip_hop_by_hop(&mut parts.headers);
+                keep_upgrade(&mut parts.headers, protocol);
+                return Response::from_parts(parts, body.boxed());
+            }
             let (mut parts, body) = resp.into_parts();
             strip_hop_by_hop(&mut parts.headers);
+            let body = Guarded {
+                inner: body,
+                _open: open,
+            };
             Response::from_parts(parts, body.boxed())
         }
         Err(e) => {
@@ -148,6 +201,125 @@ async fn forward(
                 "upstream",
             )
         }
+    }
+}
+
+/// The protocol an HTTP/1.1 request asks to switch to (`Connection: upgrade` with
+/// `Upgrade`). HTTP/2's extended CONNECT is not carried: the pod is spoken to in HTTP/1.1.
+fn upgrade_asked<B>(req: &Request<B>) -> Option<HeaderValue> {
+    if req.version() != Version::HTTP_11 {
+        return None;
+    }
+    let connection_upgrade = req
+        .headers()
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|t| t.trim().eq_ignore_ascii_case("upgrade"));
+    connection_upgrade
+        .then(|| req.headers().get(header::UPGRADE).cloned())
+        .flatten()
+}
+
+/// The two headers of an upgrade, which hop-by-hop stripping removed.
+fn keep_upgrade(headers: &mut HeaderMap, protocol: HeaderValue) {
+    headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+    headers.insert(header::UPGRADE, protocol);
+}
+
+/// Joins the client's and the pod's upgraded connections until either side ends.
+async fn join_upgraded(
+    client: hyper::upgrade::OnUpgrade,
+    upstream: hyper::upgrade::OnUpgrade,
+    (ns, pod): &VmKey,
+) {
+    match tokio::try_join!(client, upstream) {
+        Ok((c, u)) => {
+            let (mut c, mut u) = (TokioIo::new(c), TokioIo::new(u));
+            if let Err(e) = tokio::io::copy_bidirectional(&mut c, &mut u).await {
+                tracing::debug!(%ns, %pod, error = %e, "upgraded connection ended");
+            }
+        }
+        Err(e) => tracing::info!(%ns, %pod, error = %e, "upgrade not completed"),
+    }
+}
+
+/// RFC 7239 and the de facto `X-Forwarded-For`/`-Proto`/`-Host`: the client's address
+/// appended to what earlier proxies wrote (the pod sees the whole chain), the scheme and
+/// host set when no earlier proxy set them.
+fn add_forwarded(headers: &mut HeaderMap, peer: IpAddr, host: &str) {
+    const XFF: &str = "x-forwarded-for";
+    const XFP: &str = "x-forwarded-proto";
+    const XFH: &str = "x-forwarded-host";
+    let peer_text = peer.to_string();
+    append(headers, HeaderName::from_static(XFF), &peer_text);
+    if !headers.contains_key(XFP) {
+        headers.insert(XFP, HeaderValue::from_static("http"));
+    }
+    if !headers.contains_key(XFH)
+        && let Ok(v) = HeaderValue::from_str(host)
+        && !host.is_empty()
+    {
+        headers.insert(XFH, v);
+    }
+    // RFC 7239 4: an IPv6 node is quoted and bracketed; a host is quoted when it holds
+    // a character a token may not (a port's `:`).
+    let node = match peer {
+        IpAddr::V4(_) => peer_text,
+        IpAddr::V6(_) => format!("\"[{peer}]\""),
+    };
+    let mut element = format!("for={node};proto=http");
+    if !host.is_empty()
+        && host
+            .chars()
+            .all(|c| c.is_ascii_graphic() && c != '"' && c != '\\')
+    {
+        element.push_str(&format!(";host=\"{host}\""));
+    }
+    append(headers, header::FORWARDED, &element);
+}
+
+/// Appends `value` to the header's last list, as one more element.
+fn append(headers: &mut HeaderMap, name: HeaderName, value: &str) {
+    let joined = match headers
+        .get_all(&name)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .collect::<Vec<_>>()
+    {
+        earlier if earlier.is_empty() => value.to_owned(),
+        earlier => format!("{}, {value}", earlier.join(", ")),
+    };
+    if let Ok(v) = HeaderValue::from_str(&joined) {
+        headers.insert(name, v);
+    }
+}
+
+/// A response body that holds its connection's place in the pod's open count until it
+/// is sent or dropped.
+struct Guarded {
+    inner: Incoming,
+    _open: OpenGuard,
+}
+
+impl hyper::body::Body for Guarded {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        Pin::new(&mut self.inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
     }
 }
 
@@ -299,6 +471,98 @@ mod tests {
         let body = String::from_utf8_lossy(&body);
         assert!(body.contains(says), "{body}");
         assert!(!body.contains("other-tenant-x"), "{body}");
+    }
+
+    fn forwarded(earlier: &[(&str, &str)], peer: &str, host: &str) -> Vec<(String, String)> {
+        let mut h = HeaderMap::new();
+        for (k, v) in earlier {
+            h.append(
+                HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                HeaderValue::from_str(v).unwrap(),
+            );
+        }
+        add_forwarded(&mut h, peer.parse().unwrap(), host);
+        let mut out: Vec<(String, String)> = h
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_str().unwrap().to_owned()))
+            .collect();
+        out.sort();
+        out
+    }
+
+    fn pairs(want: &[(&str, &str)]) -> Vec<(String, String)> {
+        let mut out: Vec<(String, String)> = want
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        out.sort();
+        out
+    }
+
+    /// RFC 7239 and X-Forwarded-*: the client is appended to an earlier proxy's chain (a
+    /// repeated header folded into one list), scheme and host kept when set, an IPv6
+    /// client bracketed and quoted.
+    #[rstest]
+    #[case::first_hop(&[], "192.0.2.7", "web-0.example", &[
+        ("x-forwarded-for", "192.0.2.7"),
+        ("x-forwarded-proto", "http"),
+        ("x-forwarded-host", "web-0.example"),
+        ("forwarded", "for=192.0.2.7;proto=http;host=\"web-0.example\""),
+    ])]
+    #[case::behind_another_proxy(
+        &[("x-forwarded-for", "203.0.113.1"), ("x-forwarded-for", "10.0.0.2"),
+          ("x-forwarded-proto", "https"), ("x-forwarded-host", "vm.example"),
+          ("forwarded", "for=203.0.113.1;proto=https")],
+        "10.0.0.3", "web-0.example:8000",
+        &[
+            ("x-forwarded-for", "203.0.113.1, 10.0.0.2, 10.0.0.3"),
+            ("x-forwarded-proto", "https"),
+            ("x-forwarded-host", "vm.example"),
+            ("forwarded", "for=203.0.113.1;proto=https, for=10.0.0.3;proto=http;host=\"web-0.example:8000\""),
+        ],
+    )]
+    #[case::ipv6_no_host(&[], "2001:db8::1", "", &[
+        ("x-forwarded-for", "2001:db8::1"),
+        ("x-forwarded-proto", "http"),
+        ("forwarded", "for=\"[2001:db8::1]\";proto=http"),
+    ])]
+    fn forwarding_headers_are_appended(
+        #[case] earlier: &[(&str, &str)],
+        #[case] peer: &str,
+        #[case] host: &str,
+        #[case] want: &[(&str, &str)],
+    ) {
+        assert_eq!(forwarded(earlier, peer, host), pairs(want));
+    }
+
+    /// An upgrade is an HTTP/1.1 request with `Connection: upgrade` (any case, in a list)
+    /// and `Upgrade`; HTTP/2 or either header alone is an ordinary request.
+    #[rstest]
+    #[case::websocket(
+        Version::HTTP_11,
+        Some("keep-alive, Upgrade"),
+        Some("websocket"),
+        Some("websocket")
+    )]
+    #[case::no_connection_token(Version::HTTP_11, Some("keep-alive"), Some("websocket"), None)]
+    #[case::no_upgrade_header(Version::HTTP_11, Some("upgrade"), None, None)]
+    #[case::http2(Version::HTTP_2, Some("upgrade"), Some("websocket"), None)]
+    fn upgrades_are_told_apart(
+        #[case] version: Version,
+        #[case] connection: Option<&str>,
+        #[case] upgrade: Option<&str>,
+        #[case] want: Option<&str>,
+    ) {
+        let mut req = Request::builder().version(version).uri("/ws");
+        if let Some(c) = connection {
+            req = req.header(header::CONNECTION, c);
+        }
+        if let Some(u) = upgrade {
+            req = req.header(header::UPGRADE, u);
+        }
+        let req = req.body(()).unwrap();
+        let got = upgrade_asked(&req);
+        assert_eq!(got.as_ref().map(|v| v.to_str().unwrap()), want);
     }
 
     /// RFC 9110: connection-specific headers, and those `Connection` names, are dropped.

@@ -30,6 +30,9 @@ async fn handle(proxy: &Proxy, mut client: TcpStream, port: u16) {
         proxy.metrics.refused("no_route");
         return;
     };
+    let key: VmKey = (target.namespace().to_owned(), target.pod.clone());
+    // Held or joined, the session keeps the pod awake until it ends (I3).
+    let _open = proxy.reporter.opened(&key);
     // Nothing is read from the client while it is held (Q2).
     let ready = match resolve(&*proxy.cluster, &proxy.holds, &proxy.metrics, &target).await {
         Ok(r) => r,
@@ -39,7 +42,6 @@ async fn handle(proxy: &Proxy, mut client: TcpStream, port: u16) {
             return;
         }
     };
-    let key: VmKey = (target.namespace().to_owned(), target.pod.clone());
     let mut upstream = match TcpStream::connect(SocketAddr::new(ready.ip, target.port)).await {
         Ok(s) => s,
         Err(e) => {

@@ -144,9 +144,10 @@ impl Cluster {
         let pod = scope
             .pods
             .get(&ObjectRef::new(&target.pod).within(target.namespace()))?;
-        let labels = pod.metadata.labels.clone().unwrap_or_default();
+        let empty = std::collections::BTreeMap::new();
+        let labels = pod.metadata.labels.as_ref().unwrap_or(&empty);
         let selected =
-            Selector::try_from(target.policy.selector.clone()).is_ok_and(|s| s.matches(&labels));
+            Selector::try_from(target.policy.selector.clone()).is_ok_and(|s| s.matches(labels));
         let view = PodView::of(&pod);
         let awake = view.woken() && !view.hibernate_requested && pod_ready(&pod);
         let ip = pod

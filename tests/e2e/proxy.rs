@@ -342,3 +342,86 @@ async fn q2_q5_q6_failed_wake_and_product_down_answer_503() {
         "{m}"
     );
 }
+
+/// Reads from `s` into `got` until `pat` appears: the bytes up to and with it.
+async fn read_until(s: &mut TcpStream, got: &mut Vec<u8>, pat: &[u8]) -> String {
+    tokio::time::timeout(Duration::from_secs(90), async {
+        loop {
+            if let Some(at) = got.windows(pat.len()).position(|w| w == pat) {
+                let head: Vec<u8> = got.drain(..at + pat.len()).collect();
+                return String::from_utf8_lossy(&head).into_owned();
+            }
+            let mut buf = [0u8; 512];
+            let n = s.read(&mut buf).await.unwrap();
+            assert!(n > 0, "closed after {:?}", String::from_utf8_lossy(got));
+            got.extend_from_slice(&buf[..n]);
+        }
+    })
+    .await
+    .expect("answered within 90 s")
+}
+
+/// The pod's activity Lease's open-connections count (I3), as the proxy wrote it.
+async fn open_connections(leases: &Api<Lease>, pod: &str) -> Option<String> {
+    let lease = leases.get_opt(&lease_name(pod)?).await.ok()??;
+    lease
+        .metadata
+        .annotations?
+        .get(cocoon_hibernation::api::activity::OPEN_CONNECTIONS)
+        .cloned()
+}
+
+/// SPEC Q1, Q2, I3: an HTTP/1.1 Upgrade to a hibernated VM is held like any request, wakes
+/// it, gets the woken VM's `101`, and is then joined to it both ways; while it and a TCP
+/// session are open, the pod's activity Lease counts them (an idle policy keeps the pod
+/// awake), and the count goes back to 0 once both have closed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn q1_q2_i3_upgrade_is_held_then_joined_and_open_connections_are_counted() {
+    let tcp_listen = free_port();
+    let env = world("proxy-upgrade", "60s", "web-0", tcp_listen).await;
+    hibernated_pod(&env, "web-0", None).await;
+    let proxy = WakeProxy::start_on(&env, tcp_listen).await;
+    let leases: Api<Lease> = Api::namespaced(env.client.clone(), &env.ns);
+
+    let mut ws = TcpStream::connect(("127.0.0.1", proxy.http)).await.unwrap();
+    let ask = format!(
+        "GET /ws HTTP/1.1\r\nHost: web-0.{DOMAIN}\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n"
+    );
+    ws.write_all(ask.as_bytes()).await.unwrap();
+    let mut got = Vec::new();
+    let head = read_until(&mut ws, &mut got, b"\r\n\r\n").await;
+    assert!(head.starts_with("HTTP/1.1 101"), "{head}");
+    assert!(
+        head.to_ascii_lowercase().contains("upgrade: echo"),
+        "{head}"
+    );
+    let banner = read_until(&mut ws, &mut got, b"\n").await;
+    let pod = env.pods.get("web-0").await.unwrap();
+    assert_eq!(banner, format!("vm={}\n", vm_id(&pod)), "not the woken VM");
+    ws.write_all(b"ping over the upgrade\n").await.unwrap();
+    let echo = read_until(&mut ws, &mut got, b"\n").await;
+    assert_eq!(echo, "ping over the upgrade\n");
+    let cr = env.crs.get("web-0").await.unwrap();
+    assert_eq!(cr.spec.desire, Desire::Wake);
+
+    // I3: the upgraded connection is open, then a TCP session too.
+    eventually("open-connections 1", Duration::from_secs(30), || async {
+        (open_connections(&leases, "web-0").await.as_deref() == Some("1")).then_some(())
+    })
+    .await;
+    let (tcp_banner, tcp_echo) = tcp_session(tcp_listen, "tcp too\n").await;
+    assert_eq!(tcp_banner, format!("vm={}", vm_id(&pod)));
+    assert_eq!(tcp_echo, "tcp too\n");
+    let mut session = TcpStream::connect(("127.0.0.1", tcp_listen)).await.unwrap();
+    session.write_all(b"x").await.unwrap();
+    eventually("open-connections 2", Duration::from_secs(30), || async {
+        (open_connections(&leases, "web-0").await.as_deref() == Some("2")).then_some(())
+    })
+    .await;
+    drop(ws);
+    drop(session);
+    eventually("open-connections 0", Duration::from_secs(30), || async {
+        (open_connections(&leases, "web-0").await.as_deref() == Some("0")).then_some(())
+    })
+    .await;
+}

@@ -3,13 +3,15 @@
 //! `make image` built, then upgraded, failed over and uninstalled under load. The release
 //! first installed is the previous one (`cargo xtask old-release`: its chart and image), which
 //! the suite upgrades to this tree by the documented command and by `--reuse-values`
-//! (upgrade.rs). VM pods run on the vk-cocoon simulator's virtual node. Steps run in order
-//! and stop at the first failure; the last line sums up:
+//! (upgrade.rs); the wake proxy is turned on once (proxy.rs). VM pods run on the vk-cocoon
+//! simulator's virtual node. Steps run in order and stop at the first failure; the last
+//! line sums up:
 //! `install: image_mb=.. upgrade_from=.. reuse_values=ok admissions=.. failed=.. transitions=.. lost=.. handover_s=.. takeover_s=..`
 
 mod fence;
 mod load;
 mod node;
+mod proxy;
 mod rbac;
 mod shell;
 mod steps;
@@ -166,6 +168,11 @@ async fn run(tally: &mut Tally) -> world::Result<()> {
     steps::step(
         "leader deleted, graceful then forced: takeover, no DELETE after its fence (S1)",
         steps::failover(&world, tally),
+    )
+    .await?;
+    steps::step(
+        "the wake proxy through the chart: a held request served after the wake (Q1, Q2)",
+        proxy::q1_q2_held_request_served_after_wake(&world),
     )
     .await?;
     steps::step(

@@ -3,6 +3,7 @@
 use super::timing::Timings;
 use std::collections::HashMap;
 use std::hash::{DefaultHasher, Hash, Hasher};
+use std::net::Ipv4Addr;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
@@ -38,6 +39,8 @@ pub struct SimKnobs {
     timings: Timings,
     /// The ports each awake VM serves HTTP and a TCP echo on; `None`: VMs serve nothing.
     serve_ports: Mutex<Option<(u16, u16)>>,
+    /// Where the serving VMs take their addresses; `None`: loopback (127.64.0.0/10).
+    serve_net: Mutex<Option<(Ipv4Addr, u8)>>,
 }
 
 impl SimKnobs {
@@ -203,6 +206,17 @@ impl SimKnobs {
     }
     pub fn serve_ports(&self) -> Option<(u16, u16)> {
         self.serve_ports.lock().ok().and_then(|p| *p)
+    }
+    /// Serving VMs take their addresses in `net` (base, prefix length) instead of on
+    /// loopback: on a real node, a range the host owns on the pods' bridge (hack/node.sh
+    /// routes the bridge's top /26 to the host), so a pod such as the wake proxy reaches them.
+    pub fn set_serve_net(&self, net: Option<(Ipv4Addr, u8)>) {
+        if let Ok(mut n) = self.serve_net.lock() {
+            *n = net;
+        }
+    }
+    pub fn serve_net(&self) -> Option<(Ipv4Addr, u8)> {
+        self.serve_net.lock().ok().and_then(|n| *n)
     }
     /// When the simulator saw each request and finished its own work, per VM.
     pub fn timings(&self) -> &Timings {

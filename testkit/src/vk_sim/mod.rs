@@ -250,7 +250,10 @@ impl Sim {
         let Some(vm_id) = view.vm_id.filter(|_| awake) else {
             return;
         };
-        let ip = match self.servers.ensure(&key, &vm_id, ports) {
+        let ip = match self
+            .servers
+            .ensure(&key, &vm_id, ports, self.knobs.serve_net())
+        {
             Ok(ip) => ip.to_string(),
             Err(e) => {
                 tracing::warn!(ns = %key.0, pod = %key.1, error = %e, "vk-sim: serve");
@@ -530,7 +533,9 @@ impl Sim {
         let mut status = running_status(pod, &vm_id);
         // The woken VM serves before it is reported Running, on a fresh address.
         if let (Some(ports), Some(key)) = (self.knobs.serve_ports(), key_of(pod)) {
-            let ip = self.servers.ensure(&key, &vm_id, ports)?;
+            let ip = self
+                .servers
+                .ensure(&key, &vm_id, ports, self.knobs.serve_net())?;
             status["status"]["podIP"] = json!(ip.to_string());
             status["status"]["podIPs"] = json!([{ "ip": ip.to_string() }]);
         }

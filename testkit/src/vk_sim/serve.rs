@@ -6,7 +6,8 @@
 //!
 //! HTTP answers `vm=<VMID> pod=<pod> path=<path> body=<bytes read>`; the TCP echo first
 //! writes `vm=<VMID>\n`, then echoes. Both name the VMID, so a test can tell which VM
-//! served it.
+//! served it. An HTTP/1.1 request with `Upgrade` (any protocol, WebSocket's handshake
+//! left out) is answered `101` and the connection becomes that same echo.
 
 use super::SimError;
 use http_body_util::{BodyExt, Full};
@@ -46,6 +47,7 @@ impl Servers {
         key: &(String, String),
         vm_id: &str,
         ports: (u16, u16),
+        net: Option<(Ipv4Addr, u8)>,
     ) -> Result<IpAddr, SimError> {
         let mut by_pod = self.by_pod.lock().map_err(|_| "servers lock poisoned")?;
         if let Some(s) = by_pod.get(key)
@@ -54,7 +56,7 @@ impl Servers {
             return Ok(s.ip);
         }
         by_pod.remove(key);
-        let server = start(&key.1, vm_id, ports)?;
+        let server = start(&key.1, vm_id, ports, net)?;
         let ip = server.ip;
         by_pod.insert(key.clone(), server);
         Ok(ip)
@@ -77,17 +79,28 @@ impl Servers {
     }
 }
 
-/// A random address in 127.64.0.0/10, clear of 127.0.0.1 and its neighbours.
-fn random_loopback() -> IpAddr {
+/// A random address in `net` (base, prefix length) that is neither its first nor its
+/// last; without one, in 127.64.0.0/10, clear of 127.0.0.1 and its neighbours.
+fn random_address(net: Option<(Ipv4Addr, u8)>) -> IpAddr {
     let r = RandomState::new().hash_one(std::time::SystemTime::now());
-    let [a, b, c, ..] = r.to_le_bytes();
-    IpAddr::V4(Ipv4Addr::new(127, 64 + (a % 64), b, c.max(1)))
+    let Some((base, bits)) = net else {
+        let [a, b, c, ..] = r.to_le_bytes();
+        return IpAddr::V4(Ipv4Addr::new(127, 64 + (a % 64), b, c.max(1)));
+    };
+    let size = 1u64 << (32 - u32::from(bits.clamp(8, 30)));
+    let offset = 1 + r % (size - 2);
+    IpAddr::V4(Ipv4Addr::from(u32::from(base).wrapping_add(offset as u32)))
 }
 
-fn start(pod: &str, vm_id: &str, (http_port, tcp_port): (u16, u16)) -> Result<VmServer, SimError> {
+fn start(
+    pod: &str,
+    vm_id: &str,
+    (http_port, tcp_port): (u16, u16),
+    net: Option<(Ipv4Addr, u8)>,
+) -> Result<VmServer, SimError> {
     let mut last = None;
     for _ in 0..ADDRESS_TRIES {
-        let ip = random_loopback();
+        let ip = random_address(net);
         match bind_both(ip, http_port, tcp_port) {
             Ok((http, tcp)) => {
                 let mut tasks = JoinSet::new();
@@ -124,9 +137,26 @@ async fn serve_http(listener: TcpListener, vm_id: String, pod: String) {
         };
         let (vm_id, pod) = (vm_id.clone(), pod.clone());
         conns.spawn(async move {
-            let svc = service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+            let banner = format!("vm={vm_id}\n");
+            // The upgraded connection is echoed in this task, so the VM's removal ends it.
+            let (upgraded_tx, mut upgraded) = tokio::sync::mpsc::unbounded_channel();
+            let svc = service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
                 let (vm_id, pod) = (vm_id.clone(), pod.clone());
+                let upgrade = req.headers().get(hyper::header::UPGRADE).cloned();
+                if upgrade.is_some() {
+                    let _ = upgraded_tx.send(hyper::upgrade::on(&mut req));
+                }
                 async move {
+                    if let Some(protocol) = upgrade {
+                        let mut resp = hyper::Response::new(Full::new(Bytes::new()));
+                        *resp.status_mut() = hyper::StatusCode::SWITCHING_PROTOCOLS;
+                        resp.headers_mut().insert(hyper::header::UPGRADE, protocol);
+                        resp.headers_mut().insert(
+                            hyper::header::CONNECTION,
+                            hyper::header::HeaderValue::from_static("upgrade"),
+                        );
+                        return Ok(resp);
+                    }
                     let path = req.uri().path().to_owned();
                     let body = req.into_body().collect().await?.to_bytes();
                     let text = format!("vm={vm_id} pod={pod} path={path} body={}\n", body.len());
@@ -135,7 +165,16 @@ async fn serve_http(listener: TcpListener, vm_id: String, pod: String) {
             });
             let _ = http1::Builder::new()
                 .serve_connection(TokioIo::new(stream), svc)
+                .with_upgrades()
                 .await;
+            if let Ok(on) = upgraded.try_recv()
+                && let Ok(io) = on.await
+            {
+                let (mut rd, mut wr) = tokio::io::split(TokioIo::new(io));
+                if wr.write_all(banner.as_bytes()).await.is_ok() {
+                    let _ = copy(&mut rd, &mut wr).await;
+                }
+            }
         });
         while conns.try_join_next().is_some() {}
     }
