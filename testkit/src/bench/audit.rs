@@ -164,3 +164,101 @@ pub fn tally(events: &[Value], who: impl Fn(&str) -> bool) -> Tally {
     }
     t
 }
+
+/// The intake of each CR flipped in `events` (issue 38): ms from the flip of its desire (a
+/// create or patch of the CR, not a status write, by someone other than `who`, as the
+/// apiserver finished it) to `who`'s first successful patch of the pod it names (V1: the
+/// CR's name) received after it: the write that starts the transition. A CR flipped twice
+/// counts from its first flip in the window; one with no pod patch after it is left out.
+pub fn intakes(events: &[Value], who: impl Fn(&str) -> bool) -> Vec<f64> {
+    let stamp = |e: &Value, field: &str| {
+        e[field]
+            .as_str()
+            .and_then(|s| s.parse::<jiff::Timestamp>().ok())
+    };
+    let ok = |e: &Value| (200..300).contains(&code(e));
+    let named = |e: &Value| e["objectRef"]["name"].as_str().map(str::to_owned);
+    let mut flips: BTreeMap<String, jiff::Timestamp> = BTreeMap::new();
+    let mut out = BTreeMap::new();
+    for e in events.iter().filter(|e| is_write(e) && ok(e)) {
+        let (res, sub) = (&e["objectRef"]["resource"], &e["objectRef"]["subresource"]);
+        let flip = !who(user(e))
+            && res == "cocoonhibernations"
+            && sub.as_str().is_none_or(str::is_empty)
+            && matches!(e["verb"].as_str(), Some("create" | "patch" | "update"));
+        if flip && let (Some(name), Some(at)) = (named(e), stamp(e, "stageTimestamp")) {
+            flips.entry(name).or_insert(at);
+            continue;
+        }
+        let pod_patch = who(user(e))
+            && res == "pods"
+            && sub.as_str().is_none_or(str::is_empty)
+            && e["verb"] == "patch";
+        if pod_patch
+            && let (Some(name), Some(at)) = (named(e), stamp(e, "requestReceivedTimestamp"))
+            && let Some(flipped) = flips.get(&name)
+            && !out.contains_key(&name)
+        {
+            let waited = at.duration_since(*flipped).as_secs_f64().max(0.0);
+            out.insert(name, waited * 1000.0);
+        }
+    }
+    out.into_values().collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn write(who: &str, verb: &str, res: &str, sub: &str, name: &str, at: &str) -> Value {
+        json!({
+            "stage": "ResponseComplete", "verb": verb, "user": { "username": who },
+            "objectRef": { "resource": res, "subresource": sub, "name": name },
+            "responseStatus": { "code": 200 },
+            "requestReceivedTimestamp": at, "stageTimestamp": at,
+        })
+    }
+
+    /// From the driver's flip to the product's first pod patch of that CR's pod; status
+    /// writes, other users' pod writes and later pod patches do not count.
+    #[test]
+    fn intake_is_flip_to_the_first_pod_patch() {
+        let events = [
+            write(
+                "bench",
+                "create",
+                "cocoonhibernations",
+                "",
+                "p-0",
+                "2026-01-01T00:00:00.000Z",
+            ),
+            write(
+                "op",
+                "patch",
+                "cocoonhibernations",
+                "status",
+                "p-0",
+                "2026-01-01T00:00:00.050Z",
+            ),
+            write("vk", "patch", "pods", "", "p-0", "2026-01-01T00:00:00.060Z"),
+            write("op", "patch", "pods", "", "p-0", "2026-01-01T00:00:00.120Z"),
+            write("op", "patch", "pods", "", "p-0", "2026-01-01T00:00:09.000Z"),
+            // A pod patch with no flip before it (a pod of another round) is no intake.
+            write("op", "patch", "pods", "", "p-1", "2026-01-01T00:00:00.130Z"),
+            write(
+                "bench",
+                "patch",
+                "cocoonhibernations",
+                "",
+                "p-1",
+                "2026-01-01T00:00:00.200Z",
+            ),
+            write("op", "patch", "pods", "", "p-1", "2026-01-01T00:00:01.200Z"),
+        ];
+        let got = intakes(&events, |u| u == "op");
+        assert_eq!(got.len(), 2, "{got:?}");
+        assert!((got[0] - 120.0).abs() < 0.01, "{got:?}");
+        assert!((got[1] - 1000.0).abs() < 0.01, "{got:?}");
+    }
+}
