@@ -233,7 +233,9 @@ const BURST: usize = 1000;
 /// for a registry slot's wait before it is deferred, always keep the free worker busy.
 const STALLED_BESIDE: usize = 12;
 /// The burst's bound: about 2,000 passes (R1's finalizer, then H1) on the busy shared
-/// control plane; queued behind the stalled passes they would take hours.
+/// control plane (47.6 s in the first run). Without the intake lane they would get about
+/// one turn of the free worker in every `STALLED_BESIDE` (C4 lets ending passes past
+/// them), each of those held 250 ms: far longer.
 const BURST_BOUND: Duration = Duration::from_secs(300);
 
 /// SPEC C2 (issue 38): one slow registry call never stalls other CRs, under a burst of
