@@ -9,6 +9,7 @@
 use super::triggers::Trigger;
 use super::{Context, error_policy, plan, reconcile};
 use crate::api::CocoonHibernation;
+use crate::api::annotations::PodView;
 use crate::runtime::gate::Gate;
 use crate::runtime::limits::Turns;
 use crate::runtime::trigger::Triggers;
@@ -130,15 +131,31 @@ async fn run_term(
                 let now = ctx.cache.cr(&ns, &name).map(|cr| ctx.own_write_view(cr));
                 now.is_some_and(|cr| plan::may_end_a_transition(&cr))
             };
+            // C2 (issue 38): a pass that may start a transition has the intake lane besides.
+            // Per-VM order still holds: the lane only grants the turn; the pass takes its
+            // VM's lock before it reads or writes, so a tag delete of that VM (which holds
+            // the lock through its fresh reads and its DELETE) ends before a new start of
+            // the same VM plans, and a start ends before a later delete reads fresh.
+            let start = ctx.cache.cr(&ns, &name).is_some_and(|cr| {
+                let cr = ctx.own_write_view(cr);
+                let pod = ctx.cache.pod(&ns, &cr.spec.pod_ref.name);
+                let view = pod.as_deref().map(PodView::from_pod);
+                plan::may_start_a_transition(&cr, view.as_ref())
+            });
             let queued = std::time::Instant::now();
-            let Some(_turn) = turns.take(ending).await else {
+            let turn = if start {
+                turns.take_intake(ending).await
+            } else {
+                turns.take(ending).await
+            };
+            let Some(_turn) = turn else {
                 return Ok(Action::await_change());
             };
             let (waited, started) = (queued.elapsed(), std::time::Instant::now());
             // Boxed, so a pass waiting for its turn holds two Arcs, not a whole pass.
             let result = Box::pin(reconcile::reconcile(cr, ctx)).await;
             tracing::debug!(cr = %format_args!("{ns}/{name}"), waited_ms = waited.as_millis(),
-                ran_ms = started.elapsed().as_millis(), "pass done");
+                ran_ms = started.elapsed().as_millis(), start, "pass done");
             result
         }
     };

@@ -44,6 +44,16 @@ struct StallProduct {
 
 impl StallProduct {
     async fn start(cluster: &cluster::Cluster, namespace: &str, registry: &str) -> Self {
+        Self::start_with(cluster, namespace, registry, "30s").await
+    }
+
+    /// `registry_timeout`: how long a held registry call may last before it ends itself.
+    async fn start_with(
+        cluster: &cluster::Cluster,
+        namespace: &str,
+        registry: &str,
+        registry_timeout: &str,
+    ) -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
         let (cert, key) = cluster.serving_cert(&["127.0.0.1", "localhost"]);
         std::fs::write(dir.path().join("tls.crt"), cert).expect("write cert");
@@ -62,7 +72,7 @@ impl StallProduct {
                 format!("--tls-key-file={}", dir.path().join("tls.key").display()),
                 format!("--registry-base={registry}"),
                 "--registry-plain-http".to_owned(),
-                "--registry-timeout=30s".to_owned(),
+                format!("--registry-timeout={registry_timeout}"),
                 format!("--concurrency={WORKERS}"),
                 "--hibernate-timeout=300s".to_owned(),
                 "--wake-timeout=300s".to_owned(),
@@ -214,5 +224,134 @@ async fn e2e_c2_stalled_registry_does_not_stall_other_vms() {
     for pod in stalled.iter().chain([&"b-0".to_owned()]) {
         product::wait_phase(&crs, pod, Phase::Hibernated, LONG, &mut Vec::new()).await;
     }
+    drop(sim);
+}
+
+/// Starts in the burst below: more than a few workers' worth, as in issue 38's wake burst.
+const BURST: usize = 1000;
+/// Stalled CRs beside the burst: enough that their ending passes, each holding a worker
+/// for a registry slot's wait before it is deferred, always keep the free worker busy.
+const STALLED_BESIDE: usize = 12;
+/// The burst's bound: about 2,000 passes (R1's finalizer, then H1) on the busy shared
+/// control plane (47.6 s in the first run). Without the intake lane they would get about
+/// one turn of the free worker in every `STALLED_BESIDE` (C4 lets ending passes past
+/// them), each of those held 250 ms: far longer.
+const BURST_BOUND: Duration = Duration::from_secs(300);
+
+/// SPEC C2 (issue 38): one slow registry call never stalls other CRs, under a burst of
+/// 1,000. While a held probe keeps one worker and the other stalled CRs' ending passes
+/// (C4 puts them first) keep asking for the one registry slot, 1,000 new Hibernate CRs on
+/// other VMs all get their pod patch, the write that starts the transition, before any
+/// held call ends: a start never queues behind other VMs' registry work.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e2e_c2_a_burst_of_1000_starts_never_waits_for_a_stalled_registry() {
+    use futures::StreamExt;
+    let cluster = cluster::cluster();
+    let client = cluster.client().await;
+    product::ensure_crd(&client).await;
+    let ns = cluster.fresh_namespace(&client, "c2-burst").await;
+    let crs: Api<CocoonHibernation> = Api::namespaced(client.clone(), &ns);
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client.clone(), &ns);
+    let vm = |pod: &str| format!("vm-{ns}-{pod}");
+
+    let upstream = RegistryServer::launch_default();
+    let proxy = SlowProxy::start(&upstream.host()).await;
+    // The held calls must outlast the burst: only the test's resume ends them.
+    let product = StallProduct::start_with(cluster, &ns, &proxy.host(), "900s").await;
+    product::install_webhook(
+        &client,
+        cluster,
+        &ns,
+        product.webhook_port,
+        "cocoonset.cocoonstack.io",
+    )
+    .await;
+    let knobs = Arc::new(SimKnobs::new(
+        Duration::from_millis(100),
+        Duration::from_millis(100),
+    ));
+    let sim = vk_sim::spawn(client.clone(), Some(ns.clone()), upstream.host(), knobs);
+
+    let stalled: Vec<String> = (0..STALLED_BESIDE).map(|i| format!("a-{i}")).collect();
+    let burst: Vec<String> = (0..BURST).map(|i| format!("b-{i:04}")).collect();
+    futures::stream::iter(stalled.iter().chain(&burst))
+        .for_each_concurrent(32, |pod| {
+            let (client, ns, vm) = (client.clone(), ns.clone(), vm(pod));
+            async move {
+                vk_sim::create_vm_pod(&client, &ns, pod, &vm)
+                    .await
+                    .unwrap_or_else(|e| panic!("create pod {pod}: {e}"));
+            }
+        })
+        .await;
+
+    proxy.stall();
+    for pod in &stalled {
+        product::create_cr(&crs, pod, pod, Desire::Hibernate).await;
+    }
+    product::eventually("vk hibernated every stalled VM", LONG, || async {
+        (sim.knobs.hibernations() >= STALLED_BESIDE).then_some(())
+    })
+    .await;
+    // The burst's VMs stay in Hibernating: were they hibernated, their probes would hang too.
+    sim.knobs.set_never_complete(true);
+    let at_burst = tokio::time::timeout(LONG, proxy.until(|s| s.held >= 1))
+        .await
+        .expect("a registry probe reaches the stalled proxy");
+
+    let started = std::time::Instant::now();
+    let create = futures::stream::iter(&burst).for_each_concurrent(32, |pod| {
+        let crs = crs.clone();
+        async move {
+            product::create_cr(&crs, pod, pod, Desire::Hibernate).await;
+        }
+    });
+    let patched = async {
+        create.await;
+        loop {
+            let list = pods
+                .list(&kube::api::ListParams::default())
+                .await
+                .expect("list pods");
+            let asked = list
+                .items
+                .iter()
+                .filter(|p| {
+                    p.metadata
+                        .name
+                        .as_deref()
+                        .is_some_and(|n| n.starts_with("b-"))
+                        && p.metadata.annotations.as_ref().is_some_and(|a| {
+                            a.contains_key(cocoon_hibernation::api::annotations::HIBERNATE)
+                        })
+                })
+                .count();
+            if asked == BURST {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    };
+    tokio::select! {
+        _ = patched => {}
+        stats = proxy.until(|s| s.held_ended > at_burst.held_ended) => panic!(
+            "C2: the burst's starts were not all patched before a held registry call \
+             ended: starts queued behind the stalled registry's passes. Proxy: {stats:?}"
+        ),
+        _ = tokio::time::sleep(BURST_BOUND) => panic!(
+            "C2: the burst's starts were not all patched within {BURST_BOUND:?}: they \
+             queued behind the stalled registry's passes"
+        ),
+    }
+    eprintln!(
+        "{BURST} starts patched {:.1}s after the burst began",
+        started.elapsed().as_secs_f64()
+    );
+    let during = proxy.stats();
+    assert!(
+        during.held >= 1 && during.held_ended == at_burst.held_ended,
+        "the stall lasted through the burst: {during:?}"
+    );
+    proxy.resume();
     drop(sim);
 }

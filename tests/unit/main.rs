@@ -3,6 +3,7 @@
 //! own checks. One module per area; the shared kit is the `testkit` crate.
 
 mod api_tap;
+mod bench_audit;
 mod chart_crd;
 mod chart_values;
 mod compat_claim;

@@ -1266,3 +1266,70 @@ fn o3_crd_duration_forms_parse(#[case] raw: &str, #[case] secs: u64) {
         Ok(Duration::from_secs(secs))
     );
 }
+
+/// SPEC C2 (issue 38): a pass in the intake lane never asks the registry (no probe, no
+/// tag delete), so it never waits for a registry slot; and every pass that starts a
+/// transition from outside one (the pod patch, entering Hibernating or Waking) is such a
+/// pass, so no start waits behind another VM's registry work.
+#[test]
+fn c2_intake_passes_never_ask_the_registry_and_every_start_is_one() {
+    let phases = [
+        None,
+        Some(Phase::Pending),
+        Some(Phase::Hibernating),
+        Some(Phase::Hibernated),
+        Some(Phase::Waking),
+        Some(Phase::Active),
+        Some(Phase::Failed),
+    ];
+    let mut woken = running_pod();
+    woken.vm_id = Some("id-2".into());
+    let pods = [
+        None,
+        Some(hibernated_pod()),
+        Some(running_pod()),
+        Some(woken),
+    ];
+    let (mut starts, mut intakes) = (0, 0);
+    for desire in [Desire::Hibernate, Desire::Wake] {
+        for phase in phases {
+            for pod in &pods {
+                for finalizer in [true, false] {
+                    let mut c = cr(desire, phase);
+                    if !finalizer {
+                        c.metadata.finalizers = None;
+                    }
+                    let case = format!("{desire:?} {phase:?} {pod:?} finalizer={finalizer}");
+                    let p = run(&c, pod.as_ref(), Probe::NotProbed, 1);
+                    let intake = plan::may_start_a_transition(&c, pod.as_ref());
+                    if intake {
+                        intakes += 1;
+                        assert!(!p.needs_probe, "an intake pass probes: {case}");
+                        assert_eq!(p.delete_tag, None, "an intake pass deletes: {case}");
+                        assert!(!plan::may_end_a_transition(&c), "{case}");
+                    }
+                    let entered = matches!(phase_of(&p), Some(Phase::Hibernating | Phase::Waking))
+                        && phase_of(&p) != phase;
+                    if p.pod_patch.is_some() && entered {
+                        starts += 1;
+                        assert!(intake, "a start outside the intake lane: {case}");
+                    }
+                }
+            }
+        }
+    }
+    assert!(
+        starts >= 4 && intakes > starts,
+        "{starts} starts, {intakes} intakes"
+    );
+}
+
+/// SPEC C2: a CR being deleted (G1 may delete its tag) is never an intake pass.
+#[test]
+fn c2_a_deleting_cr_is_never_an_intake_pass() {
+    let mut c = cr(Desire::Hibernate, Some(Phase::Active));
+    let pod = Some(running_pod());
+    assert!(plan::may_start_a_transition(&c, pod.as_ref()));
+    c.metadata.deletion_timestamp = Some(at(0));
+    assert!(!plan::may_start_a_transition(&c, pod.as_ref()));
+}

@@ -3,7 +3,9 @@
 //!
 //! 1. [`Turns`]: a worker (`--concurrency`), first come, first served; a pass that may
 //!    not end a transition first takes one of `workers - 1` "others" permits, so one
-//!    that may end one never queues behind more than `workers - 1` others (C4).
+//!    that may end one never queues behind more than `workers - 1` others (C4). A pass
+//!    that may start a transition may take a permit of the intake lane instead, which
+//!    only such passes hold (C2): a start never queues behind other VMs' registry work.
 //! 2. [`VmLocks`]: the pass's VM, so passes touching one VM run one at a time (C2).
 //!    A safety rule, not a throughput limit.
 //! 3. [`Limits::registry_slot`]: a registry slot, of fewer than there are workers, so a

@@ -6,6 +6,12 @@
 //! serve first come, first served, and a pass that may end a transition already under
 //! way (vk's answer is in) never queues behind more than `workers - 1` others: passes of
 //! any other kind hold one of `workers - 1` permits before they queue for a worker.
+//!
+//! A pass that may start a transition (its first write, the pod patch) has a lane of its
+//! own besides (C2, issue 38): passes ending other VMs' transitions or paying their tag
+//! deletes hold workers through fresh reads and registry calls, and a new wake queued
+//! behind them waited seconds. Such a pass takes a lane permit or a turn like the others,
+//! whichever comes first, so starts still use idle workers and never wait for busy ones.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -21,6 +27,9 @@ pub struct Turns {
     workers: Arc<Semaphore>,
     /// For passes that do not end a transition: one worker fewer.
     others: Arc<Semaphore>,
+    /// Only for passes that may start a transition: they never call the registry
+    /// (`plan::may_start_a_transition`), so nothing in this lane waits for a registry slot.
+    intake: Arc<Semaphore>,
 }
 
 /// A worker, held for the length of a pass.
@@ -35,6 +44,21 @@ impl Turns {
         Self {
             workers: Arc::new(Semaphore::new(workers)),
             others: Arc::new(Semaphore::new(workers.saturating_sub(1).max(1))),
+            intake: Arc::new(Semaphore::new(intake_lane(workers))),
+        }
+    }
+
+    /// C2 (issue 38): a turn for a pass that may start a transition: a permit of the
+    /// intake lane, or a turn as [`Turns::take`] gives one, whichever comes first. The lane
+    /// is held only by such passes, which call no registry, so a start never queues
+    /// behind passes ending other VMs' transitions or paying their registry debt.
+    pub async fn take_intake(&self, ending: impl Fn() -> bool) -> Option<Turn> {
+        let lane = self.intake.clone().acquire_owned();
+        tokio::select! {
+            // A free lane permit first, so a start leaves the workers to the others.
+            biased;
+            permit = lane => permit.ok().map(|p| Turn { _worker: p, _other: None }),
+            turn = self.take(ending) => turn,
         }
     }
 
@@ -69,6 +93,13 @@ impl Turns {
             _other: Some(other),
         })
     }
+}
+
+/// The intake lane's permits: half the workers, at least one. The apiserver is the
+/// limit (docs/performance.md: more workers made every pass slower), so the lane adds
+/// what a burst of starts needs and no more.
+pub fn intake_lane(workers: usize) -> usize {
+    workers.div_ceil(2).max(1)
 }
 
 #[cfg(test)]
@@ -157,5 +188,67 @@ mod tests {
         };
         let order = run_order(&turns, held, passes, meanwhile).await;
         assert_eq!(order[0], "late", "{order:?}");
+    }
+
+    /// SPEC C2 (issue 38): a burst of 1,000 starts all get their turn while every worker
+    /// is held by passes stuck in registry calls (ends of other VMs' wakes, a W3 retry) and
+    /// more of those queue: no start waits for a worker they hold.
+    #[tokio::test(start_paused = true)]
+    async fn c2_a_burst_of_1000_starts_never_waits_behind_registry_work() {
+        let turns = Turns::new(4);
+        let mut held = Vec::new();
+        for ending in [true, true, true, false] {
+            held.push(turns.take(move || ending).await.expect("a worker"));
+        }
+        let queued: Vec<_> = (0..8)
+            .map(|i| {
+                let turns = turns.clone();
+                tokio::spawn(async move { turns.take(move || i % 2 == 0).await.is_some() })
+            })
+            .collect();
+        let done = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let starts: Vec<_> = (0..1000)
+            .map(|_| {
+                let (turns, done) = (turns.clone(), done.clone());
+                tokio::spawn(async move {
+                    let turn = turns.take_intake(|| false).await;
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    drop(turn);
+                    done.fetch_add(1, Ordering::SeqCst);
+                })
+            })
+            .collect();
+        // 1,000 passes of 10 ms on the lane's 2 permits: 5 s.
+        let all = tokio::time::timeout(Duration::from_secs(10), futures::future::join_all(starts));
+        let finished = all.await.is_ok();
+        assert!(
+            finished,
+            "C2: {} of 1000 starts ran while registry work held every worker",
+            done.load(Ordering::SeqCst)
+        );
+        drop(held);
+        for q in queued {
+            assert!(
+                q.await.unwrap(),
+                "the queued passes run once the workers free up"
+            );
+        }
+    }
+
+    /// C2 (issue 38): starts still use idle workers besides their lane, so a burst of
+    /// starts runs on more than the lane.
+    #[tokio::test(start_paused = true)]
+    async fn c2_starts_use_idle_workers_besides_their_lane() {
+        let turns = Turns::new(4);
+        let mut running = Vec::new();
+        for _ in 0..6 {
+            let take = turns.take_intake(|| false);
+            match tokio::time::timeout(Duration::from_millis(1), take).await {
+                Ok(Some(turn)) => running.push(turn),
+                _ => break,
+            }
+        }
+        // The lane's 2, then the others' 3 permits (C4 keeps one worker for ending passes).
+        assert_eq!(running.len(), intake_lane(4) + 3);
     }
 }

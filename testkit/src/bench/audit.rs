@@ -164,3 +164,44 @@ pub fn tally(events: &[Value], who: impl Fn(&str) -> bool) -> Tally {
     }
     t
 }
+
+/// The intake of each CR flipped in `events` (issue 38): ms from the flip of its desire (a
+/// create or patch of the CR, not a status write, by someone other than `who`, as the
+/// apiserver finished it) to `who`'s first successful patch of the pod it names (V1: the
+/// CR's name) received after it: the write that starts the transition. A CR flipped twice
+/// counts from its first flip in the window; one with no pod patch after it is left out.
+pub fn intakes(events: &[Value], who: impl Fn(&str) -> bool) -> Vec<f64> {
+    let stamp = |e: &Value, field: &str| {
+        e[field]
+            .as_str()
+            .and_then(|s| s.parse::<jiff::Timestamp>().ok())
+    };
+    let ok = |e: &Value| (200..300).contains(&code(e));
+    let named = |e: &Value| e["objectRef"]["name"].as_str().map(str::to_owned);
+    let mut flips: BTreeMap<String, jiff::Timestamp> = BTreeMap::new();
+    let mut out = BTreeMap::new();
+    for e in events.iter().filter(|e| is_write(e) && ok(e)) {
+        let (res, sub) = (&e["objectRef"]["resource"], &e["objectRef"]["subresource"]);
+        let flip = !who(user(e))
+            && res == "cocoonhibernations"
+            && sub.as_str().is_none_or(str::is_empty)
+            && matches!(e["verb"].as_str(), Some("create" | "patch" | "update"));
+        if flip && let (Some(name), Some(at)) = (named(e), stamp(e, "stageTimestamp")) {
+            flips.entry(name).or_insert(at);
+            continue;
+        }
+        let pod_patch = who(user(e))
+            && res == "pods"
+            && sub.as_str().is_none_or(str::is_empty)
+            && e["verb"] == "patch";
+        if pod_patch
+            && let (Some(name), Some(at)) = (named(e), stamp(e, "requestReceivedTimestamp"))
+            && let Some(flipped) = flips.get(&name)
+            && !out.contains_key(&name)
+        {
+            let waited = at.duration_since(*flipped).as_secs_f64().max(0.0);
+            out.insert(name, waited * 1000.0);
+        }
+    }
+    out.into_values().collect()
+}

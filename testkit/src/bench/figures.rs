@@ -40,6 +40,19 @@ pub(super) fn declare(figs: &mut Figures) {
         ("rt.reaction_p99_ms", "ms, both directions", Tail),
         ("rt.reaction_max_ms", "ms", Tail),
         (
+            "rt.intake_hibernate_p50_ms",
+            "ms, intake: the CR's create → the product's pod patch (audit)",
+            Time,
+        ),
+        ("rt.intake_hibernate_p99_ms", "ms", Tail),
+        (
+            "rt.intake_wake_p50_ms",
+            "ms, intake: the flip to Wake → the product's pod patch (audit)",
+            Time,
+        ),
+        ("rt.intake_wake_p99_ms", "ms", Tail),
+        ("rt.intake_p99_ms", "ms, both directions", Tail),
+        (
             "rt.product_reaction_p99_ms",
             "ms, inside the product: its cache saw vk's last write → terminal write (bucket bound)",
             Info,

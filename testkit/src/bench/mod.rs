@@ -377,7 +377,8 @@ async fn run(o: Opts) -> i32 {
          registry_calls_per_wake={} fresh_wake_writes={} rss_mib_10k={} startup_s_10k={} \
          rss_kib_per_object_50k={} rss_mib_50k={} startup_s_50k={} \
          admission_rps_c64_10k={} ceiling_share={} schedule_flip_s_1000={} \
-         schedule_writes_per_pod={} overhead_wake_s={} overhead_hibernate_s={}",
+         schedule_writes_per_pod={} overhead_wake_s={} overhead_hibernate_s={} \
+         intake_hibernate_p99_ms={} intake_wake_p99_ms={}",
         f("rt.writes_per_round"),
         f("rt.reason_writes"),
         f("rt.conflicts"),
@@ -396,6 +397,8 @@ async fn run(o: Opts) -> i32 {
         f("sched.writes_per_pod"),
         f("rt.overhead_wake_s"),
         f("rt.overhead_hibernate_s"),
+        mib("rt.intake_hibernate_p99_ms"),
+        mib("rt.intake_wake_p99_ms"),
     );
     if o.fail_on_regression && !regressions.is_empty() {
         1

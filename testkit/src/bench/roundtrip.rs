@@ -100,6 +100,7 @@ pub(super) async fn roundtrip(
         let m1 = metrics::scrape(&env.product);
 
         // Wake: flip all at once.
+        let a1 = tail.mark();
         let t1 = Instant::now();
         world::for_each_concurrent(names.clone(), 64, |name| {
             let api = env.crs.clone();
@@ -158,6 +159,10 @@ pub(super) async fn roundtrip(
         std::fs::write(o.out.join("roundtrip-server.log"), env.product.log_text())
             .expect("write server log");
         let both: Vec<f64> = react_hib.iter().chain(&react_wake).copied().collect();
+        // Issue 38: flip → the product's pod patch, from the audit log.
+        let intake_hib = audit::intakes(tail.window(a0, a1), |u| u == user);
+        let intake_wake = audit::intakes(tail.window(a1, a2), |u| u == user);
+        let intake_both: Vec<f64> = intake_hib.iter().chain(&intake_wake).copied().collect();
         let window = tail.window(a0, a2);
         let prod = audit::tally(window, |u| u == user);
         let others = audit::tally(window, |u| u != user);
@@ -233,6 +238,15 @@ pub(super) async fn roundtrip(
             "",
             Kind::Time,
         );
+        for (key, v) in [
+            ("rt.intake_hibernate_p50_ms", report::pct(&intake_hib, 0.5)),
+            ("rt.intake_hibernate_p99_ms", report::pct(&intake_hib, 0.99)),
+            ("rt.intake_wake_p50_ms", report::pct(&intake_wake, 0.5)),
+            ("rt.intake_wake_p99_ms", report::pct(&intake_wake, 0.99)),
+            ("rt.intake_p99_ms", report::pct(&intake_both, 0.99)),
+        ] {
+            figs.set(key, v, "", Kind::Time);
+        }
         // The product's own share of the reaction: what is left is the watch delivering
         // vk's write to the product and the status write to the observer.
         figs.set(
@@ -337,6 +351,7 @@ pub(super) async fn roundtrip(
                 "status_changes": { "phase": changes[0], "reason": changes[1], "other": changes[2] },
                 "same_phase_status_writes": same_phase,
                 "reactions_measured": { "hibernate": react_hib.len(), "wake": react_wake.len() },
+                "intakes_measured": { "hibernate": intake_hib.len(), "wake": intake_wake.len() },
                 "overhead": {
                     "hibernate": sim_hib.record(Action::Hibernate, figs),
                     "wake": sim_wake.record(Action::Wake, figs),

@@ -167,6 +167,30 @@ pub fn may_end_a_transition(cr: &CocoonHibernation) -> bool {
         )
 }
 
+/// C2 (issue 38): a pass that may make a transition's first write, the pod patch that
+/// starts a hibernate (H1, after R1's finalizer on a new CR) or a wake (W1): the CR asks
+/// for a phase it is not in and none is under way. Such a pass never calls the registry
+/// (H2 and W1 probe nothing), so it runs in the intake lane of its own and never waits
+/// for workers busy ending other VMs' transitions or paying their tag deletes. A new
+/// `Wake` CR is one only on a pod that asks for a hibernate: on a running pod it may
+/// probe (a fresh wake).
+pub fn may_start_a_transition(cr: &CocoonHibernation, pod: Option<&PodView>) -> bool {
+    let phase = cr.status.as_ref().and_then(|s| s.phase);
+    !cr.is_deleting()
+        && match cr.spec.desire {
+            Desire::Hibernate => matches!(
+                phase,
+                None | Some(Phase::Pending | Phase::Active | Phase::Failed)
+            ),
+            Desire::Wake => match phase {
+                Some(Phase::Hibernated | Phase::Failed) => true,
+                None | Some(Phase::Pending) => pod.is_some_and(|p| p.hibernate_requested),
+                _ => false,
+            },
+            Desire::Unknown => false,
+        }
+}
+
 /// [`plan_read`] for a pod the cache either has or does not (no `--pod-selector`).
 pub fn plan(
     cr: &CocoonHibernation,
