@@ -224,6 +224,22 @@ pub fn judge(
     v
 }
 
+/// For the log: how many pods the policy hibernated, and the heartbeats recorded.
+pub fn summary(
+    crs: &[CocoonHibernation],
+    log: &HashMap<String, Vec<(Timestamp, Timestamp)>>,
+) -> String {
+    let hibernated = crs
+        .iter()
+        .filter(|cr| cr.annotations().get(IDLE_DESIRE).map(String::as_str) == Some("Hibernate"))
+        .count();
+    let beats: usize = log.values().map(Vec::len).sum();
+    format!(
+        "idle policy: {hibernated} of {} pods hibernated; {beats} heartbeats answered",
+        crs.len()
+    )
+}
+
 /// The judge on hand-made cases, before any cluster starts.
 pub fn self_check() -> Vec<String> {
     let t = |s: &str| s.parse::<Timestamp>().unwrap();

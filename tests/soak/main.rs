@@ -1676,7 +1676,9 @@ async fn run(cfg: Cfg) -> bool {
                 }
             }
         }
-        verdicts.push(idle::judge(&idle_crs, &heartbeat_log.lock().unwrap()));
+        let beats = heartbeat_log.lock().unwrap().clone();
+        log(started, idle::summary(&idle_crs, &beats));
+        verdicts.push(idle::judge(&idle_crs, &beats));
     }
     verdicts.push(leftover);
     verdicts.push(kept);
