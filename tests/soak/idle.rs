@@ -53,7 +53,7 @@ pub type Log = Arc<Mutex<HashMap<String, Vec<(Timestamp, Timestamp)>>>>;
 
 /// Pods whose heartbeats stop (they go to sleep); the others end busy.
 pub fn stops(i: usize) -> bool {
-    i % 2 == 0
+    i.is_multiple_of(2)
 }
 
 /// Labels the pod for the policy.
