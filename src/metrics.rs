@@ -100,6 +100,11 @@ pub struct Metrics {
     pub schedule_writes: Family<ScheduleWriteLabels, Counter>,
     /// K8: pods whose manual override schedules are keeping now, over all schedules.
     pub schedule_overrides: Gauge,
+    /// I6: idle hibernates by how the fenced decision ended (hibernated, fenced_out: a
+    /// report landed between the read and the take, cr_changed: the CR moved on).
+    pub idle_decisions: Family<IdleDecisionLabels, Counter>,
+    /// I6: writes by idle policies, by kind (lease_create, cr_create, take, flip, release).
+    pub idle_writes: Family<IdleWriteLabels, Counter>,
     /// S10: 1 while another install's owner marker is under this install's registry base.
     pub registry_base_shared: Gauge,
     registry: Arc<Registry>,
@@ -112,6 +117,16 @@ pub struct ScheduleLabels {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ScheduleWriteLabels {
+    pub kind: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct IdleDecisionLabels {
+    pub outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct IdleWriteLabels {
     pub kind: &'static str,
 }
 
@@ -225,6 +240,18 @@ impl Metrics {
             "Pods whose manual override the schedules keep now",
             schedule_overrides.clone(),
         );
+        let idle_decisions = Family::<IdleDecisionLabels, Counter>::default();
+        let idle_writes = Family::<IdleWriteLabels, Counter>::default();
+        registry.register(
+            "idle_decisions",
+            "Idle hibernates decided, by how the fenced decision ended",
+            idle_decisions.clone(),
+        );
+        registry.register(
+            "idle_writes",
+            "Writes by idle policies, by kind",
+            idle_writes.clone(),
+        );
         let registry_base_shared = Gauge::default();
         registry.register(
             "registry_base_shared",
@@ -232,6 +259,8 @@ impl Metrics {
             registry_base_shared.clone(),
         );
         Self {
+            idle_decisions,
+            idle_writes,
             registry_base_shared,
             schedule_boundaries,
             schedule_writes,
@@ -287,6 +316,20 @@ impl Metrics {
             .observe(seconds);
     }
 
+    /// I6: one idle hibernate decided, by outcome.
+    pub fn idle_decision(&self, outcome: &'static str) {
+        self.idle_decisions
+            .get_or_create(&IdleDecisionLabels { outcome })
+            .inc();
+    }
+
+    /// I6: one write an idle policy made, by kind.
+    pub fn idle_write(&self, kind: &'static str) {
+        self.idle_writes
+            .get_or_create(&IdleWriteLabels { kind })
+            .inc();
+    }
+
     /// OpenMetrics text exposition.
     pub fn encode(&self) -> Result<String, std::fmt::Error> {
         let mut out = String::new();
@@ -327,5 +370,23 @@ mod tests {
             r#"cocoon_hibernation_admission_decisions_total{operation="CREATE",result="denied"} 1"#
         ));
         assert!(text.contains(r#"cocoon_hibernation_phase_duration_seconds_count{transition="hibernate",result="ok"} 1"#));
+    }
+
+    /// SPEC I6: idle decisions by outcome and idle writes by kind, labels from a fixed set.
+    #[test]
+    fn i6_idle_families_are_exposed() {
+        let m = Metrics::new();
+        m.idle_decision("fenced_out");
+        m.idle_write("lease_create");
+        m.idle_write("lease_create");
+        let text = m.encode().unwrap();
+        assert!(
+            text.contains(r#"cocoon_hibernation_idle_decisions_total{outcome="fenced_out"} 1"#),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"cocoon_hibernation_idle_writes_total{kind="lease_create"} 2"#),
+            "{text}"
+        );
     }
 }

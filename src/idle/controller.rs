@@ -271,17 +271,23 @@ async fn pass(p: &CocoonIdlePolicy, ctx: &Context) -> Result<Requeue> {
             Action::CreateLease { pod } => {
                 let uid = version(&read.pod_uids, pod);
                 match writes::lease(pod, &uid, now) {
-                    Some(l) => writes::create(&lease_api, &l).await.map(|_| ()),
+                    Some(l) => writes::create(&lease_api, &l)
+                        .await
+                        .map(|made| count(ctx, made, "lease_create")),
                     None => Ok(()),
                 }
             }
             Action::CreateCr { pod } => {
                 let cr = writes::new_cr(pod, &name, &uid, now);
-                writes::create(&cr_api, &cr).await.map(|_| ())
+                writes::create(&cr_api, &cr)
+                    .await
+                    .map(|made| count(ctx, made, "cr_create"))
             }
             Action::Release { cr } => {
                 let patch = writes::release_patch(&version(&read.cr_versions, cr));
-                writes::patch(&cr_api, cr, &patch).await
+                writes::patch(&cr_api, cr, &patch)
+                    .await
+                    .map(|()| count(ctx, true, "release"))
             }
             Action::Hibernate { pod } => {
                 let outcome = hibernate_fenced(
@@ -294,6 +300,9 @@ async fn pass(p: &CocoonIdlePolicy, ctx: &Context) -> Result<Requeue> {
                     now,
                 )
                 .await;
+                if let Ok(fenced) = &outcome {
+                    record(ctx, fenced);
+                }
                 match outcome {
                     Ok(Fenced::Hibernated) => {
                         hibernated.push(pod.clone());
@@ -323,9 +332,33 @@ async fn pass(p: &CocoonIdlePolicy, ctx: &Context) -> Result<Requeue> {
             .await?;
         return Ok(Requeue::await_change());
     }
-    patch_status(&api, &name, &status(p, &plan)).await?;
+    let st = status(p, &plan);
+    // C3: a pass that changed nothing writes nothing.
+    if p.status.as_ref() != Some(&st) {
+        patch_status(&api, &name, &st).await?;
+    }
     publish(ctx, p, &hibernated).await;
     Ok(Requeue::requeue(requeue_after(&plan, now, retry)))
+}
+
+/// I6: a write made (`made`: false when the object existed already).
+fn count(ctx: &Context, made: bool, kind: &'static str) {
+    if made {
+        ctx.metrics.idle_write(kind);
+    }
+}
+
+/// I6: how a fenced decision ended, and the writes it made.
+fn record(ctx: &Context, fenced: &Fenced) {
+    let (outcome, writes): (_, &[&'static str]) = match fenced {
+        Fenced::Hibernated => ("hibernated", &["take", "flip"]),
+        Fenced::Activity => ("fenced_out", &[]),
+        Fenced::CrChanged => ("cr_changed", &["take"]),
+    };
+    ctx.metrics.idle_decision(outcome);
+    for kind in writes {
+        ctx.metrics.idle_write(kind);
+    }
 }
 
 /// I3: when the next pod may turn idle (a little after, so the pass sees it passed),
@@ -407,7 +440,11 @@ fn status(p: &CocoonIdlePolicy, plan: &Plan) -> CocoonIdlePolicyStatus {
         awake: plan.awake,
         // The wake proxy's to count.
         held_requests: previous.held_requests,
-        next_idle: plan.next.map(Time),
+        // Whole seconds, as the apiserver keeps a Time: a status read back compares equal.
+        next_idle: plan
+            .next
+            .and_then(|t| Timestamp::from_second(t.as_second()).ok())
+            .map(Time),
         conditions,
     }
 }
@@ -541,6 +578,34 @@ mod tests {
         assert_eq!(requeue_after(&plan, at(), false), SOONEST);
         assert_eq!(requeue_after(&Plan::default(), at(), false), RESYNC);
         assert_eq!(requeue_after(&plan, at(), true), RETRY);
+    }
+
+    /// SPEC C3 I6: a status read back from the apiserver (times in whole seconds)
+    /// compares equal to the one the next pass computes from the same plan, so a pass
+    /// that changed nothing writes no status.
+    #[test]
+    fn c3_i6_an_unchanged_status_reads_back_equal() {
+        let mut p = CocoonIdlePolicy::new(
+            "sleepy",
+            crate::idle::CocoonIdlePolicySpec {
+                selector: Default::default(),
+                idle_after: "1m".into(),
+                min_awake: None,
+                suspend: false,
+                wake_on_request: None,
+            },
+        );
+        let next: Timestamp = "2026-06-10T12:00:00.734512Z".parse().unwrap();
+        let plan = Plan {
+            managed: 2,
+            awake: 2,
+            next: Some(next),
+            ..Plan::default()
+        };
+        let first = status(&p, &plan);
+        let stored = serde_json::to_value(&first).unwrap();
+        p.status = Some(serde_json::from_value(stored).unwrap());
+        assert_eq!(p.status.as_ref(), Some(&status(&p, &plan)));
     }
 
     /// SPEC I3: the fence. The Lease is taken first, on the version the decision read;

@@ -21,7 +21,7 @@
 //! Waking is never this plan's: a person, a schedule or the wake proxy wakes a pod.
 
 use crate::api::{Desire, Phase};
-use jiff::{SignedDuration, Timestamp};
+use jiff::Timestamp;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -126,12 +126,7 @@ pub struct Plan {
     pub next: Option<Timestamp>,
 }
 
-fn add(at: Timestamp, d: Duration) -> Timestamp {
-    SignedDuration::try_from(d)
-        .ok()
-        .and_then(|d| at.checked_add(d).ok())
-        .unwrap_or(Timestamp::MAX)
-}
+use cocoon_api::activity::later as add;
 
 /// I3: the instant the pod turns idle: `idleAfter` past the latest of its last activity,
 /// its last wake and its busy mark.
@@ -140,12 +135,7 @@ pub fn idle_at(
     woken_at: Option<Timestamp>,
     idle_after: Duration,
 ) -> Timestamp {
-    let latest = [activity.last, woken_at, activity.busy_until]
-        .into_iter()
-        .flatten()
-        .max()
-        .unwrap_or(Timestamp::UNIX_EPOCH);
-    add(latest, idle_after)
+    cocoon_api::activity::idle_at(activity.last, woken_at, activity.busy_until, idle_after)
 }
 
 /// I3 I5: the earliest instant this pod may be hibernated by the policy, or `None` while

@@ -1,5 +1,6 @@
 use super::*;
 use Desire::{Hibernate, Wake};
+use jiff::SignedDuration;
 
 const UID: &str = "uid-idle";
 const MIN: Duration = Duration::from_secs(60);

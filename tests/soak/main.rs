@@ -29,6 +29,7 @@
 //! [`observer::MAX_UNDECIDABLE_SHARE`] of its checks undecidable as one, beyond
 //! [`observer::UNDECIDABLE_ALLOWANCE`]).
 
+mod idle;
 mod observer;
 mod proxy;
 
@@ -871,7 +872,8 @@ impl World {
 
 fn main() {
     // The observer's S1 judgement on hand-made histories, before any cluster is started.
-    let failures = observer::self_check();
+    let mut failures = observer::self_check();
+    failures.extend(idle::self_check());
     for f in &failures {
         eprintln!("{f}");
     }
@@ -1093,6 +1095,26 @@ async fn run(cfg: Cfg) -> bool {
         });
     }
     while creating.join_next().await.is_some() {}
+    // I3: the idle policy's pods beside the load's (their CRs are the policy's to make).
+    let idle_n = idle::count(cfg.crs);
+    for i in 0..idle_n {
+        let (name, vm) = (idle::pod_name(i), format!("{ns}-vm-{}", idle::pod_name(i)));
+        let made = retry(Duration::from_secs(60), || {
+            vk_sim::create_vm_pod(&world.client, &world.ns, &name, &vm)
+        })
+        .await;
+        let labelled = retry(Duration::from_secs(60), || idle::label(&world.pods, &name)).await;
+        if let Err(e) = made.and(labelled) {
+            world.harness_error(format!("idle pod {name}: {e}"));
+        }
+    }
+    if let Err(e) = retry(Duration::from_secs(60), || {
+        idle::create_policy(&client, &ns)
+    })
+    .await
+    {
+        world.harness_error(format!("the idle policy: {e}"));
+    }
     world.mark("load created");
     // The first hibernates and wakes run before any fault, so the faults meet a working
     // system rather than a start-up backlog (at most 5 minutes).
@@ -1100,7 +1122,7 @@ async fn run(cfg: Cfg) -> bool {
     while warm.elapsed() < Duration::from_secs(300) {
         let settled = {
             let w = world.observer.world.lock().unwrap();
-            w.live_tracks().count() == cfg.crs
+            w.live_tracks().count() == cfg.crs + idle_n
                 && w.live_tracks().all(|t| {
                     t.versions.last().is_some_and(|v| {
                         v.phase
@@ -1176,6 +1198,16 @@ async fn run(cfg: Cfg) -> bool {
     );
 
     let chaos_start = Instant::now();
+    let heartbeat_log = idle::Log::default();
+    let mut heartbeats = idle::spawn_heartbeats(
+        client.clone(),
+        ns.clone(),
+        idle_n,
+        chaos_start,
+        chaos,
+        rng.random(),
+        heartbeat_log.clone(),
+    );
     let mut tasks = tokio::task::JoinSet::new();
     let exit_watch = {
         let world = world.clone();
@@ -1230,6 +1262,19 @@ async fn run(cfg: Cfg) -> bool {
     }
     let stop = Instant::now();
     world.mark("faults stop");
+    // I3: the idle pods whose heartbeats stopped are put to sleep before the convergence
+    // check reads every desire (the others are busy for an hour).
+    while heartbeats.join_next().await.is_some() {}
+    let awake = idle::wait_asleep(
+        &world.crs,
+        idle_n,
+        idle::IDLE_AFTER + Duration::from_secs(30) + PASS + LEASE_DURATION + HIBERNATE_TIMEOUT,
+    )
+    .await;
+    if !awake.is_empty() {
+        world.harness_error(format!("idle pods never put to sleep: {awake:?}"));
+    }
+    world.mark("idle pods asleep");
 
     // ---- convergence: every live CR at its desire's terminal phase
     let mut verdicts: Vec<Verdict> = Vec::new();
@@ -1560,8 +1605,10 @@ async fn run(cfg: Cfg) -> bool {
     for e in tap.errors.lock().unwrap().iter() {
         world.harness_error(e.clone());
     }
-    let pod_of_vm: HashMap<String, String> =
-        (0..cfg.crs).map(|i| (world.vm(i), pod_name(i))).collect();
+    let pod_of_vm: HashMap<String, String> = (0..cfg.crs)
+        .map(|i| (world.vm(i), pod_name(i)))
+        .chain((0..idle_n).map(|i| (format!("{ns}-vm-{}", idle::pod_name(i)), idle::pod_name(i))))
+        .collect();
     let (history, transitions, relists, timeline, events_seen, announced) = {
         let w = world.observer.world.lock().unwrap();
         // The pods whose CR announced a discard (S6's Warning, written before any G1 delete
@@ -1616,6 +1663,23 @@ async fn run(cfg: Cfg) -> bool {
     verdicts.extend(history);
     verdicts.push(lost);
     verdicts.push(converge);
+    {
+        let mut idle_crs = Vec::new();
+        for i in 0..idle_n {
+            match world.crs.get_opt(&idle::pod_name(i)).await {
+                Ok(Some(cr)) => idle_crs.push(cr),
+                Ok(None) => {
+                    world.harness_error(format!("idle CR {} is missing", idle::pod_name(i)))
+                }
+                Err(e) => {
+                    world.harness_error(format!("reading idle CR {}: {e}", idle::pod_name(i)))
+                }
+            }
+        }
+        let beats = heartbeat_log.lock().unwrap().clone();
+        log(started, idle::summary(&idle_crs, &beats));
+        verdicts.push(idle::judge(&idle_crs, &beats));
+    }
     verdicts.push(leftover);
     verdicts.push(kept);
     verdicts.push(quiet);

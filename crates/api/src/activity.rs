@@ -48,6 +48,31 @@ pub fn report_patch(now: Timestamp, holder: &str) -> Value {
     })
 }
 
+/// I3: the instant a pod turns idle: `idle_after` past the latest of its last activity,
+/// its last wake and its busy mark. Shared by the policy's plan and the plugin's status,
+/// so the two never disagree.
+pub fn idle_at(
+    last: Option<Timestamp>,
+    woken_at: Option<Timestamp>,
+    busy_until: Option<Timestamp>,
+    idle_after: Duration,
+) -> Timestamp {
+    let latest = [last, woken_at, busy_until]
+        .into_iter()
+        .flatten()
+        .max()
+        .unwrap_or(Timestamp::UNIX_EPOCH);
+    later(latest, idle_after)
+}
+
+/// `at` plus `d`, saturating at the end of time.
+pub fn later(at: Timestamp, d: Duration) -> Timestamp {
+    jiff::SignedDuration::try_from(d)
+        .ok()
+        .and_then(|d| at.checked_add(d).ok())
+        .unwrap_or(Timestamp::MAX)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -63,6 +88,21 @@ mod tests {
         let longest = "a".repeat(MAX_NAME - LEASE_PREFIX.len());
         assert_eq!(lease_name(&longest).map(|n| n.len()), Some(MAX_NAME));
         assert_eq!(lease_name(&format!("{longest}a")), None);
+    }
+
+    /// I3: the latest of activity, wake and busy mark counts; none is the epoch.
+    #[test]
+    fn i3_idle_at_counts_from_the_latest_mark() {
+        let t = |s: i64| Timestamp::from_second(s).unwrap_or(Timestamp::UNIX_EPOCH);
+        let min = Duration::from_secs(60);
+        assert_eq!(idle_at(Some(t(100)), Some(t(50)), None, min), t(160));
+        assert_eq!(
+            idle_at(Some(t(100)), Some(t(50)), Some(t(900)), min),
+            t(960)
+        );
+        assert_eq!(idle_at(None, Some(t(200)), None, min), t(260));
+        assert_eq!(idle_at(None, None, None, min), t(60));
+        assert_eq!(later(Timestamp::MAX, min), Timestamp::MAX);
     }
 
     /// I2: a report sets the last activity and the reporter, nothing else.

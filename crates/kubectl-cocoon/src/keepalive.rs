@@ -1,11 +1,14 @@
 //! `kubectl cocoon keepalive POD --for 2h` (I2): marks the pod busy until then on its
 //! activity Lease, and reports activity now, so no idle policy puts it to sleep meanwhile.
+//! Coalesced as every reporter is (I2): a run within 10 s of the plugin's last report,
+//! whose busy mark already reaches within 10 s of the one asked for, writes nothing (it
+//! reads the Lease first; a read costs the apiserver no write).
 
 use super::cli::KeepaliveArgs;
 use super::connect::Connection;
 use super::error::PluginError;
 use super::terminal::say;
-use cocoon_api::activity::{ACTIVITY_FOR, BUSY_UNTIL, lease_name, report_patch};
+use cocoon_api::activity::{ACTIVITY_FOR, BUSY_UNTIL, COALESCE, lease_name, report_patch};
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::{Api, Patch, PatchParams, PostParams};
@@ -19,6 +22,27 @@ pub fn keepalive_patch(now: Timestamp, until: Timestamp) -> Value {
     let mut patch = report_patch(now, HOLDER);
     patch["metadata"] = json!({ "annotations": { BUSY_UNTIL: until.to_string() } });
     patch
+}
+
+/// I2: whether this run has to write, given the Lease as it is (pure).
+pub fn needed(lease: Option<&Lease>, now: Timestamp, until: Timestamp) -> bool {
+    let Some(lease) = lease else {
+        return true;
+    };
+    let spec = lease.spec.as_ref();
+    let ours = spec.and_then(|s| s.holder_identity.as_deref()) == Some(HOLDER);
+    let window = SignedDuration::try_from(COALESCE).unwrap_or(SignedDuration::ZERO);
+    let recent = spec
+        .and_then(|s| s.renew_time.as_ref())
+        .is_some_and(|t| now.duration_since(t.0) < window && t.0 <= now);
+    let busy = lease
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(BUSY_UNTIL))
+        .and_then(|b| b.parse::<Timestamp>().ok());
+    let covers = busy.is_some_and(|b| until.duration_since(b).abs() < window);
+    !(ours && recent && covers)
 }
 
 pub async fn run(conn: &Connection, args: &KeepaliveArgs) -> Result<(), PluginError> {
@@ -36,6 +60,18 @@ pub async fn run(conn: &Connection, args: &KeepaliveArgs) -> Result<(), PluginEr
         .checked_add(span)
         .map_err(|e| PluginError::Config(format!("--for: {e}")))?;
     let api: Api<Lease> = Api::namespaced(conn.client.clone(), ns);
+    let current = api
+        .get_opt(&name)
+        .await
+        .map_err(|e| PluginError::api(format!("reading Lease {ns}/{name}"), e))?;
+    if !needed(current.as_ref(), now, until) {
+        say(&format!(
+            "{ns}/{}: already busy until about {until}; reported less than {}s ago (Lease {name})",
+            args.pod,
+            COALESCE.as_secs()
+        ));
+        return Ok(());
+    }
     let patch = keepalive_patch(now, until);
     match api
         .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
@@ -83,5 +119,52 @@ mod tests {
         );
         assert_eq!(p["spec"]["renewTime"], "2026-06-10T12:00:00.000000Z");
         assert_eq!(p["spec"]["holderIdentity"], HOLDER);
+    }
+
+    /// SPEC I2: keepalive is coalesced like every reporter: within 10 s of its own last
+    /// report, with a busy mark reaching within 10 s of the one asked for, no write; any
+    /// other reporter's write, an older report, another mark or no Lease: a write.
+    #[test]
+    fn i2_keepalive_coalesces_its_own_reports() {
+        let t = |s: &str| s.parse::<Timestamp>().unwrap();
+        let lease = |holder: &str, renew: &str, busy: &str| -> Lease {
+            serde_json::from_value(json!({
+                "metadata": {"name": "cocoon-activity-a", "annotations": {BUSY_UNTIL: busy}},
+                "spec": {"holderIdentity": holder, "renewTime": renew},
+            }))
+            .unwrap()
+        };
+        let now = t("2026-06-10T12:00:05Z");
+        let until = t("2026-06-10T14:00:05Z");
+        let ours = lease(
+            HOLDER,
+            "2026-06-10T12:00:00.000000Z",
+            "2026-06-10T14:00:00Z",
+        );
+        assert!(!needed(Some(&ours), now, until), "a second run 5 s later");
+        assert!(needed(None, now, until), "no Lease yet");
+        let old = lease(
+            HOLDER,
+            "2026-06-10T11:59:50.000000Z",
+            "2026-06-10T14:00:00Z",
+        );
+        assert!(needed(Some(&old), now, until), "our last report 15 s ago");
+        let theirs = lease(
+            "wake-proxy",
+            "2026-06-10T12:00:00.000000Z",
+            "2026-06-10T14:00:00Z",
+        );
+        assert!(
+            needed(Some(&theirs), now, until),
+            "another reporter's write"
+        );
+        assert!(
+            needed(Some(&ours), now, t("2026-06-10T16:00:05Z")),
+            "a longer busy mark"
+        );
+        assert!(
+            needed(Some(&ours), now, t("2026-06-10T12:30:05Z")),
+            "a shorter busy mark"
+        );
     }
 }

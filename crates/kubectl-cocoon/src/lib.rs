@@ -4,8 +4,8 @@
 //!
 //! Each file has one job: `cli` (flags), `connect` (kubeconfig), `resources` and `view`
 //! (reading CRs leniently), `change` (create or flip a desire), `wait_verdict` (when a wait
-//! is over, pure), `wait` (the watch), `terminal` (the wait line, say, warn), `status` and
-//! `table` (the status table), `audit` (orphan decisions, pure), `claims` (who holds
+//! is over, pure), `wait` (the watch), `terminal` (the wait line, say, warn), `status`, `idle` (its
+//! idle columns) and `table` (the status table), `audit` (orphan decisions, pure), `claims` (who holds
 //! which VM), `install` (the install audited, and whether its base is its own), `confirm`, `orphans` (the audit command), `schedule` (schedules' next boundaries),
 //! `error` (messages, exit codes).
 //!
@@ -20,6 +20,7 @@ mod cli;
 mod confirm;
 mod connect;
 mod error;
+mod idle;
 mod install;
 mod keepalive;
 mod orphans;

@@ -7,6 +7,7 @@ use cocoon_api::Phase;
 use cocoon_api::conditions::{PROGRESSING, READY, REASON_FAILED};
 use jiff::Timestamp;
 use serde_json::Value;
+use std::collections::BTreeMap;
 
 /// One status condition.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -55,6 +56,8 @@ pub struct CrView {
     pub attempts: Option<i64>,
     pub hibernated_at: Option<Timestamp>,
     pub woken_at: Option<Timestamp>,
+    /// The marks of schedules, idle policies and overrides (string values only).
+    pub annotations: BTreeMap<String, String>,
 }
 
 fn text(v: &Value, pointer: &str) -> Option<String> {
@@ -118,6 +121,15 @@ impl CrView {
             attempts: int(v, "/status/attempts"),
             hibernated_at: time(v, "/status/hibernatedAt"),
             woken_at: time(v, "/status/wokenAt"),
+            annotations: v
+                .pointer("/metadata/annotations")
+                .and_then(Value::as_object)
+                .map(|m| {
+                    m.iter()
+                        .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_owned())))
+                        .collect()
+                })
+                .unwrap_or_default(),
         }
     }
 

@@ -240,6 +240,33 @@ pub(super) fn declare(figs: &mut Figures) {
             "schedule CR writes per pod for one boundary (target 1)",
             Count,
         ),
+        ("idle.n", "pods of one idle policy", Info),
+        (
+            "idle.decision_lag_p50_s",
+            "s, idle instant → desire flipped, p50",
+            Time,
+        ),
+        (
+            "idle.decision_lag_s",
+            "s, idle instant → desire flipped, p99 (target < 5)",
+            Tail,
+        ),
+        ("idle.decision_lag_max_s", "s, the same, max", Tail),
+        (
+            "idle.decision_lag_min_s",
+            "s, the same, min (negative: flipped before idle)",
+            Info,
+        ),
+        (
+            "idle.activity_writes_per_vm_min",
+            "Lease writes per VM per minute at one report a second, per reporter (target <= 6)",
+            Count,
+        ),
+        (
+            "idle.activity_writes_both_per_vm_min",
+            "the same, for VMs both the proxy and keepalive report for",
+            Count,
+        ),
     ] {
         figs.set(key, None, unit, kind);
     }

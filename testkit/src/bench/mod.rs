@@ -16,6 +16,9 @@
 //!   per pod and CR, and start-up, at the size the chart's default memory limit must hold;
 //! - schedule: N pods of one CocoonHibernationSchedule, a boundary reached through the
 //!   product's shifted clock: boundary → all Hibernated, and CR writes per pod (K2);
+//! - idle: N pods of one CocoonIdlePolicy (`idleAfter` 1m): idle instant → desire
+//!   flipped (p99), and the wake proxy's activity reporter's Lease writes per VM per
+//!   minute at one report a second (`idle.rs`);
 //! - proxy (only when asked for: `--parts proxy`): the wake proxy's warm path beside
 //!   direct and nginx, and its cold path against the CR's own wake (`proxy.rs`);
 //! - capacity (only when asked for: `--parts capacity`): one leader under a rising
@@ -29,6 +32,7 @@ mod admission;
 pub mod audit;
 mod capacity;
 mod figures;
+mod idle;
 pub mod load;
 pub mod metrics;
 mod overhead;
@@ -81,7 +85,13 @@ pub struct Opts {
     /// Share of the simulator's wakes that delete the tag they restored from (vk-cocoon
     /// may; 0 by default, as in the baseline's runs).
     sim_wake_drops_tag: f64,
-    /// Parts to run: roundtrip,quiet,admission,scale,schedule (the default), capacity.
+    /// Pods of the idle part's policy (its lag run; 0 skips it).
+    idle_n: usize,
+    /// VMs the idle part's activity reporter is told of once a second, and for how long.
+    idle_writes_vms: usize,
+    idle_writes_s: u64,
+    /// Parts to run: roundtrip,quiet,admission,scale,schedule,idle (the default), proxy,
+    /// capacity.
     parts: Vec<String>,
     /// The capacity part's ladder: populations (pods and settled CRs) and burst sizes.
     capacity_crs: Vec<usize>,
@@ -161,7 +171,10 @@ impl Opts {
             sim_delay_ms: num("sim_delay_ms", "50") as u64,
             sim_hibernating_first: get("sim_hibernating_first", "0") == "1",
             sim_wake_drops_tag: num("sim_wake_drops_tag", "0"),
-            parts: get("parts", "roundtrip,quiet,admission,scale,scale50k,schedule")
+            idle_n: num("idle_n", &n.to_string()) as usize,
+            idle_writes_vms: num("idle_writes_vms", "50") as usize,
+            idle_writes_s: num("idle_writes_s", "120") as u64,
+            parts: get("parts", "roundtrip,quiet,admission,scale,scale50k,schedule,idle")
                 .split(',')
                 .map(|s| s.trim().to_owned())
                 .collect(),
@@ -287,6 +300,9 @@ pub async fn measure(o: &Opts) -> (Figures, serde_json::Map<String, Value>) {
     if o.part("schedule") && o.n > 0 {
         schedule::schedule(o, &mut figs, &mut detail).await;
     }
+    if o.part("idle") {
+        idle::idle(o, &product_user, &mut figs, &mut detail).await;
+    }
     if o.part("proxy") {
         proxy::proxy(o, &mut figs, &mut detail).await;
     }
@@ -315,6 +331,7 @@ async fn run(o: Opts) -> i32 {
             "admission_s": o.admission_s, "admission_reps": o.admission_reps,
             "sim_delay_ms": o.sim_delay_ms, "sim_hibernating_first": o.sim_hibernating_first,
             "sim_wake_drops_tag": o.sim_wake_drops_tag, "parts": o.parts,
+            "idle_n": o.idle_n, "idle_writes_vms": o.idle_writes_vms, "idle_writes_s": o.idle_writes_s,
             "capacity_crs": o.capacity_crs, "capacity_bursts": o.capacity_bursts,
         },
         "duration_s": report::round(started.elapsed().as_secs_f64()),
@@ -378,7 +395,8 @@ async fn run(o: Opts) -> i32 {
          rss_kib_per_object_50k={} rss_mib_50k={} startup_s_50k={} \
          admission_rps_c64_10k={} ceiling_share={} schedule_flip_s_1000={} \
          schedule_writes_per_pod={} overhead_wake_s={} overhead_hibernate_s={} \
-         intake_hibernate_p99_ms={} intake_wake_p99_ms={}",
+         intake_hibernate_p99_ms={} intake_wake_p99_ms={} \
+         idle_decision_lag_s={} activity_writes_per_vm_min={}",
         f("rt.writes_per_round"),
         f("rt.reason_writes"),
         f("rt.conflicts"),
@@ -399,6 +417,8 @@ async fn run(o: Opts) -> i32 {
         f("rt.overhead_hibernate_s"),
         mib("rt.intake_hibernate_p99_ms"),
         mib("rt.intake_wake_p99_ms"),
+        f("idle.decision_lag_s"),
+        f("idle.activity_writes_per_vm_min"),
     );
     if o.fail_on_regression && !regressions.is_empty() {
         1
