@@ -263,64 +263,32 @@ async fn pass(p: &CocoonIdlePolicy, ctx: &Context) -> Result<Requeue> {
     let plan = plan::plan(&input);
     let lease_api: Api<Lease> = Api::namespaced(ctx.client.clone(), &ns);
     let cr_api: Api<CocoonHibernation> = Api::namespaced(ctx.client.clone(), &ns);
-    let version = |m: &HashMap<String, String>, k: &str| m.get(k).cloned().unwrap_or_default();
+    // I3: each action concerns one pod's objects, so they go out together (bounded): pods
+    // that turn idle at once are not flipped one after another.
+    let writer = PassWriter {
+        ctx,
+        leases: &lease_api,
+        crs: &cr_api,
+        read: &read,
+        policy: (&name, &uid),
+        now,
+    };
+    let writes: Vec<_> = plan.actions.iter().map(|a| writer.carry_out(a)).collect();
+    let outcomes: Vec<_> = futures::stream::iter(writes)
+        .buffer_unordered(crate::runtime::limits::IDLE_WRITES_AT_ONCE)
+        .collect()
+        .await;
     let mut retry = false;
     let mut hibernated = Vec::new();
-    for action in &plan.actions {
-        let done = match action {
-            Action::CreateLease { pod } => {
-                let uid = version(&read.pod_uids, pod);
-                match writes::lease(pod, &uid, now) {
-                    Some(l) => writes::create(&lease_api, &l)
-                        .await
-                        .map(|made| count(ctx, made, "lease_create")),
-                    None => Ok(()),
-                }
+    for (action, done, fenced_out) in outcomes {
+        retry |= fenced_out;
+        match done {
+            Ok(Some(pod)) => hibernated.push(pod),
+            Ok(None) => {}
+            Err(e) => {
+                tracing::info!(policy = %name, ?action, error = %e, "idle policy write not made");
+                retry = true;
             }
-            Action::CreateCr { pod } => {
-                let cr = writes::new_cr(pod, &name, &uid, now);
-                writes::create(&cr_api, &cr)
-                    .await
-                    .map(|made| count(ctx, made, "cr_create"))
-            }
-            Action::Release { cr } => {
-                let patch = writes::release_patch(&version(&read.cr_versions, cr));
-                writes::patch(&cr_api, cr, &patch)
-                    .await
-                    .map(|()| count(ctx, true, "release"))
-            }
-            Action::Hibernate { pod } => {
-                let outcome = hibernate_fenced(
-                    &lease_api,
-                    &cr_api,
-                    pod,
-                    &version(&read.lease_versions, pod),
-                    &version(&read.cr_versions, pod),
-                    (&name, &uid),
-                    now,
-                )
-                .await;
-                if let Ok(fenced) = &outcome {
-                    record(ctx, fenced);
-                }
-                match outcome {
-                    Ok(Fenced::Hibernated) => {
-                        hibernated.push(pod.clone());
-                        Ok(())
-                    }
-                    Ok(fenced) => {
-                        tracing::info!(policy = %name, pod = %pod, ?fenced,
-                            "idle hibernate not made: the pod changed since the decision read it");
-                        retry = true;
-                        Ok(())
-                    }
-                    Err(e) => Err(e),
-                }
-            }
-        };
-        if let Err(e) = done {
-            tracing::info!(policy = %name, ?action, error = %e, "idle policy write not made");
-            retry = true;
         }
     }
     if deleting {
@@ -339,6 +307,82 @@ async fn pass(p: &CocoonIdlePolicy, ctx: &Context) -> Result<Requeue> {
     }
     publish(ctx, p, &hibernated).await;
     Ok(Requeue::requeue(requeue_after(&plan, now, retry)))
+}
+
+/// What one pass's writes need, read once.
+struct PassWriter<'a> {
+    ctx: &'a Context,
+    leases: &'a Api<Lease>,
+    crs: &'a Api<CocoonHibernation>,
+    read: &'a inputs::Read,
+    policy: (&'a str, &'a str),
+    now: Timestamp,
+}
+
+impl PassWriter<'_> {
+    fn version(m: &HashMap<String, String>, k: &str) -> String {
+        m.get(k).cloned().unwrap_or_default()
+    }
+
+    /// One action: the pod it hibernated, if any; `true` when a fence or a changed CR
+    /// stopped it (look again soon).
+    async fn carry_out<'x>(
+        &self,
+        action: &'x Action,
+    ) -> (&'x Action, Result<Option<String>, kube::Error>, bool) {
+        let (ctx, read, now) = (self.ctx, self.read, self.now);
+        let (name, uid) = self.policy;
+        match action {
+            Action::CreateLease { pod } => {
+                let pod_uid = Self::version(&read.pod_uids, pod);
+                let done = match writes::lease(pod, &pod_uid, now) {
+                    Some(l) => writes::create(self.leases, &l)
+                        .await
+                        .map(|made| count(ctx, made, "lease_create")),
+                    None => Ok(()),
+                };
+                (action, done.map(|()| None), false)
+            }
+            Action::CreateCr { pod } => {
+                let cr = writes::new_cr(pod, name, uid, now);
+                let done = writes::create(self.crs, &cr)
+                    .await
+                    .map(|made| count(ctx, made, "cr_create"));
+                (action, done.map(|()| None), false)
+            }
+            Action::Release { cr } => {
+                let patch = writes::release_patch(&Self::version(&read.cr_versions, cr));
+                let done = writes::patch(self.crs, cr, &patch)
+                    .await
+                    .map(|()| count(ctx, true, "release"));
+                (action, done.map(|()| None), false)
+            }
+            Action::Hibernate { pod } => {
+                let outcome = hibernate_fenced(
+                    self.leases,
+                    self.crs,
+                    pod,
+                    &Self::version(&read.lease_versions, pod),
+                    &Self::version(&read.cr_versions, pod),
+                    (name, uid),
+                    now,
+                )
+                .await;
+                if let Ok(fenced) = &outcome {
+                    record(ctx, fenced);
+                }
+                match outcome {
+                    Ok(Fenced::Hibernated) => (action, Ok(Some(pod.clone())), false),
+                    Ok(fenced) => {
+                        tracing::info!(policy = %name, pod = %pod, ?fenced,
+                            "idle hibernate not made: the pod changed since the decision read it");
+                        (action, Ok(None), true)
+                    }
+                    Err(e) => (action, Err(e), false),
+                }
+            }
+        }
+    }
 }
 
 /// I6: a write made (`made`: false when the object existed already).

@@ -15,7 +15,8 @@
 //! [`Limits::event_slot`] never waits: an event write beyond [`EVENTS_IN_FLIGHT`] is
 //! sent inside its pass instead of after it. The schedule controller takes none of these:
 //! its passes take no VM and call no registry, and kube-runtime keeps one pass per
-//! schedule at a time.
+//! schedule at a time. An idle policy's pass sends its writes (one pod's objects each)
+//! [`IDLE_WRITES_AT_ONCE`] at a time.
 
 mod turns;
 mod vms;
@@ -26,6 +27,10 @@ pub use vms::VmLocks;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{OwnedMutexGuard, OwnedSemaphorePermit, Semaphore};
+
+/// I3: an idle policy pass's writes in flight at once, so pods that turn idle together
+/// are flipped together, without one pass flooding the apiserver.
+pub const IDLE_WRITES_AT_ONCE: usize = 16;
 
 /// Event writes that may be in flight after their passes ended.
 pub const EVENTS_IN_FLIGHT: usize = 64;

@@ -174,10 +174,13 @@ impl Opts {
             idle_n: num("idle_n", &n.to_string()) as usize,
             idle_writes_vms: num("idle_writes_vms", "50") as usize,
             idle_writes_s: num("idle_writes_s", "120") as u64,
-            parts: get("parts", "roundtrip,quiet,admission,scale,scale50k,schedule,idle")
-                .split(',')
-                .map(|s| s.trim().to_owned())
-                .collect(),
+            parts: get(
+                "parts",
+                "roundtrip,quiet,admission,scale,scale50k,schedule,idle",
+            )
+            .split(',')
+            .map(|s| s.trim().to_owned())
+            .collect(),
             capacity_crs: list("capacity_crs", "1000,10000,50000"),
             capacity_bursts: list("capacity_bursts", "100,1000,5000"),
             out: PathBuf::from(get("out", &default_out.to_string_lossy())),
