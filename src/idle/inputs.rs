@@ -4,7 +4,7 @@
 
 use super::plan::{Activity, CrState, IDLE_AT, IDLE_DESIRE, IDLE_UID, Mark, PodInput};
 use super::spec::CocoonIdlePolicy;
-use crate::api::activity::{BUSY_UNTIL, LEASE_PREFIX, OPEN_CONNECTIONS, lease_name};
+use crate::api::activity::{LEASE_PREFIX, lease_name};
 use crate::api::annotations::PodView;
 use crate::api::pod::PodSlice;
 use crate::api::{CocoonHibernation, Desire};
@@ -136,20 +136,9 @@ pub fn read(me: &CocoonIdlePolicy, f: &Fetched<'_>) -> Read {
     out
 }
 
-/// I2: the activity record as the plan reads it. An unreadable annotation counts as
-/// absent, except an open-connections count, which counts as open: a pod is never put
-/// to sleep on a value nobody can read.
+/// I2: the activity record as the plan reads it.
 pub fn activity(lease: &Lease) -> Activity {
-    let ann = |k: &str| lease.annotations().get(k).map(String::as_str);
-    Activity {
-        last: lease
-            .spec
-            .as_ref()
-            .and_then(|s| s.renew_time.as_ref())
-            .map(|t| t.0),
-        busy_until: ann(BUSY_UNTIL).and_then(|b| b.parse().ok()),
-        open_connections: ann(OPEN_CONNECTIONS).map_or(0, |n| n.trim().parse().unwrap_or(1)),
-    }
+    crate::api::activity::record(lease)
 }
 
 pub fn cr_state(cr: &CocoonHibernation) -> CrState {

@@ -58,15 +58,7 @@ pub struct CrState {
 }
 
 /// The activity record (I2) as the plan reads it.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Activity {
-    /// `spec.renewTime`: the last report.
-    pub last: Option<Timestamp>,
-    /// The busy mark (`kubectl cocoon keepalive`).
-    pub busy_until: Option<Timestamp>,
-    /// Connections the wake proxy holds open to the pod now (Q4).
-    pub open_connections: u32,
-}
+pub use cocoon_api::activity::Record as Activity;
 
 /// One selected pod.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -5,6 +5,7 @@
 //! that lets an agent report, and one `kubectl`/`curl` update is a heartbeat.
 
 use jiff::Timestamp;
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use serde_json::{Value, json};
 use std::time::Duration;
@@ -71,6 +72,40 @@ pub fn later(at: Timestamp, d: Duration) -> Timestamp {
         .ok()
         .and_then(|d| at.checked_add(d).ok())
         .unwrap_or(Timestamp::MAX)
+}
+
+/// The activity record as the idle policy (and `kubectl cocoon status`) reads it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Record {
+    /// `spec.renewTime`: the last report.
+    pub last: Option<Timestamp>,
+    /// The busy mark (`kubectl cocoon keepalive`).
+    pub busy_until: Option<Timestamp>,
+    /// Connections the wake proxy holds open to the pod now (Q4).
+    pub open_connections: u32,
+}
+
+/// I2: a Lease read as the record. An unreadable annotation counts as absent, except an
+/// open-connections count, which counts as open: a pod is never put to sleep on a value
+/// nobody can read.
+pub fn record(lease: &Lease) -> Record {
+    let ann = |k: &str| {
+        lease
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(k))
+            .map(String::as_str)
+    };
+    Record {
+        last: lease
+            .spec
+            .as_ref()
+            .and_then(|s| s.renew_time.as_ref())
+            .map(|t| t.0),
+        busy_until: ann(BUSY_UNTIL).and_then(|b| b.parse().ok()),
+        open_connections: ann(OPEN_CONNECTIONS).map_or(0, |n| n.trim().parse().unwrap_or(1)),
+    }
 }
 
 #[cfg(test)]

@@ -5,7 +5,7 @@
 //! here from the Leases rather than stored on the policy.
 
 use super::view::CrView;
-use cocoon_api::activity::{BUSY_UNTIL, OPEN_CONNECTIONS, idle_at, later, lease_name};
+use cocoon_api::activity::{idle_at, later, lease_name};
 use cocoon_api::idle::{CocoonIdlePolicy, IDLE_AT, IDLE_DESIRE, IDLE_UID};
 use cocoon_api::parse_duration;
 use cocoon_api::schedule::{OVERRIDE_UNTIL, SCHEDULE_DESIRE, SCHEDULE_UID};
@@ -30,12 +30,7 @@ pub struct Driver {
 }
 
 /// The pod's activity Lease, as the policy reads it.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Record {
-    pub last: Option<Timestamp>,
-    pub busy_until: Option<Timestamp>,
-    pub open_connections: u32,
-}
+pub use cocoon_api::activity::Record;
 
 /// When the pod would sleep.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -125,18 +120,9 @@ pub fn sleep(cr: &CrView, driver: &Driver, record: Option<&Record>, now: Timesta
     }
 }
 
-/// I2: the Lease as the policy reads it (an unreadable connection count is an open one).
+/// I2: the Lease as the policy reads it.
 pub fn record(lease: &Lease) -> Record {
-    let ann = |k: &str| lease.annotations().get(k).map(String::as_str);
-    Record {
-        last: lease
-            .spec
-            .as_ref()
-            .and_then(|s| s.renew_time.as_ref())
-            .map(|t| t.0),
-        busy_until: ann(BUSY_UNTIL).and_then(|b| b.parse().ok()),
-        open_connections: ann(OPEN_CONNECTIONS).map_or(0, |n| n.trim().parse().unwrap_or(1)),
-    }
+    cocoon_api::activity::record(lease)
 }
 
 /// The three columns for one CR: last activity, busy mark, sleep. Empty when no policy
@@ -232,6 +218,7 @@ fn driver(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use cocoon_api::activity::BUSY_UNTIL;
     use rstest::rstest;
     use serde_json::json;
 
