@@ -32,11 +32,15 @@ struct VmState {
     activity_owed: bool,
     open: u32,
     written_open: u32,
+    /// The last count's write failed: the count is owed whatever it is now.
+    count_unwritten: bool,
+    /// A write is on its way; the next waits for it, so counts land in order.
+    in_flight: bool,
 }
 
 impl VmState {
     fn owes(&self) -> bool {
-        self.activity_owed || self.open != self.written_open
+        self.activity_owed || self.count_unwritten || self.open != self.written_open
     }
 }
 
@@ -87,6 +91,18 @@ impl Coalescer {
         self.vms.get_mut(key)
     }
 
+    /// The write taken for `key` ended; one that failed is owed again, with the latest
+    /// count (I3: a lost 0 would keep the pod awake for ever).
+    pub fn settled(&mut self, report: &Report, written: bool) {
+        if let Some(vm) = self.vms.get_mut(&report.key) {
+            vm.in_flight = false;
+            if !written {
+                vm.activity_owed |= report.activity;
+                vm.count_unwritten |= report.open.is_some();
+            }
+        }
+    }
+
     /// Open connections to `key` now.
     pub fn open(&self, key: &VmKey) -> u32 {
         self.vms.get(key).map_or(0, |v| v.open)
@@ -119,6 +135,7 @@ impl Coalescer {
         // Forget VMs quiet for a while: the map stays the size of the busy set.
         self.vms.retain(|_, vm| {
             vm.owes()
+                || vm.in_flight
                 || vm.open > 0
                 || vm.written_open > 0
                 || vm.last.is_some_and(|at| now.duration_since(at) < every * 6)
@@ -129,18 +146,20 @@ impl Coalescer {
 
 /// The VM's owed report when its window is free at `now`, marked written.
 fn take_if_free(key: &VmKey, vm: &mut VmState, now: Instant, every: Duration) -> Option<Report> {
-    let free = vm.last.is_none_or(|at| now.duration_since(at) >= every);
+    let free = !vm.in_flight && vm.last.is_none_or(|at| now.duration_since(at) >= every);
     (free && vm.owes()).then(|| take(key, vm, Some(now)))
 }
 
 fn take(key: &VmKey, vm: &mut VmState, now: Option<Instant>) -> Report {
-    let open = (vm.open != vm.written_open).then_some(vm.open);
+    let open = (vm.count_unwritten || vm.open != vm.written_open).then_some(vm.open);
     let report = Report {
         key: key.clone(),
         activity: vm.activity_owed,
         open,
     };
     vm.activity_owed = false;
+    vm.count_unwritten = false;
+    vm.in_flight = true;
     vm.written_open = vm.open;
     if now.is_some() {
         vm.last = now;
@@ -205,8 +224,15 @@ impl Reporter {
     fn spawn_write(&self, report: Option<Report>) {
         if let Some(report) = report {
             let me = self.clone();
-            tokio::spawn(async move { me.write(&report).await });
+            tokio::spawn(async move { me.write_and_settle(&report).await });
         }
+    }
+
+    /// Writes one report and tells the coalescer how it went, so a failed one is owed
+    /// again and the VM's next write may start.
+    async fn write_and_settle(&self, report: &Report) {
+        let written = self.write(report).await;
+        self.coalescer.lock().settled(report, written);
     }
 
     /// Writes every owed report now, open counts as zero (at exit: a restart loses no
@@ -214,7 +240,7 @@ impl Reporter {
     pub async fn flush_all(&self) {
         let owed = self.coalescer.lock().drain(true);
         for report in owed {
-            self.write(&report).await;
+            self.write_and_settle(&report).await;
         }
     }
 
@@ -225,30 +251,30 @@ impl Reporter {
             tick.tick().await;
             let due = self.coalescer.lock().due(Instant::now());
             for report in due {
-                self.write(&report).await;
+                self.write_and_settle(&report).await;
             }
         }
     }
 
-    /// Renews the Lease, creating it when the pod has none yet.
-    async fn write(&self, report: &Report) {
+    /// Renews the Lease, creating it when the pod has none yet; whether it was written.
+    async fn write(&self, report: &Report) -> bool {
         let (ns, pod) = &report.key;
         let Some(name) = lease_name(pod) else {
-            return;
+            return true;
         };
         self.metrics.activity_reports.inc();
         let api: Api<Lease> = Api::namespaced(self.client.clone(), ns);
         let patch = patch(report, jiff::Timestamp::now(), &self.holder);
-        let result = match api
-            .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-        {
+        let params = PatchParams::default();
+        let merge_patch = Patch::Merge(&patch);
+        let merge = || api.patch(&name, &params, &merge_patch);
+        let result = match merge().await {
             Err(kube::Error::Api(e)) if e.code == 404 => {
-                let mut lease: Lease = match serde_json::from_value(patch) {
+                let mut lease: Lease = match serde_json::from_value(patch.clone()) {
                     Ok(l) => l,
                     Err(e) => {
                         tracing::warn!(%ns, %pod, error = %e, "activity report");
-                        return;
+                        return true;
                     }
                 };
                 lease.metadata = ObjectMeta {
@@ -259,12 +285,20 @@ impl Reporter {
                         .map(|n| BTreeMap::from([(OPEN_CONNECTIONS.to_owned(), n.to_string())])),
                     ..ObjectMeta::default()
                 };
-                api.create(&PostParams::default(), &lease).await.map(|_| ())
+                match api.create(&PostParams::default(), &lease).await {
+                    // The idle policy made it meanwhile (I2): patch that one.
+                    Err(kube::Error::Api(e)) if e.code == 409 => merge().await.map(|_| ()),
+                    other => other.map(|_| ()),
+                }
             }
             other => other.map(|_| ()),
         };
-        if let Err(e) = result {
-            tracing::warn!(%ns, %pod, error = %e, "activity report not written");
+        match result {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::warn!(%ns, %pod, error = %e, "activity report not written; owed again");
+                false
+            }
         }
     }
 }
@@ -311,6 +345,49 @@ mod tests {
         })
     }
 
+    /// A coalescer whose every write succeeds as soon as it is taken.
+    struct Settling(Coalescer);
+
+    impl Settling {
+        fn new() -> Self {
+            Self(Coalescer::new(COALESCE))
+        }
+        fn settle(&mut self, r: Option<Report>) -> Option<Report> {
+            if let Some(r) = &r {
+                self.0.settled(r, true);
+            }
+            r
+        }
+        fn note(&mut self, k: &VmKey, now: Instant) -> Option<Report> {
+            let r = self.0.note(k, now);
+            self.settle(r)
+        }
+        fn open_changed(&mut self, k: &VmKey, opened: bool, now: Instant) -> Option<Report> {
+            let r = self.0.open_changed(k, opened, now);
+            self.settle(r)
+        }
+        fn due(&mut self, now: Instant) -> Vec<Report> {
+            let due = self.0.due(now);
+            for r in &due {
+                self.0.settled(r, true);
+            }
+            due
+        }
+    }
+
+    impl std::ops::Deref for Settling {
+        type Target = Coalescer;
+        fn deref(&self) -> &Coalescer {
+            &self.0
+        }
+    }
+
+    impl std::ops::DerefMut for Settling {
+        fn deref_mut(&mut self) -> &mut Coalescer {
+            &mut self.0
+        }
+    }
+
     fn keys(reports: Vec<Report>) -> Vec<VmKey> {
         reports.into_iter().map(|r| r.key).collect()
     }
@@ -319,7 +396,7 @@ mod tests {
     /// and is written when the window ends; another VM has its own window.
     #[tokio::test(start_paused = true)]
     async fn q4_q6_reports_coalesce_per_vm_and_owed_ones_are_written_later() {
-        let mut c = Coalescer::new(COALESCE);
+        let mut c = Settling::new();
         let t0 = Instant::now();
         assert_eq!(c.note(&key("a"), t0), activity("a"));
         assert_eq!(c.note(&key("a"), t0 + Duration::from_secs(3)), None);
@@ -343,7 +420,7 @@ mod tests {
     /// SPEC Q4: at most one write per VM per 10 s, whatever the traffic.
     #[tokio::test(start_paused = true)]
     async fn q4_at_most_one_write_per_window_under_steady_traffic() {
-        let mut c = Coalescer::new(COALESCE);
+        let mut c = Settling::new();
         let t0 = Instant::now();
         let mut writes = 0;
         for ms in (0..60_000).step_by(100) {
@@ -362,7 +439,7 @@ mod tests {
     /// returned to the written one owes nothing.
     #[tokio::test(start_paused = true)]
     async fn i3_open_connections_are_reported_coalesced_and_back_to_zero() {
-        let mut c = Coalescer::new(COALESCE);
+        let mut c = Settling::new();
         let t0 = Instant::now();
         let at = |s: u64| t0 + Duration::from_secs(s);
         let open = |n: u32| Report {
@@ -400,11 +477,84 @@ mod tests {
         assert!(c.vms.is_empty());
     }
 
+    /// SPEC I3, Q4, Q6: a write that failed (an apiserver error, a Lease the policy made
+    /// first) is owed again, the latest count included, so a count of 0 is never lost and
+    /// keeps no pod awake for ever.
+    #[tokio::test(start_paused = true)]
+    async fn i3_q6_a_failed_write_is_owed_again() {
+        let mut c = Coalescer::new(COALESCE);
+        let t0 = Instant::now();
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        let count = |n: u32, activity: bool| Report {
+            key: key("a"),
+            activity,
+            open: Some(n),
+        };
+        let first = c.note(&key("a"), at(0));
+        assert_eq!(first, activity("a"));
+        c.settled(&count(0, true), true);
+        assert_eq!(
+            c.open_changed(&key("a"), true, at(10)),
+            Some(count(1, false))
+        );
+        c.settled(&count(1, false), false);
+        assert_eq!(c.open_changed(&key("a"), false, at(11)), None);
+        assert_eq!(
+            c.due(at(20)),
+            vec![count(0, false)],
+            "the count the failed write carried is owed, as its latest value"
+        );
+        c.settled(&count(0, false), false);
+        assert_eq!(c.note(&key("a"), at(25)), None);
+        assert_eq!(
+            c.due(at(30)),
+            vec![count(0, true)],
+            "failed twice: the count is still owed, with the activity since"
+        );
+        c.settled(&count(0, true), true);
+        assert!(c.due(at(45)).is_empty(), "written: nothing owed");
+    }
+
+    /// SPEC I3, Q4: one write per VM in flight. A write still on its way when its window
+    /// ends holds back the next, so an older count can never land after a newer one.
+    #[tokio::test(start_paused = true)]
+    async fn i3_a_slow_write_is_never_overtaken_by_a_newer_count() {
+        let mut c = Coalescer::new(COALESCE);
+        let t0 = Instant::now();
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        let first = c
+            .open_changed(&key("a"), true, at(0))
+            .expect("the first count is written at once");
+        assert_eq!(c.open_changed(&key("a"), false, at(1)), None);
+        assert!(
+            c.due(at(12)).is_empty(),
+            "the first write is still in flight"
+        );
+        assert_eq!(c.open_changed(&key("a"), true, at(13)), None);
+        assert_eq!(c.open_changed(&key("a"), false, at(14)), None);
+        c.settled(&first, true);
+        let second = c.due(at(15));
+        assert_eq!(
+            second,
+            vec![Report {
+                key: key("a"),
+                activity: false,
+                open: Some(0)
+            }]
+        );
+        // Forgotten only once nothing is in flight.
+        assert!(c.due(at(200)).is_empty());
+        assert_eq!(c.vms.len(), 1, "in flight: kept");
+        c.settled(&second[0], true);
+        assert!(c.due(at(400)).is_empty());
+        assert!(c.vms.is_empty());
+    }
+
     /// SPEC I3: at exit every count written is reported as zero, so a stopped proxy keeps
     /// no pod awake; a count never written owes nothing.
     #[tokio::test(start_paused = true)]
     async fn i3_exit_writes_open_counts_as_zero() {
-        let mut c = Coalescer::new(COALESCE);
+        let mut c = Settling::new();
         let t0 = Instant::now();
         assert!(c.open_changed(&key("a"), true, t0).is_some());
         assert!(c.open_changed(&key("b"), true, t0).is_some());
