@@ -8,6 +8,7 @@ mod admission;
 mod cache;
 mod harness_smoke;
 mod idle;
+mod idle_status;
 mod leader;
 mod lifecycle;
 mod partition;

@@ -43,10 +43,10 @@ const REGISTRY_ENV: [&str; 8] = [
     "COCOON_REGISTRY_TIMEOUT",
 ];
 
-struct Run {
-    code: i32,
-    stdout: String,
-    stderr: String,
+pub(crate) struct Run {
+    pub(crate) code: i32,
+    pub(crate) stdout: String,
+    pub(crate) stderr: String,
 }
 
 impl std::fmt::Display for Run {
@@ -133,7 +133,7 @@ async fn run_full(mut command: Command, vars: &[(&str, &str)], input: Option<&st
 }
 
 /// `kubectl-cocoon ARGS --kubeconfig <cluster> -n <ns>`, KUBECONFIG unset.
-async fn plugin(env: &Env, args: &[&str]) -> Run {
+pub(crate) async fn plugin(env: &Env, args: &[&str]) -> Run {
     let mut command = Command::new(plugin_bin());
     command
         .args(args)

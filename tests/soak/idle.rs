@@ -1,7 +1,11 @@
 //! Idle policies in the soak (I2, I3): a share of the pods is selected by one
 //! CocoonIdlePolicy (`idleAfter` 1m, `minAwake` 30s) instead of being driven by the load.
 //! Each sends heartbeats (one Lease patch, as an agent does) every 5–20 s, drawn from the
-//! seed. Half of them stop at a random moment in the first half of the faults, so the
+//! seed, from before the policy exists: every decision the policy takes, in the warm-up
+//! too, meets pods that report, so a policy that misread activity hibernates a pod with
+//! a fresh heartbeat and is caught (with heartbeats only from the faults' start, such a
+//! policy put every pod to sleep in the warm-up, before any heartbeat, unseen). Half of
+//! them stop at a random moment in the first half of the faults, so the
 //! policy puts them to sleep during the faults or just after; the others heartbeat
 //! through the faults and then mark themselves busy for an hour (as `kubectl cocoon
 //! keepalive` does), so they stay awake and the policy's status settles for the quiet
@@ -19,7 +23,7 @@
 //! leave a violation unseen, never invent one.
 
 use crate::observer::Verdict;
-use cocoon_hibernation::api::activity::{BUSY_UNTIL, lease_name};
+use cocoon_hibernation::api::activity::{ACTIVITY_FOR, BUSY_UNTIL, lease_name};
 use cocoon_hibernation::api::{CocoonHibernation, Desire, Phase};
 use cocoon_hibernation::idle::CocoonIdlePolicy;
 use cocoon_hibernation::idle::plan::{IDLE_AT, IDLE_DESIRE};
@@ -31,7 +35,7 @@ use kube::api::{Api, Patch, PatchParams, PostParams};
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 /// The policy's `idleAfter`: the shortest I1 allows.
@@ -78,8 +82,9 @@ pub async fn create_policy(client: &kube::Client, ns: &str) -> kube::Result<()> 
         .map(|_| ())
 }
 
-/// One heartbeat (or, with `busy`, the busy mark too); creates the Lease when the policy
-/// has not yet. `Ok` with the `renewTime` written once the apiserver answered.
+/// One heartbeat (or, with `busy`, the busy mark too); creates the Lease, labelled as the
+/// policy labels it (its watch sees only those), when the policy has not yet. `Ok` with
+/// the `renewTime` written once the apiserver answered.
 async fn beat(leases: &Api<Lease>, pod: &str, busy: Option<Timestamp>) -> kube::Result<Timestamp> {
     let name = lease_name(pod).unwrap_or_default();
     let now = Timestamp::now();
@@ -95,6 +100,7 @@ async fn beat(leases: &Api<Lease>, pod: &str, busy: Option<Timestamp>) -> kube::
             let mut lease: Lease =
                 serde_json::from_value(patch).map_err(kube::Error::SerdeError)?;
             lease.metadata.name = Some(name);
+            lease.metadata.labels = Some([(ACTIVITY_FOR.to_owned(), pod.to_owned())].into());
             leases.create(&PostParams::default(), &lease).await?;
         }
         other => {
@@ -104,12 +110,13 @@ async fn beat(leases: &Api<Lease>, pod: &str, busy: Option<Timestamp>) -> kube::
     Ok(now)
 }
 
-/// The heartbeats of `n` idle pods from `start` for `chaos`, drawn from `seed`.
+/// The heartbeats of `n` idle pods, from now (the first at once) until their stop, drawn
+/// from `seed` and counted from the faults' start (`faults`, set when they start).
 pub fn spawn_heartbeats(
     client: kube::Client,
     ns: String,
     n: usize,
-    start: Instant,
+    faults: Arc<OnceLock<Instant>>,
     chaos: Duration,
     seed: u64,
     log: Log,
@@ -125,12 +132,14 @@ pub fn spawn_heartbeats(
         };
         let mut rng = StdRng::seed_from_u64(rng.random());
         let log = log.clone();
+        let faults = faults.clone();
         tasks.spawn(async move {
             let pod = pod_name(i);
+            let mut gap = Duration::ZERO;
             loop {
-                let gap = Duration::from_millis(rng.random_range(5_000..20_000));
                 tokio::time::sleep(gap).await;
-                if start.elapsed() >= stop {
+                gap = Duration::from_millis(rng.random_range(5_000..20_000));
+                if faults.get().is_some_and(|start| start.elapsed() >= stop) {
                     break;
                 }
                 if let Ok(renew) = beat(&leases, &pod, None).await {

@@ -1108,6 +1108,18 @@ async fn run(cfg: Cfg) -> bool {
             world.harness_error(format!("idle pod {name}: {e}"));
         }
     }
+    // The idle pods' agents report from before the policy exists (see idle.rs).
+    let faults_start = Arc::new(std::sync::OnceLock::new());
+    let heartbeat_log = idle::Log::default();
+    let mut heartbeats = idle::spawn_heartbeats(
+        client.clone(),
+        ns.clone(),
+        idle_n,
+        faults_start.clone(),
+        cfg.chaos,
+        rng.random(),
+        heartbeat_log.clone(),
+    );
     if let Err(e) = retry(Duration::from_secs(60), || {
         idle::create_policy(&client, &ns)
     })
@@ -1198,16 +1210,7 @@ async fn run(cfg: Cfg) -> bool {
     );
 
     let chaos_start = Instant::now();
-    let heartbeat_log = idle::Log::default();
-    let mut heartbeats = idle::spawn_heartbeats(
-        client.clone(),
-        ns.clone(),
-        idle_n,
-        chaos_start,
-        chaos,
-        rng.random(),
-        heartbeat_log.clone(),
-    );
+    let _ = faults_start.set(chaos_start);
     let mut tasks = tokio::task::JoinSet::new();
     let exit_watch = {
         let world = world.clone();
