@@ -296,7 +296,15 @@ async fn delete_others(client: &kube::Client, namespaces: &[String]) {
     for ns in namespaces {
         let api: Api<Pod> = Api::namespaced(client.clone(), ns);
         let dp = DeleteParams::default().grace_period(0);
-        let _ = api.delete_collection(&dp, &ListParams::default()).await;
+        // A loaded apiserver answers a collection of 10k with a 504 before it is done:
+        // again until the namespace lists no pod.
+        for _ in 0..20 {
+            let _ = api.delete_collection(&dp, &ListParams::default()).await;
+            let left = api.list_metadata(&ListParams::default().limit(1)).await;
+            if left.is_ok_and(|l| l.items.is_empty()) {
+                break;
+            }
+        }
         let _ = nss.delete(ns, &DeleteParams::default()).await;
     }
     log(format!(
