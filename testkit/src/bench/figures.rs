@@ -229,6 +229,62 @@ pub(super) fn declare(figs: &mut Figures) {
             "KiB, (RSS − empty RSS) / (pods + CRs), after the restart",
             Memory,
         ),
+        (
+            "scale50k.others_n",
+            "plain pods of other workloads beside them",
+            Info,
+        ),
+        (
+            "scale50k.others_startup_s",
+            "s to /readyz, every namespace, no selector (median)",
+            Time,
+        ),
+        (
+            "scale50k.others_startup_cpu_s",
+            "s of product CPU to /readyz, no selector (median)",
+            Time,
+        ),
+        (
+            "scale50k.others_passes_s",
+            "s to the initial pass's end, no selector (median)",
+            Time,
+        ),
+        (
+            "scale50k.others_rss_mib",
+            "MiB VmRSS, every namespace, no selector",
+            Memory,
+        ),
+        ("scale50k.others_hwm_mib", "MiB VmHWM, no selector", Memory),
+        (
+            "scale50k.others_kib_per_pod",
+            "KiB per plain pod, no selector (RSS − the 50k RSS) / N",
+            Memory,
+        ),
+        (
+            "scale50k.others_selector_startup_s",
+            "s to /readyz, every namespace, --pod-selector (median)",
+            Time,
+        ),
+        (
+            "scale50k.others_selector_startup_cpu_s",
+            "s of product CPU to /readyz, --pod-selector (median)",
+            Time,
+        ),
+        (
+            "scale50k.others_selector_passes_s",
+            "s to the initial pass's end, --pod-selector (median)",
+            Time,
+        ),
+        (
+            "scale50k.others_selector_rss_mib",
+            "MiB VmRSS, every namespace, --pod-selector",
+            Memory,
+        ),
+        (
+            "scale50k.others_selector_hwm_mib",
+            "MiB VmHWM, --pod-selector",
+            Memory,
+        ),
         ("sched.n", "pods of one schedule", Info),
         (
             "sched.flip_s",

@@ -14,6 +14,8 @@
 //! - scale: RSS and time to /readyz with S realistic pods (3 containers, ~8 KB) and S CRs;
 //! - scale50k: the same with 50k of each (`--scale-50k-n`): RSS above the empty process
 //!   per pod and CR, and start-up, at the size the chart's default memory limit must hold;
+//!   with `--scale-others N`, then N plain pods of other workloads beside them, the product
+//!   restarted on every namespace without and with `--pod-selector` (`others.rs`);
 //! - schedule: N pods of one CocoonHibernationSchedule, a boundary reached through the
 //!   product's shifted clock: boundary → all Hibernated, and CR writes per pod (K2);
 //! - idle: N pods of one CocoonIdlePolicy (`idleAfter` 1m): idle instant → desire
@@ -35,6 +37,7 @@ mod figures;
 mod idle;
 pub mod load;
 pub mod metrics;
+mod others;
 mod overhead;
 pub mod pods;
 mod proxy;
@@ -72,6 +75,10 @@ pub struct Opts {
     scale_n: usize,
     /// Pods and CRs of the `scale50k` part.
     scale_50k_n: usize,
+    /// Plain pods of other workloads beside them (0 skips that step), and the seconds
+    /// after which no more are created (the step measures what it made).
+    scale_others: usize,
+    scale_others_max_s: u64,
     /// Seconds per admission load run, and runs per point (the median is kept).
     admission_s: f64,
     admission_reps: usize,
@@ -165,6 +172,8 @@ impl Opts {
             quiet_s: num("quiet_s", "60") as u64,
             scale_n: num("scale_n", "10000") as usize,
             scale_50k_n: num("scale_50k_n", "50000") as usize,
+            scale_others: num("scale_others", "0") as usize,
+            scale_others_max_s: num("scale_others_max_s", "2400") as u64,
             admission_s: num("admission_s", "3"),
             admission_reps: num("admission_reps", "3") as usize,
             startup_reps: num("startup_reps", "3") as usize,
@@ -331,6 +340,7 @@ async fn run(o: Opts) -> i32 {
         "machine": machine,
         "settings": {
             "n": o.n, "filler_pods": o.filler_pods, "fresh_n": o.fresh_n, "quiet_s": o.quiet_s, "scale_n": o.scale_n,
+            "scale_50k_n": o.scale_50k_n, "scale_others": o.scale_others,
             "admission_s": o.admission_s, "admission_reps": o.admission_reps,
             "sim_delay_ms": o.sim_delay_ms, "sim_hibernating_first": o.sim_hibernating_first,
             "sim_wake_drops_tag": o.sim_wake_drops_tag, "parts": o.parts,
@@ -392,6 +402,17 @@ async fn run(o: Opts) -> i32 {
     }
     let f = |k: &str| report::fmt(figs.get(k).map(report::round));
     let mib = |k: &str| report::fmt(figs.get(k).map(|v| v.round()));
+    if o.scale_others > 0 {
+        println!(
+            "scale50k others: n={} rss_mib={} startup_s={} selector_rss_mib={} selector_startup_s={} kib_per_other_pod={}",
+            f("scale50k.others_n"),
+            mib("scale50k.others_rss_mib"),
+            f("scale50k.others_startup_s"),
+            mib("scale50k.others_selector_rss_mib"),
+            f("scale50k.others_selector_startup_s"),
+            f("scale50k.others_kib_per_pod"),
+        );
+    }
     println!(
         "bench: writes_per_round={} floor=9 reason_writes={} conflicts={} reaction_p99_ms={} \
          registry_calls_per_wake={} fresh_wake_writes={} rss_mib_10k={} startup_s_10k={} \

@@ -2,6 +2,7 @@
 
 use super::admission::admission;
 use super::metrics;
+use super::others;
 use super::pods;
 use super::report::{self, Figures, Kind};
 use super::steps::{create_crs, passes_quiet};
@@ -116,8 +117,7 @@ pub(super) async fn scale_50k(
     detail: &mut serde_json::Map<String, Value>,
 ) {
     let s = o.scale_50k_n;
-    let (step, p) = measure_step(o, s, cluster, client).await;
-    drop(p);
+    let (step, mut p) = measure_step(o, s, cluster, client).await;
     figs.set("scale50k.n", Some(s as f64), "", Kind::Info);
     let mut mib =
         |key: &'static str, kib: u64| figs.set(key, Some(kib as f64 / 1024.0), "", Kind::Memory);
@@ -145,6 +145,20 @@ pub(super) async fn scale_50k(
         "scale50k".into(),
         json!({ "namespace": step.ns, "pod_json_bytes_avg": step.pod_json_avg }),
     );
+    // Logged now: the step with other pods below takes long and may not finish.
+    log(format!(
+        "scale50k: rss0 {} KiB, settled {} KiB, restart RSS {} KiB HWM {} KiB; {:.2} KiB per object; startup {:.2}s",
+        step.rss0,
+        step.rss1,
+        step.rss2,
+        step.hwm2,
+        step.kib_per_object(step.rss2, s),
+        step.warm
+    ));
+    if o.scale_others > 0 {
+        others::others(o, cluster, client, &mut p, step.rss2, figs, detail).await;
+    }
+    drop(p);
     finish(o, client, &step.ns).await;
 }
 
