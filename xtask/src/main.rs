@@ -90,7 +90,8 @@ enum Command {
     /// own (BENCH_STATE_DIR; BENCH_KEEP_CLUSTER=1 keeps it; BENCH_OUT). Arguments go to the
     /// benchmark: --n 1000 --scale-n 10000 --scale-50k-n 50000 --quiet-s 60 --parts
     /// roundtrip,quiet,admission,scale,scale50k,schedule (also proxy, idle, capacity)
-    /// --filler-pods 0 --keep-scale --update-baseline
+    /// --scale-others 0 (plain pods of other workloads beside scale50k's) --scale-others-max-s
+    /// 2400 --filler-pods 0 --keep-scale --update-baseline
     /// --fail-on-regression --capacity-crs … --capacity-bursts … (or BENCH_<NAME>).
     Bench {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
