@@ -230,6 +230,7 @@ async fn pass(p: &CocoonIdlePolicy, ctx: &Context) -> Result<Requeue> {
         }
     };
     let now = ctx.clock.now();
+    let started = std::time::Instant::now();
     // I4: the schedules of the namespace; a CR of a pod one selects is the schedule's.
     let schedules = if deleting {
         Vec::new()
@@ -261,6 +262,7 @@ async fn pass(p: &CocoonIdlePolicy, ctx: &Context) -> Result<Requeue> {
         deleting,
     };
     let plan = plan::plan(&input);
+    let planned = started.elapsed();
     let lease_api: Api<Lease> = Api::namespaced(ctx.client.clone(), &ns);
     let cr_api: Api<CocoonHibernation> = Api::namespaced(ctx.client.clone(), &ns);
     // I3: each action concerns one pod's objects, so they go out together (bounded): pods
@@ -278,6 +280,7 @@ async fn pass(p: &CocoonIdlePolicy, ctx: &Context) -> Result<Requeue> {
         .buffer_unordered(crate::runtime::limits::IDLE_WRITES_AT_ONCE)
         .collect()
         .await;
+    let written = started.elapsed();
     let mut retry = false;
     let mut hibernated = Vec::new();
     for (action, done, fenced_out) in outcomes {
@@ -305,8 +308,14 @@ async fn pass(p: &CocoonIdlePolicy, ctx: &Context) -> Result<Requeue> {
     if p.status.as_ref() != Some(&st) {
         patch_status(&api, &name, &st).await?;
     }
+    let statused = started.elapsed();
     publish(ctx, p, &hibernated).await;
-    Ok(Requeue::requeue(requeue_after(&plan, now, retry)))
+    let requeue = requeue_after(&plan, now, retry);
+    tracing::debug!(policy = %name, %now, actions = plan.actions.len(), hibernated = hibernated.len(),
+        planned_ms = planned.as_millis(), written_ms = written.as_millis(),
+        status_ms = statused.as_millis(), total_ms = started.elapsed().as_millis(),
+        requeue_ms = requeue.as_millis(), next = ?plan.next, "idle pass");
+    Ok(Requeue::requeue(requeue))
 }
 
 /// What one pass's writes need, read once.
