@@ -49,8 +49,8 @@ const SOONEST: Duration = Duration::from_secs(1);
 const PAST_IDLE: Duration = Duration::from_millis(50);
 /// `IdleHibernate` events waiting to be sent; a pass waits when this many are.
 const EVENTS_QUEUED: usize = 4096;
-/// `IdleHibernate` events in flight at once.
-const EVENTS_AT_ONCE: usize = 8;
+/// `IdleHibernate` events in flight at once: few, so they leave the apiserver to flips.
+const EVENTS_AT_ONCE: usize = 4;
 
 pub struct Context {
     pub client: kube::Client,
