@@ -672,20 +672,31 @@ mod tests {
             ("False", "WakesFailed")
         );
         assert!(wake.message.contains("web-0"));
-        assert_eq!(requeue_after(&plan, at(), false), SOONEST);
-        let soon = Plan {
-            next: Some(crate::api::activity::later(
-                at(),
-                Duration::from_millis(2_300),
-            )),
+    }
+
+    /// SPEC I3: the next pass comes just after the soonest idle instant (however soon
+    /// after the last pass), a second on for a pod due but in transition, after `RETRY`
+    /// when a write failed or was fenced off, and at least every `RESYNC`.
+    #[rstest::rstest]
+    #[case::i3_just_after_the_next_idle_instant(Some(2_300), false, 2_350)]
+    #[case::i3_soon_after_the_last_pass(Some(120), false, 170)]
+    #[case::i3_due_but_in_transition(Some(0), false, 1_000)]
+    #[case::i3_no_pod_to_wait_for(None, false, 30_000)]
+    #[case::i3_far_ahead_resyncs(Some(600_000), false, 30_000)]
+    #[case::i3_after_a_fenced_write(Some(2_300), true, 3_000)]
+    fn i3_when_the_next_pass_comes(
+        #[case] next_in_ms: Option<u64>,
+        #[case] retry: bool,
+        #[case] after_ms: u64,
+    ) {
+        let plan = Plan {
+            next: next_in_ms.map(|ms| crate::api::activity::later(at(), Duration::from_millis(ms))),
             ..Plan::default()
         };
         assert_eq!(
-            requeue_after(&soon, at(), false),
-            Duration::from_millis(2_300) + PAST_IDLE
+            requeue_after(&plan, at(), retry),
+            Duration::from_millis(after_ms)
         );
-        assert_eq!(requeue_after(&Plan::default(), at(), false), RESYNC);
-        assert_eq!(requeue_after(&plan, at(), true), RETRY);
     }
 
     /// SPEC C3 I6: a status read back from the apiserver (times in whole seconds)
