@@ -7,7 +7,10 @@
 //!   meanwhile). The flip is the product's first CR write (the desire patch) at or after
 //!   the decision's `idle-at` mark, read from the apiserver audit log. Lag = flip − idle
 //!   instant; p50, p99 and max over the N pods (a negative lag would be a pod hibernated
-//!   before it was idle, and is reported as the minimum).
+//!   before it was idle, and is reported as the minimum). Where it goes (the log line
+//!   `lag breakdown`, the detail `idle_lag.breakdown`): idle instant → start of the pass
+//!   that flipped the pod (its `idle-at` mark) → the fence's take answered → the flip;
+//!   and the passes' sizes and lengths. The product's log is kept as `idle-server.log`.
 //! - `activity_writes_per_vm_min`: at one report a second, for a window, from each
 //!   reporter: the wake proxy's activity reporter (`proxy::activity`, in process) for M
 //!   VMs, and `kubectl cocoon keepalive` (the plugin's own code, in process) for a few;
