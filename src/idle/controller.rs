@@ -62,6 +62,9 @@ pub struct Context {
     pub gate: Gate,
     failures: Failures<String>,
     events: mpsc::Sender<(Event, ObjectReference)>,
+    /// I3: by policy uid, the CRs it flipped and the version each flip was made on,
+    /// until the cache shows them moved on ([`inputs::unseen_flips`]).
+    flipped: std::sync::Mutex<HashMap<String, HashMap<String, String>>>,
 }
 
 /// The policies of `namespace`, as reconcile requests.
@@ -152,6 +155,7 @@ pub async fn run(w: Wiring, shutdown: CancellationToken) {
         clock: w.clock,
         gate: w.gate,
         failures: Failures::default(),
+        flipped: std::sync::Mutex::default(),
     });
     controller
         .graceful_shutdown_on(async move { shutdown.cancelled().await })
@@ -162,6 +166,17 @@ pub async fn run(w: Wiring, shutdown: CancellationToken) {
             }
         })
         .await;
+}
+
+impl Context {
+    /// The flips policy `uid` made that the cache may not have seen yet.
+    fn flips<T>(&self, uid: &str, f: impl FnOnce(&mut HashMap<String, String>) -> T) -> T {
+        let mut all = self
+            .flipped
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        f(all.entry(uid.to_owned()).or_default())
+    }
 }
 
 fn error_policy(p: Arc<CocoonIdlePolicy>, e: &Error, ctx: Arc<Context>) -> Requeue {
@@ -264,7 +279,7 @@ async fn pass(p: &CocoonIdlePolicy, ctx: &Context) -> Result<Requeue> {
             leases: &ctx.leases.state(),
         },
     );
-    let input = plan::Inputs {
+    let mut input = plan::Inputs {
         now,
         uid: uid.clone(),
         idle_after: settings.idle_after,
@@ -274,6 +289,12 @@ async fn pass(p: &CocoonIdlePolicy, ctx: &Context) -> Result<Requeue> {
         strays: read.strays.clone(),
         deleting,
     };
+    // I3: a pod whose flip the cache has not seen yet is asleep, not due again.
+    for pod in ctx.flips(&uid, |mine| inputs::unseen_flips(mine, &read.cr_versions)) {
+        if let Some(cr) = input.pods.get_mut(&pod).and_then(|p| p.cr.as_mut()) {
+            cr.desire = crate::api::Desire::Hibernate;
+        }
+    }
     let plan = plan::plan(&input);
     let planned = started.elapsed();
     let lease_api: Api<Lease> = Api::namespaced(ctx.client.clone(), &ns);
@@ -299,7 +320,11 @@ async fn pass(p: &CocoonIdlePolicy, ctx: &Context) -> Result<Requeue> {
     for (action, done, fenced_out) in outcomes {
         retry |= fenced_out;
         match done {
-            Ok(Some(pod)) => hibernated.push(pod),
+            Ok(Some(pod)) => {
+                let version = PassWriter::version(&read.cr_versions, &pod);
+                ctx.flips(&uid, |mine| mine.insert(pod.clone(), version));
+                hibernated.push(pod);
+            }
             Ok(None) => {}
             Err(e) => {
                 tracing::info!(policy = %name, ?action, error = %e, "idle policy write not made");
@@ -311,6 +336,7 @@ async fn pass(p: &CocoonIdlePolicy, ctx: &Context) -> Result<Requeue> {
         if retry {
             return Ok(Requeue::requeue(RETRY));
         }
+        ctx.flips(&uid, HashMap::clear);
         let patch = finalizers::at_version(&p.metadata, finalizers::remove(&p.metadata, FINALIZER));
         api.patch(&name, &PatchParams::default(), &Patch::Json::<()>(patch))
             .await?;
