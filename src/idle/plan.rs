@@ -95,7 +95,8 @@ pub enum Action {
     CreateLease { pod: String },
     /// Create the pod's CR, desire Wake, marked ours (I4).
     CreateCr { pod: String },
-    /// The pod is idle: take its Lease on the version read, then hibernate (I3).
+    /// The pod is idle: take its Lease on the version read, then hibernate (I3). They
+    /// come last, the longest idle first.
     Hibernate { pod: String },
     /// Remove our label and mark from the CR (never delete it, never change its desire).
     Release { cr: String },
@@ -186,6 +187,8 @@ pub fn plan(input: &Inputs) -> Plan {
     if input.deleting {
         return plan;
     }
+    // I3: due pods, by the instant each turned idle.
+    let mut due: Vec<(Timestamp, &String)> = Vec::new();
     for (pod, p) in &input.pods {
         if p.driven_by.is_some() {
             plan.conflicting += 1;
@@ -240,7 +243,7 @@ pub fn plan(input: &Inputs) -> Plan {
             .and_then(|activity| sleep_at(input, activity, cr, ours));
         match at {
             Some(at) if at <= input.now && settled => {
-                plan.actions.push(Action::Hibernate { pod: pod.clone() });
+                due.push((at, pod));
                 plan.idle += 1;
             }
             Some(at) => {
@@ -253,6 +256,13 @@ pub fn plan(input: &Inputs) -> Plan {
             None => plan.awake += 1,
         }
     }
+    // I3: the longest idle first, so a pass with many due pods flips the ones that
+    // waited longest before the ones that just turned idle.
+    due.sort();
+    plan.actions.extend(
+        due.into_iter()
+            .map(|(_, pod)| Action::Hibernate { pod: pod.clone() }),
+    );
     plan
 }
 

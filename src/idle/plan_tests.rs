@@ -243,6 +243,22 @@ fn i3_next_look_is_the_soonest_idle_instant() {
     assert_eq!(out.next, Some(ago(-10)));
 }
 
+/// SPEC I3: a pass with many due pods flips the longest idle first (names do not
+/// order them); pods not yet idle are not flipped.
+#[rstest::rstest]
+#[case::i3_oldest_first(&[("a", 31), ("b", 90), ("c", 45)], &["b", "c", "a"])]
+#[case::i3_names_do_not_order(&[("z", 600), ("m", 30), ("a", 31)], &["z", "a", "m"])]
+#[case::i3_not_yet_idle_is_left(&[("a", 29), ("b", 40)], &["b"])]
+fn i3_due_pods_longest_idle_first(#[case] pods: &[(&str, i64)], #[case] order: &[&str]) {
+    let mut pods: Vec<(&str, PodInput)> = pods
+        .iter()
+        .map(|(n, last)| (*n, pod(Some(active(*last)), Some(ours(600)))))
+        .collect();
+    pods.push(("new", pod(None, None)));
+    let out = plan(&input(&pods));
+    assert_eq!(hibernates(&out), order, "{out:?}");
+}
+
 /// SPEC I4: a pod a schedule selects gets its CR from the schedule, not from the idle
 /// policy, so the schedule drives it (the policy only shortens its awake windows).
 #[test]

@@ -7,7 +7,10 @@
 //!   meanwhile). The flip is the product's first CR write (the desire patch) at or after
 //!   the decision's `idle-at` mark, read from the apiserver audit log. Lag = flip − idle
 //!   instant; p50, p99 and max over the N pods (a negative lag would be a pod hibernated
-//!   before it was idle, and is reported as the minimum).
+//!   before it was idle, and is reported as the minimum). Where it goes (the log line
+//!   `lag breakdown`, the detail `idle_lag.breakdown`): idle instant → start of the pass
+//!   that flipped the pod (its `idle-at` mark) → the fence's take answered → the flip;
+//!   and the passes' sizes and lengths. The product's log is kept as `idle-server.log`.
 //! - `activity_writes_per_vm_min`: at one report a second, for a window, from each
 //!   reporter: the wake proxy's activity reporter (`proxy::activity`, in process) for M
 //!   VMs, and `kubectl cocoon keepalive` (the plugin's own code, in process) for a few;
@@ -62,7 +65,7 @@ pub async fn idle(
     .await;
     let mut audit = AuditTail::new(cluster::cluster().audit_log.clone(), &env.ns);
     if n > 0 {
-        lag(&env, n, product_user, &mut audit, figs, detail).await;
+        lag(&env, n, product_user, &mut audit, figs, detail, &o.out).await;
     }
     if o.idle_writes_vms > 0 {
         writes(&env, o, &mut audit, figs, detail).await;
@@ -76,6 +79,7 @@ async fn lag(
     audit: &mut AuditTail,
     figs: &mut Figures,
     detail: &mut serde_json::Map<String, Value>,
+    out: &std::path::Path,
 ) {
     let names: Vec<String> = (0..n).map(|i| format!("i-{i:05}")).collect();
     create_sim_pods(env, &names).await;
@@ -159,6 +163,15 @@ async fn lag(
         }
         due.insert(cr.name_any(), at);
     }
+    let distinct: std::collections::BTreeSet<_> = due.values().collect();
+    if let (Some(first), Some(last)) = (distinct.first(), distinct.last()) {
+        log(format!(
+            "idle: {} idle instants, {} distinct, over {:.1}s",
+            due.len(),
+            distinct.len(),
+            last.duration_since(**first).as_secs_f64()
+        ));
+    }
     // Wait until every desire is Hibernate.
     let latest = due.values().max().copied().unwrap_or_else(Timestamp::now);
     let give_up = Instant::now()
@@ -196,7 +209,9 @@ async fn lag(
             writes.entry(name.to_owned()).or_default().push(at);
         }
     }
+    let takes = takes(audit, product_user);
     let mut lags = Vec::new();
+    let mut parts = Breakdown::default();
     for cr in &flipped {
         let name = cr.name_any();
         let (Some(idle), Some(decided)) = (
@@ -213,8 +228,11 @@ async fn lag(
             .and_then(|w| w.iter().filter(|t| **t >= decided).min().copied());
         if let Some(flip) = flip {
             lags.push(flip.duration_since(*idle).as_secs_f64());
+            parts.add(*idle, decided, takes.get(&name).copied(), flip);
         }
     }
+    let breakdown = parts.summary();
+    log(format!("idle: lag breakdown {breakdown}"));
     log(format!(
         "idle: {} of {n} flipped; {} flips found in the audit log",
         flipped.len(),
@@ -230,8 +248,83 @@ async fn lag(
     }
     detail.insert(
         "idle_lag".into(),
-        json!({ "n": n, "flipped": flipped.len(), "measured": lags.len() }),
+        json!({ "n": n, "flipped": flipped.len(), "measured": lags.len(), "breakdown": breakdown }),
     );
+    // The product's log (its `idle pass` lines at debug), next to the bench's output.
+    let _ = std::fs::copy(&env.product.log, out.join("idle-server.log"));
+}
+
+/// The fence's take of each pod's Lease that its flip followed (the last successful
+/// take by the product), by pod: when the apiserver answered it.
+fn takes(audit: &AuditTail, product_user: &str) -> HashMap<String, Timestamp> {
+    let mut out = HashMap::new();
+    for e in &audit.events {
+        let r = &e["objectRef"];
+        if super::audit::user(e) == product_user
+            && e["verb"] == "patch"
+            && r["resource"] == "leases"
+            && super::audit::code(e) == 200
+            && let (Some(pod), Some(at)) = (
+                r["name"]
+                    .as_str()
+                    .and_then(|n| n.strip_prefix("cocoon-activity-")),
+                e["stageTimestamp"].as_str().and_then(|t| t.parse().ok()),
+            )
+        {
+            out.insert(pod.to_owned(), at);
+        }
+    }
+    out
+}
+
+/// Where each pod's lag went: idle instant → the start of the pass that flipped it (its
+/// `idle-at` mark) → the fence's take answered → the flip answered; and the passes that
+/// flipped pods (how many, how many pods each, how long from start to last flip).
+#[derive(Default)]
+struct Breakdown {
+    to_pass: Vec<f64>,
+    to_take: Vec<f64>,
+    to_flip: Vec<f64>,
+    passes: BTreeMap<Timestamp, (usize, Timestamp)>,
+}
+
+impl Breakdown {
+    fn add(&mut self, idle: Timestamp, pass: Timestamp, take: Option<Timestamp>, flip: Timestamp) {
+        let s = |a: Timestamp, b: Timestamp| b.duration_since(a).as_secs_f64();
+        self.to_pass.push(s(idle, pass));
+        if let Some(take) = take {
+            self.to_take.push(s(pass, take));
+            self.to_flip.push(s(take, flip));
+        }
+        let p = self.passes.entry(pass).or_insert((0, flip));
+        p.0 += 1;
+        p.1 = p.1.max(flip);
+    }
+
+    fn summary(&self) -> Value {
+        let three =
+            |v: &[f64]| json!({ "p50": pct(v, 0.5), "p99": pct(v, 0.99), "max": pct(v, 1.0) });
+        let sizes: Vec<f64> = self.passes.values().map(|(n, _)| *n as f64).collect();
+        let long: Vec<f64> = self
+            .passes
+            .iter()
+            .map(|(start, (_, end))| end.duration_since(*start).as_secs_f64())
+            .collect();
+        let starts: Vec<Timestamp> = self.passes.keys().copied().collect();
+        let gaps: Vec<f64> = starts
+            .windows(2)
+            .map(|w| w[1].duration_since(w[0]).as_secs_f64())
+            .collect();
+        json!({
+            "idle_to_pass_start_s": three(&self.to_pass),
+            "pass_start_to_take_s": three(&self.to_take),
+            "take_to_flip_s": three(&self.to_flip),
+            "passes": self.passes.len(),
+            "pods_per_pass": three(&sizes),
+            "pass_start_to_last_flip_s": three(&long),
+            "gap_between_pass_starts_s": three(&gaps),
+        })
+    }
 }
 
 fn is_hibernate(cr: &CocoonHibernation) -> bool {
