@@ -274,11 +274,13 @@ pub async fn world(prefix: &str, max_wait: &str, tcp_pod: &str, tcp_port: u16) -
 /// served on before. The CR is made before the pod is selected, so it is a person's: the
 /// policy leaves it alone (I4) instead of racing this create with its own.
 pub async fn hibernated_pod(env: &Env, pod: &str, wake_timeout: Option<&str>) -> String {
-    env.pod(pod).await;
-    let mut cr = product::new_cr(pod, pod, Desire::Wake);
-    cr.spec.wake_timeout = wake_timeout.map(str::to_owned);
-    env.crs.create(&PostParams::default(), &cr).await.unwrap();
-    let ip = select_and_serve(env, pod).await;
+    let ip = serving_pod(env, pod, wake_timeout).await;
+    hibernate(env, pod).await;
+    ip
+}
+
+/// A person asks `pod`'s CR to hibernate, and it is `Hibernated`.
+pub async fn hibernate(env: &Env, pod: &str) {
     let patch = serde_json::json!({ "spec": { "desire": "Hibernate" } });
     env.crs
         .patch(pod, &PatchParams::default(), &Patch::Merge(&patch))
@@ -292,12 +294,16 @@ pub async fn hibernated_pod(env: &Env, pod: &str, wake_timeout: Option<&str>) ->
         &mut vec![],
     )
     .await;
-    ip
 }
 
-/// A VM pod the world's policy selects, awake and serving: its address.
-pub async fn serving_pod(env: &Env, pod: &str) -> String {
+/// A VM pod the world's policy selects, awake and serving, with a person's CR (`Wake`)
+/// made before the pod is selected, so the policy never makes one of its own (I4): its
+/// address.
+pub async fn serving_pod(env: &Env, pod: &str, wake_timeout: Option<&str>) -> String {
     env.pod(pod).await;
+    let mut cr = product::new_cr(pod, pod, Desire::Wake);
+    cr.spec.wake_timeout = wake_timeout.map(str::to_owned);
+    env.crs.create(&PostParams::default(), &cr).await.unwrap();
     select_and_serve(env, pod).await
 }
 

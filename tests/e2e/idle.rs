@@ -23,6 +23,16 @@ fn product_now() -> Timestamp {
     Timestamp::now().checked_add(OFFSET).unwrap()
 }
 
+/// A VM pod the policies of these tests select (`tier: dev`).
+pub(crate) async fn selected_pod(env: &env::Env, name: &str) {
+    env.pod(name).await;
+    let patch = serde_json::json!({ "metadata": { "labels": { "tier": "dev" } } });
+    env.pods
+        .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+}
+
 fn lease(pod: &str, renewed: Timestamp) -> Lease {
     Lease {
         metadata: ObjectMeta {
@@ -52,12 +62,7 @@ async fn e2e_i3_i4_an_idle_pod_sleeps_and_a_heartbeat_keeps_one_awake() {
     .await;
     let leases: Api<Lease> = Api::namespaced(env.client.clone(), &env.ns);
     for name in ["quiet-0", "busy-0"] {
-        env.pod(name).await;
-        let patch = serde_json::json!({ "metadata": { "labels": { "tier": "dev" } } });
-        env.pods
-            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-            .unwrap();
+        selected_pod(&env, name).await;
         // Last activity an hour before the product's now.
         let old = product_now() - SignedDuration::from_hours(1);
         leases

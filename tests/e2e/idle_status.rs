@@ -3,6 +3,7 @@
 //! activity Leases on the real control plane. The product runs on the real clock with
 //! `idleAfter` 1h, so nothing sleeps while the test looks.
 
+use crate::idle::selected_pod;
 use crate::plugin::{Run, plugin};
 use cocoon_hibernation::api::Desire;
 use cocoon_hibernation::api::Phase;
@@ -12,7 +13,7 @@ use cocoon_hibernation::idle::plan::IDLE_LABEL;
 use jiff::{SignedDuration, Timestamp};
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
-use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
+use kube::api::{ObjectMeta, PostParams};
 use kube::{Api, ResourceExt};
 use std::collections::HashMap;
 use testkit::env::{LONG, Setup, setup};
@@ -92,17 +93,22 @@ fn in_minutes(sleeps: &str) -> Option<u64> {
 /// keepalive POD --for 2h`, BUSY shows the mark and SLEEPS says "awake: busy" (I2); an
 /// open proxied connection on the Lease gives "awake: connection open" (I3); a person's CR
 /// on a selected pod is "overridden" (I4), and the policy leaves it as it was.
+/// I3, I4: the pod with an open connection and the pod a person's CR holds never sleep.
+fn open_and_hand_stay_awake(rows: &HashMap<String, HashMap<String, String>>, out: &Run) {
+    assert_eq!(
+        at(rows, "open-0", "SLEEPS", out),
+        "awake: connection open",
+        "{out}"
+    );
+    assert_eq!(at(rows, "hand-0", "SLEEPS", out), "overridden", "{out}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn e2e_i6_i2_i3_i4_status_shows_last_activity_busy_and_when_each_pod_sleeps() {
     let env = setup("idle-cols", Setup::default()).await;
     let leases: Api<Lease> = Api::namespaced(env.client.clone(), &env.ns);
     for name in ["quiet-0", "kept-0", "open-0", "hand-0"] {
-        env.pod(name).await;
-        let patch = serde_json::json!({ "metadata": { "labels": { "tier": "dev" } } });
-        env.pods
-            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-            .unwrap();
+        selected_pod(&env, name).await;
     }
     let three_min = SignedDuration::from_mins(3);
     for l in [
@@ -175,12 +181,7 @@ async fn e2e_i6_i2_i3_i4_status_shows_last_activity_busy_and_when_each_pod_sleep
         "3h ago",
         "{out}"
     );
-    assert_eq!(
-        at(&rows, "open-0", "SLEEPS", &out),
-        "awake: connection open",
-        "{out}"
-    );
-    assert_eq!(at(&rows, "hand-0", "SLEEPS", &out), "overridden", "{out}");
+    open_and_hand_stay_awake(&rows, &out);
 
     let out = plugin(&env, &["keepalive", "kept-0", "--for", "2h"]).await;
     assert_eq!(out.code, 0, "{out}");
@@ -206,12 +207,7 @@ async fn e2e_i6_i2_i3_i4_status_shows_last_activity_busy_and_when_each_pod_sleep
         in_minutes(at(&rows, "quiet-0", "SLEEPS", &out)).is_some(),
         "{out}"
     );
-    assert_eq!(
-        at(&rows, "open-0", "SLEEPS", &out),
-        "awake: connection open",
-        "{out}"
-    );
-    assert_eq!(at(&rows, "hand-0", "SLEEPS", &out), "overridden", "{out}");
+    open_and_hand_stay_awake(&rows, &out);
 
     // Nothing slept, and the person's CR was never adopted (I4).
     for name in ["quiet-0", "kept-0", "open-0", "hand-0"] {

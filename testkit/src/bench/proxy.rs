@@ -10,13 +10,13 @@
 
 use super::report::{Figures, Kind};
 use super::{Opts, log, ms};
+use crate::ports::free_port;
 use crate::wake_proxy::{self, DOMAIN, HTTP_PORT, WakeProxy};
-use crate::{ports::free_port, product};
 use cocoon_hibernation::api::{CocoonHibernation, Desire, Phase};
 use futures::StreamExt;
 use http_body_util::{BodyExt, Empty};
 use hyper::body::Bytes;
-use kube::api::{Api, PostParams};
+use kube::api::Api;
 use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::{Map, Value, json};
 use std::process::{Child, Command, Stdio};
@@ -42,7 +42,7 @@ pub(super) async fn proxy(o: &Opts, figs: &mut Figures, detail: &mut Map<String,
         .unwrap_or_else(|| panic!("the proxy part needs nginx: apt-get install nginx-light"));
     let pod = "vm-0";
     let env = wake_proxy::world("bench-proxy", "60s", pod, free_port()).await;
-    let ip = wake_proxy::serving_pod(&env, pod).await;
+    let ip = wake_proxy::serving_pod(&env, pod, None).await;
     let proxy = WakeProxy::start_on(&env, free_port()).await;
     let nginx = Nginx::start(nginx_bin, &format!("{ip}:{HTTP_PORT}"));
     let host = format!("{pod}.{DOMAIN}");
@@ -58,11 +58,7 @@ pub(super) async fn proxy(o: &Opts, figs: &mut Figures, detail: &mut Map<String,
 
     log("proxy: cold burst on the hibernated VM");
     let crs: Api<CocoonHibernation> = Api::namespaced(env.client.clone(), &env.ns);
-    let cr = product::new_cr(pod, pod, Desire::Hibernate);
-    crs.create(&PostParams::default(), &cr)
-        .await
-        .expect("create CR");
-    product::wait_phase(&crs, pod, Phase::Hibernated, crate::env::LONG, &mut vec![]).await;
+    wake_proxy::hibernate(&env, pod).await;
     let seen = tokio::spawn(wake_seen(crs.clone(), pod.to_owned()));
     let t0 = Instant::now();
     let port = proxy.http;
