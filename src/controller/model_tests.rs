@@ -160,6 +160,45 @@ proptest! {
     }
 }
 
+/// SPEC W2 S7: a pass on a pod cache that lags a hibernate request already made (no
+/// annotation, the VMID of an earlier round) never replaces the VMID recorded for it; else
+/// a later wake ends on the VMID that request takes away (found by the property test in a
+/// CI rehearsal; its shrunk steps).
+#[test]
+fn w2_s7_a_lagging_pod_cache_never_replaces_a_recorded_request() {
+    use Step::{Flip, Tick};
+    let w = run(&[
+        PASS,
+        Flip,
+        Flip,
+        PASS,
+        Tick,
+        VK,
+        Flip,
+        PASS,
+        PASS,
+        Flip,
+        Flip,
+        VK,
+        PASS,
+        Flip,
+        RM,
+        Flip,
+        PASS,
+        VK,
+        Flip,
+        pod_lag(5),
+        PASS,
+        pod_lag(3),
+        Flip,
+        Tick,
+        PASS,
+        SKIP,
+        PASS,
+    ]);
+    assert_clean(&w);
+}
+
 const PASS: Step = Step::Pass {
     cr_lag: 0,
     pod_lag: 0,

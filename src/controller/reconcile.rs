@@ -117,6 +117,28 @@ async fn reconcile_inner(cr: Arc<CocoonHibernation>, ctx: &Context) -> Result<Ac
         );
         plan = plan_on(read, &probe, &now, &digest);
     }
+    // W2: a hibernate request that would replace the VMID recorded for a request already
+    // made is planned on the pod as the apiserver shows it now. A lagging pod cache shows
+    // no request and an older VMID; recorded first, then refused by the patch's `test`,
+    // that VMID would take the place of the one the earlier request may take away, and a
+    // later wake would end on it.
+    let planned_record = plan
+        .status
+        .as_ref()
+        .and_then(|s| s.pre_hibernate_vm_id.as_deref());
+    if matches!(plan.pod_patch, Some(PodPatch::SetHibernate))
+        && cr.pre_hibernate_vm_id().is_some()
+        && planned_record != cr.pre_hibernate_vm_id()
+    {
+        let pods: Api<PodSlice> = Api::namespaced(ctx.client.clone(), &ns);
+        let fresh = pods.get_opt(&pod_name).await?;
+        let fresh_view = fresh.as_ref().map(PodView::from_pod);
+        if fresh_view != view {
+            tracing::info!(cr = %key(&cr), "fresh read: the pod cache lags a recorded hibernate request");
+            let again = plan_on(fresh_view.as_ref().into(), &probe, &now, &digest);
+            return execute(&cr, fresh.as_ref(), again, &api, ctx).await;
+        }
+    }
     // S7 for every ending: a transition that ends without a tag delete (whose own fresh
     // read covers it) ends only if the pod as the apiserver shows it now ends it too. A
     // lagging pod cache (a failover, a relist) may show a round vk has not done.
