@@ -117,39 +117,34 @@ async fn reconcile_inner(cr: Arc<CocoonHibernation>, ctx: &Context) -> Result<Ac
         );
         plan = plan_on(read, &probe, &now, &digest);
     }
-    // W2: a hibernate request that would replace the VMID recorded for a request already
-    // made is planned on the pod as the apiserver shows it now. A lagging pod cache shows
-    // no request and an older VMID; recorded first, then refused by the patch's `test`,
-    // that VMID would take the place of the one the earlier request may take away, and a
-    // later wake would end on it.
+    // Two plans are made only on the pod as the apiserver shows it now:
+    // - W2: a hibernate request that would replace the VMID recorded for a request already
+    //   made. A lagging pod cache shows no request and an older VMID; recorded first, then
+    //   refused by the patch's `test`, that VMID would take the place of the one the
+    //   earlier request may take away, and a later wake would end on it.
+    // - S7, every ending: a transition that ends without a tag delete (whose own fresh read
+    //   covers it) ends only if the fresh pod ends it too. A lagging pod cache (a failover,
+    //   a relist) may show a round vk has not done.
     let planned_record = plan
         .status
         .as_ref()
         .and_then(|s| s.pre_hibernate_vm_id.as_deref());
-    if matches!(plan.pod_patch, Some(PodPatch::SetHibernate))
+    let replaces_record = matches!(plan.pod_patch, Some(PodPatch::SetHibernate))
         && cr.pre_hibernate_vm_id().is_some()
-        && planned_record != cr.pre_hibernate_vm_id()
-    {
-        let pods: Api<PodSlice> = Api::namespaced(ctx.client.clone(), &ns);
-        let fresh = pods.get_opt(&pod_name).await?;
-        let fresh_view = fresh.as_ref().map(PodView::from_pod);
-        if fresh_view != view {
-            tracing::info!(cr = %key(&cr), "fresh read: the pod cache lags a recorded hibernate request");
-            let again = plan_on(fresh_view.as_ref().into(), &probe, &now, &digest);
-            return execute(&cr, fresh.as_ref(), again, &api, ctx).await;
-        }
-    }
-    // S7 for every ending: a transition that ends without a tag delete (whose own fresh
-    // read covers it) ends only if the pod as the apiserver shows it now ends it too. A
-    // lagging pod cache (a failover, a relist) may show a round vk has not done.
-    let ends = plan.finished.filter(|f| f.ending == plan::Ending::Done);
-    if ends.is_some() && !plan.delete_first {
+        && planned_record != cr.pre_hibernate_vm_id();
+    let ends = plan
+        .finished
+        .is_some_and(|f| f.ending == plan::Ending::Done)
+        && !plan.delete_first;
+    if replaces_record || ends {
         let pods: Api<PodSlice> = Api::namespaced(ctx.client.clone(), &ns);
         let fresh = pods.get_opt(&pod_name).await?;
         let fresh_view = fresh.as_ref().map(PodView::from_pod);
         if fresh_view != view {
             let again = plan_on(fresh_view.as_ref().into(), &probe, &now, &digest);
-            if again.finished != plan.finished {
+            if replaces_record {
+                tracing::info!(cr = %key(&cr), "fresh read: the pod cache lags a recorded hibernate request");
+            } else if again.finished != plan.finished {
                 tracing::info!(cr = %key(&cr), "fresh read: the pod does not end the transition yet");
                 return Ok(ctx.defer(Deferral::StalePod));
             }
