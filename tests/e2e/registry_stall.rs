@@ -42,13 +42,52 @@ struct StallProduct {
     log: PathBuf,
 }
 
-impl StallProduct {
-    async fn start(cluster: &cluster::Cluster, namespace: &str, registry: &str) -> Self {
-        Self::start_with(cluster, namespace, registry, "30s").await
-    }
+/// What both tests stand in: a real registry behind the stalling proxy, the product (its
+/// registry calls through the proxy) with its webhook installed, and the simulator, which
+/// pushes to the registry itself.
+struct World {
+    upstream: RegistryServer,
+    proxy: SlowProxy,
+    product: StallProduct,
+    sim: vk_sim::SimHandle,
+}
 
+impl World {
     /// `registry_timeout`: how long a held registry call may last before it ends itself.
-    async fn start_with(
+    async fn start(
+        cluster: &cluster::Cluster,
+        client: &kube::Client,
+        ns: &str,
+        registry_timeout: &str,
+    ) -> Self {
+        let upstream = RegistryServer::launch_default();
+        let proxy = SlowProxy::start(&upstream.host()).await;
+        let product = StallProduct::start(cluster, ns, &proxy.host(), registry_timeout).await;
+        product::install_webhook(
+            client,
+            cluster,
+            ns,
+            product.webhook_port,
+            "cocoonset.cocoonstack.io",
+        )
+        .await;
+        let knobs = Arc::new(SimKnobs::new(
+            Duration::from_millis(100),
+            Duration::from_millis(100),
+        ));
+        let sim = vk_sim::spawn(client.clone(), Some(ns.to_owned()), upstream.host(), knobs);
+        World {
+            upstream,
+            proxy,
+            product,
+            sim,
+        }
+    }
+}
+
+impl StallProduct {
+    /// `registry_timeout`: how long a held registry call may last before it ends itself.
+    async fn start(
         cluster: &cluster::Cluster,
         namespace: &str,
         registry: &str,
@@ -153,23 +192,12 @@ async fn e2e_c2_stalled_registry_does_not_stall_other_vms() {
     let crs: Api<CocoonHibernation> = Api::namespaced(client.clone(), &ns);
     let vm = |pod: &str| format!("vm-{ns}-{pod}");
 
-    let upstream = RegistryServer::launch_default();
-    let proxy = SlowProxy::start(&upstream.host()).await;
-    let product = StallProduct::start(cluster, &ns, &proxy.host()).await;
-    product::install_webhook(
-        &client,
-        cluster,
-        &ns,
-        product.webhook_port,
-        "cocoonset.cocoonstack.io",
-    )
-    .await;
-    let knobs = Arc::new(SimKnobs::new(
-        Duration::from_millis(100),
-        Duration::from_millis(100),
-    ));
-    // vk-cocoon pushes to the registry itself; only the product goes through the proxy.
-    let sim = vk_sim::spawn(client.clone(), Some(ns.clone()), upstream.host(), knobs);
+    let World {
+        upstream: _upstream,
+        proxy,
+        product: _product,
+        sim,
+    } = World::start(cluster, &client, &ns, "30s").await;
 
     let stalled: Vec<String> = (0..STALLED).map(|i| format!("a-{i}")).collect();
     for pod in stalled.iter().chain([&"b-0".to_owned()]) {
@@ -254,23 +282,13 @@ async fn e2e_c2_a_burst_of_1000_starts_never_waits_for_a_stalled_registry() {
     let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(client.clone(), &ns);
     let vm = |pod: &str| format!("vm-{ns}-{pod}");
 
-    let upstream = RegistryServer::launch_default();
-    let proxy = SlowProxy::start(&upstream.host()).await;
     // The held calls must outlast the burst: only the test's resume ends them.
-    let product = StallProduct::start_with(cluster, &ns, &proxy.host(), "900s").await;
-    product::install_webhook(
-        &client,
-        cluster,
-        &ns,
-        product.webhook_port,
-        "cocoonset.cocoonstack.io",
-    )
-    .await;
-    let knobs = Arc::new(SimKnobs::new(
-        Duration::from_millis(100),
-        Duration::from_millis(100),
-    ));
-    let sim = vk_sim::spawn(client.clone(), Some(ns.clone()), upstream.host(), knobs);
+    let World {
+        upstream: _upstream,
+        proxy,
+        product: _product,
+        sim,
+    } = World::start(cluster, &client, &ns, "900s").await;
 
     let stalled: Vec<String> = (0..STALLED_BESIDE).map(|i| format!("a-{i}")).collect();
     let burst: Vec<String> = (0..BURST).map(|i| format!("b-{i:04}")).collect();
