@@ -50,19 +50,7 @@ pub async fn idle(
 ) {
     let n = o.idle_n;
     figs.set("idle.n", Some(n as f64), "", Kind::Info);
-    let delay = Duration::from_millis(o.sim_delay_ms);
-    let env = env::setup(
-        "bench-idle",
-        env::Setup {
-            hibernate_delay: delay,
-            wake_delay: delay,
-            hibernate_timeout: "900s",
-            wake_timeout: "900s",
-            extra_args: product_args(),
-            ..Default::default()
-        },
-    )
-    .await;
+    let env = super::bench_env(o, "bench-idle", "900s", product_args()).await;
     let mut audit = AuditTail::new(cluster::cluster().audit_log.clone(), &env.ns);
     if n > 0 {
         lag(&env, n, product_user, &mut audit, figs, detail, &o.out).await;

@@ -218,6 +218,30 @@ fn product_args() -> Vec<String> {
     default.into_iter().chain(extra).collect()
 }
 
+/// A part's world: the simulator answering after `--sim-delay-ms`, the product with
+/// `extra_args` and transition timeouts of `timeout`, long enough that a slow step is
+/// measured, not failed.
+async fn bench_env(
+    o: &Opts,
+    prefix: &str,
+    timeout: &'static str,
+    extra_args: Vec<String>,
+) -> crate::env::Env {
+    let delay = Duration::from_millis(o.sim_delay_ms);
+    crate::env::setup(
+        prefix,
+        crate::env::Setup {
+            hibernate_delay: delay,
+            wake_delay: delay,
+            hibernate_timeout: timeout,
+            wake_timeout: timeout,
+            extra_args,
+            ..Default::default()
+        },
+    )
+    .await
+}
+
 /// The `make bench` binary's `main` (`benches/system.rs`): flags from the command line.
 pub fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();

@@ -26,19 +26,7 @@ pub(super) async fn roundtrip(
     detail: &mut serde_json::Map<String, Value>,
 ) {
     let n = o.n;
-    let delay = Duration::from_millis(o.sim_delay_ms);
-    let env = env::setup(
-        "bench-rt",
-        env::Setup {
-            hibernate_delay: delay,
-            wake_delay: delay,
-            hibernate_timeout: "900s",
-            wake_timeout: "900s",
-            extra_args: product_args(),
-            ..Default::default()
-        },
-    )
-    .await;
+    let env = super::bench_env(o, "bench-rt", "900s", product_args()).await;
     env.sim.knobs.set_hibernating_first(o.sim_hibernating_first);
     env.sim.knobs.set_wake_drops_tag(o.sim_wake_drops_tag);
     let ns = env.ns.clone();

@@ -7,7 +7,6 @@
 use super::report::{Figures, Kind};
 use super::steps::create_sim_pods;
 use super::{Opts, log, product_args};
-use crate::env;
 use cocoon_hibernation::api::{CocoonHibernation, Phase};
 use cocoon_hibernation::schedule::spec::{
     AwakeWindow, CocoonHibernationSchedule, CocoonHibernationScheduleSpec, OnDelete,
@@ -31,21 +30,9 @@ pub async fn schedule(o: &Opts, figs: &mut Figures, detail: &mut serde_json::Map
     let lead = SignedDuration::from_secs(60 + i64::try_from(n / 5).unwrap_or(i64::MAX));
     let offset = boundary.duration_since(Timestamp::now()) - lead;
     let sim_now = move || Timestamp::now().checked_add(offset).expect("clock");
-    let delay = Duration::from_millis(o.sim_delay_ms);
     let mut args = product_args();
     args.push(format!("--schedule-clock-offset={}s", offset.as_secs()));
-    let env = env::setup(
-        "bench-sched",
-        env::Setup {
-            hibernate_delay: delay,
-            wake_delay: delay,
-            hibernate_timeout: "900s",
-            wake_timeout: "900s",
-            extra_args: args,
-            ..Default::default()
-        },
-    )
-    .await;
+    let env = super::bench_env(o, "bench-sched", "900s", args).await;
     let names: Vec<String> = (0..n).map(|i| format!("s-{i:05}")).collect();
     create_sim_pods(&env, &names).await;
     super::world::for_each_concurrent(names.clone(), 32, |name| {

@@ -19,7 +19,7 @@ mod step;
 
 use super::world::Watches;
 use super::{Opts, log, product_args};
-use crate::{cluster, env};
+use crate::cluster;
 use procs::{Procs, daemon_pid};
 use serde_json::{Value, json};
 use std::time::Duration;
@@ -33,20 +33,8 @@ pub(super) async fn capacity(
     cluster: &cluster::Cluster,
     detail: &mut serde_json::Map<String, Value>,
 ) {
-    let delay = Duration::from_millis(o.sim_delay_ms);
-    let env = env::setup(
-        "bench-cap",
-        env::Setup {
-            hibernate_delay: delay,
-            wake_delay: delay,
-            // A saturated step is slow, not failed: the bench gives up first.
-            hibernate_timeout: "3600s",
-            wake_timeout: "3600s",
-            extra_args: product_args(),
-            ..Default::default()
-        },
-    )
-    .await;
+    // A saturated step is slow, not failed: the bench gives up first.
+    let env = super::bench_env(o, "bench-cap", "3600s", product_args()).await;
     env.sim.knobs.set_resync(SIM_RESYNC);
     let mut named = vec![("bench", std::process::id())];
     named.extend(env.product.pid().map(|p| ("product", p)));
