@@ -227,11 +227,19 @@ pub fn start_tracked(
     (cache, driver)
 }
 
-/// A CR as the cache keeps it: without `managedFields`, never read. Set to `None`, not
-/// cleared: a cleared Vec keeps its buffer, a few hundred bytes per CR (issue 38).
+/// A CR as the cache keeps it: without `managedFields` and kubectl's copy of what was last
+/// applied, never read. Set to `None`, not cleared: a cleared Vec keeps its buffer, a few
+/// hundred bytes per CR (issue 38).
 pub fn strip_cr(cr: &mut CocoonHibernation) {
     cr.metadata.managed_fields = None;
+    if let Some(annotations) = &mut cr.metadata.annotations {
+        // The map stays, even empty: a patch adding an annotation must not replace it.
+        annotations.remove(LAST_APPLIED);
+    }
 }
+
+/// What `kubectl apply` keeps on the object: the whole manifest again.
+const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
 
 impl SharedCache {
     /// An empty, unsynced cache and the writers of its stores.

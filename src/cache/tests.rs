@@ -74,6 +74,33 @@ use crate::controller::{CrPolicy, Trigger};
 use tokio::sync::mpsc::UnboundedReceiver;
 use watcher::Event;
 
+/// Issue 38 (memory): the cached CR drops what no pass reads (managedFields, kubectl's
+/// last-applied copy) and keeps every other annotation, and the map itself.
+#[test]
+fn the_cached_cr_drops_only_what_no_pass_reads() {
+    let mut c = cr("a", "web-0", "1", Desire::Wake);
+    c.metadata.managed_fields = Some(vec![Default::default()]);
+    c.metadata.annotations = Some(
+        [
+            (LAST_APPLIED.to_owned(), "x".repeat(500)),
+            (
+                "cocoonset.cocoonstack.io/idle-uid".to_owned(),
+                "u".to_owned(),
+            ),
+        ]
+        .into(),
+    );
+    strip_cr(&mut c);
+    assert_eq!(c.metadata.managed_fields, None);
+    assert_eq!(
+        c.annotations().keys().collect::<Vec<_>>(),
+        ["cocoonset.cocoonstack.io/idle-uid"]
+    );
+    c.metadata.annotations = Some([(LAST_APPLIED.to_owned(), "{}".to_owned())].into());
+    strip_cr(&mut c);
+    assert_eq!(c.metadata.annotations, Some(Default::default()));
+}
+
 fn cr(name: &str, pod: &str, rv: &str, desire: Desire) -> CocoonHibernation {
     let mut cr = CocoonHibernation::new(
         name,

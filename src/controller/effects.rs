@@ -5,9 +5,9 @@ use super::context::Context;
 use super::plan::{self, EventKind, PlannedEvent};
 use crate::api::CocoonHibernation;
 use crate::error::Result;
+use crate::runtime::events::{Event, EventType, Recorder};
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::api::{Patch, PatchParams};
-use kube::runtime::events::{Event, EventType, Recorder};
 use kube::{Api, Resource, ResourceExt};
 use serde_json::{Value, json};
 

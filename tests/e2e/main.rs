@@ -6,6 +6,7 @@
 
 mod admission;
 mod cache;
+mod events;
 mod harness_smoke;
 mod idle;
 mod idle_status;
