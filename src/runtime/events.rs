@@ -78,6 +78,10 @@ impl Series {
         }
     }
 
+    fn forget(&mut self, key: u64) {
+        self.seen.remove(&key);
+    }
+
     /// Remembers a written event (a new one only while there is room).
     fn written(&mut self, key: u64, name: String, count: i32, now: Instant) {
         if let Some(s) = self.seen.get_mut(&key) {
@@ -123,23 +127,27 @@ impl Recorder {
             reference.namespace.as_deref().unwrap_or("default"),
         );
         let now = Timestamp::now();
-        let (name, count) = match write {
-            Write::Grow { name, count } => {
-                let patch = serde_json::json!({
-                    "series": { "count": count, "lastObservedTime": MicroTime(now) }
-                });
-                events
-                    .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
-                    .await?;
-                (name, count)
+        if let Write::Grow { name, count } = write {
+            let patch = serde_json::json!({
+                "series": { "count": count, "lastObservedTime": MicroTime(now) }
+            });
+            match events
+                .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+            {
+                Ok(_) => {
+                    self.series.lock().written(key, name, count, Instant::now());
+                    return Ok(());
+                }
+                // Deleted meanwhile: the event is written anew, its series starts again.
+                Err(kube::Error::Api(e)) if e.code == 404 => self.series.lock().forget(key),
+                Err(e) => return Err(e),
             }
-            Write::Create => {
-                let event = self.new_event(ev, reference, now);
-                let created = events.create(&PostParams::default(), &event).await?;
-                (created.metadata.name.unwrap_or_default(), 1)
-            }
-        };
-        self.series.lock().written(key, name, count, Instant::now());
+        }
+        let event = self.new_event(ev, reference, now);
+        let created = events.create(&PostParams::default(), &event).await?;
+        let name = created.metadata.name.unwrap_or_default();
+        self.series.lock().written(key, name, 1, Instant::now());
         Ok(())
     }
 

@@ -20,7 +20,8 @@ fn event(note: &str) -> Event {
 }
 
 /// O1 (issue 38, memory): the same event three times is one Event with `series.count` 3,
-/// also after its object's resourceVersion changed; another note is an Event of its own.
+/// also after its object's resourceVersion changed; another note is an Event of its own;
+/// an Event deleted under its series is written anew.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn e2e_o1_a_repeated_event_is_one_event_with_a_series() {
     let c = cluster::cluster();
@@ -45,22 +46,34 @@ async fn e2e_o1_a_repeated_event_is_one_event_with_a_series() {
     recorder.publish(&event("other"), &reference).await.unwrap();
 
     let events: Api<K8sEvent> = Api::namespaced(client, &ns);
-    let mut seen: Vec<(Option<String>, Option<i32>)> = events
-        .list(&ListParams::default())
-        .await
-        .unwrap()
-        .items
-        .into_iter()
-        .filter(|e| e.reporting_controller.as_deref() == Some("cocoon-hibernation-e2e"))
-        .map(|e| (e.note, e.series.map(|s| s.count)))
-        .collect();
-    seen.sort();
+    let ours = || async {
+        let mut seen: Vec<(Option<String>, Option<i32>, String)> = events
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .filter(|e| e.reporting_controller.as_deref() == Some("cocoon-hibernation-e2e"))
+            .map(|e| (e.note, e.series.map(|s| s.count), e.metadata.name.unwrap()))
+            .collect();
+        seen.sort();
+        seen
+    };
+    let seen = ours().await;
+    let counts: Vec<_> = seen.iter().map(|(n, c, _)| (n.as_deref(), *c)).collect();
     assert_eq!(
-        seen,
-        [
-            (Some("done".to_owned()), Some(3)),
-            (Some("other".to_owned()), None)
-        ],
+        counts,
+        [(Some("done"), Some(3)), (Some("other"), None)],
         "one Event per note, the repeats in its series"
     );
+
+    // An Event deleted under its series: the next repeat is written anew.
+    events
+        .delete(&seen[0].2, &Default::default())
+        .await
+        .unwrap();
+    recorder.publish(&event("done"), &reference).await.unwrap();
+    let again = ours().await;
+    let counts: Vec<_> = again.iter().map(|(n, c, _)| (n.as_deref(), *c)).collect();
+    assert_eq!(counts, [(Some("done"), None), (Some("other"), None)]);
 }
