@@ -6,8 +6,22 @@ use crate::api::CocoonHibernation;
 use crate::api::pod::PodSlice;
 use kube::ResourceExt;
 use kube::runtime::reflector::ObjectRef;
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
+
+/// Every this many remembered writes, the ones the cache has caught up with are dropped.
+/// A pass drops its CR's on its next look, but a CR settled by our last write may not be
+/// looked at again: 50k new CRs left 50k answers behind (issue 38, a first start's memory).
+const SWEEP_AT: usize = 1024;
+
+/// Drops the writes whose CR the cache (`cache_version`) holds at a version the write did
+/// not leave behind, or no longer holds: the same test as [`Context::own_write_view`]'s.
+fn sweep(
+    map: &mut HashMap<ObjectRef<CocoonHibernation>, OwnWrite>,
+    cache_version: impl Fn(&ObjectRef<CocoonHibernation>) -> Option<String>,
+) {
+    map.retain(|k, own| cache_version(k).is_some_and(|rv| own.behind.contains(&rv)));
+}
 
 /// A CR as our last write left it (see `Context::superseded`).
 pub struct OwnWrite {
@@ -35,8 +49,23 @@ impl Context {
         let mut behind = map.remove(&key).map(|w| w.behind).unwrap_or_default();
         behind.extend(cached.metadata.resource_version.clone());
         behind.extend(base.metadata.resource_version.clone());
-        let written = Arc::new(written);
-        map.insert(key, OwnWrite { written, behind });
+        // The apiserver's answer carries managedFields: a tree of maps, kilobytes a CR.
+        let mut written = written;
+        crate::cache::strip_cr(&mut written);
+        map.insert(
+            key,
+            OwnWrite {
+                written: Arc::new(written),
+                behind,
+            },
+        );
+        if map.len().is_multiple_of(SWEEP_AT) {
+            sweep(&mut map, |k| {
+                self.cache
+                    .cr(k.namespace.as_deref().unwrap_or_default(), &k.name)
+                    .and_then(|cr| cr.metadata.resource_version.clone())
+            });
+        }
     }
 
     /// The CR to plan from: the cache's, unless it still holds a version our own last
@@ -65,7 +94,15 @@ impl Context {
         };
         if patched.metadata.resource_version.as_ref() != Some(old) {
             let key = (pod.namespace().unwrap_or_default(), pod.name_any());
-            self.superseded_pods.lock().insert(key, old.clone());
+            let mut map = self.superseded_pods.lock();
+            map.insert(key, old.clone());
+            if map.len().is_multiple_of(SWEEP_AT) {
+                map.retain(|(ns, name), old| {
+                    self.cache
+                        .pod(ns, name)
+                        .is_some_and(|p| p.metadata.resource_version.as_ref() == Some(old))
+                });
+            }
         }
     }
 
@@ -81,5 +118,49 @@ impl Context {
             }
             None => false,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::{CocoonHibernationSpec, Desire, PodRef};
+
+    fn cr(name: &str, rv: &str) -> CocoonHibernation {
+        let mut cr = CocoonHibernation::new(
+            name,
+            CocoonHibernationSpec {
+                pod_ref: PodRef { name: name.into() },
+                desire: Desire::Wake,
+                hibernate_timeout: None,
+                wake_timeout: None,
+            },
+        );
+        cr.metadata.namespace = Some("ns".into());
+        cr.metadata.resource_version = Some(rv.into());
+        cr
+    }
+
+    /// Issue 38 (memory), C3: a sweep keeps exactly the writes a pass would still plan
+    /// from (the cache at a version they left behind) and drops the rest.
+    #[test]
+    fn c3_a_sweep_drops_only_writes_the_cache_caught_up_with() {
+        let mut map = HashMap::new();
+        for (name, behind) in [("lagging", "1"), ("caught-up", "1"), ("gone", "1")] {
+            map.insert(
+                ObjectRef::from_obj(&cr(name, "2")),
+                OwnWrite {
+                    written: Arc::new(cr(name, "2")),
+                    behind: [behind.to_owned()].into(),
+                },
+            );
+        }
+        sweep(&mut map, |k| match k.name.as_str() {
+            "lagging" => Some("1".into()),
+            "caught-up" => Some("2".into()),
+            _ => None,
+        });
+        let kept: Vec<_> = map.keys().map(|k| k.name.as_str()).collect();
+        assert_eq!(kept, ["lagging"]);
     }
 }
