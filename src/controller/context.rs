@@ -1,7 +1,7 @@
 //! What every pass shares (client, cache, registry, recorder, metrics, settings, limits
 //! and the per-CR memories), and how it is built.
 
-use super::own_writes::OwnWrite;
+use super::own_writes::{OwnWrite, Remembered};
 use super::plan::{self, Settings};
 use crate::api::CocoonHibernation;
 use crate::cache::SharedCache;
@@ -35,10 +35,10 @@ pub struct Context {
     /// resourceVersions that write left behind. A pass that finds the cache at one of them
     /// plans from the answer instead: it never acts on a view older than its own write,
     /// and never waits for the watch to bring that write back.
-    pub superseded: Mutex<HashMap<ObjectRef<CocoonHibernation>, OwnWrite>>,
+    pub superseded: Mutex<Remembered<ObjectRef<CocoonHibernation>, OwnWrite>>,
     /// The same for pods (namespace, name): a pass that finds the pod cache still at the
     /// version our annotation patch replaced would send that patch again.
-    pub superseded_pods: Mutex<HashMap<(String, String), String>>,
+    pub superseded_pods: Mutex<Remembered<(String, String), String>>,
 }
 
 /// Builds the controller context: client, cache, registry, event recorder, metrics.

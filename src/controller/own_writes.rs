@@ -9,10 +9,50 @@ use kube::runtime::reflector::ObjectRef;
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
-/// Every this many remembered writes, the ones the cache has caught up with are dropped.
-/// A pass drops its CR's on its next look, but a CR settled by our last write may not be
-/// looked at again: 50k new CRs left 50k answers behind (issue 38, a first start's memory).
+/// Each time the remembered writes grow by this many since the last sweep, the ones the
+/// cache has caught up with are dropped. A pass drops its CR's on its next look, but a CR
+/// settled by our last write may not be looked at again: 50k new CRs left 50k answers
+/// behind (issue 38, a first start's memory).
 const SWEEP_AT: usize = 1024;
+
+/// Writes remembered per object, swept when they have grown by [`SWEEP_AT`] since the
+/// last sweep: amortised O(1) a write at any size, even when a sweep keeps most of them.
+pub struct Remembered<K, V> {
+    map: HashMap<K, V>,
+    sweep_at: usize,
+}
+
+impl<K, V> Default for Remembered<K, V> {
+    fn default() -> Self {
+        Self {
+            map: HashMap::new(),
+            sweep_at: SWEEP_AT,
+        }
+    }
+}
+
+impl<K, V> std::ops::Deref for Remembered<K, V> {
+    type Target = HashMap<K, V>;
+    fn deref(&self) -> &Self::Target {
+        &self.map
+    }
+}
+
+impl<K, V> std::ops::DerefMut for Remembered<K, V> {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.map
+    }
+}
+
+impl<K: std::hash::Hash + Eq, V> Remembered<K, V> {
+    fn insert_then_sweep(&mut self, key: K, value: V, sweep: impl FnOnce(&mut HashMap<K, V>)) {
+        self.map.insert(key, value);
+        if self.map.len() >= self.sweep_at {
+            sweep(&mut self.map);
+            self.sweep_at = self.map.len() + SWEEP_AT;
+        }
+    }
+}
 
 /// Drops the writes whose CR the cache (`cache_version`) holds at a version the write did
 /// not leave behind, or no longer holds: the same test as [`Context::own_write_view`]'s.
@@ -52,20 +92,14 @@ impl Context {
         // The apiserver's answer carries managedFields: a tree of maps, kilobytes a CR.
         let mut written = written;
         crate::cache::strip_cr(&mut written);
-        map.insert(
-            key,
-            OwnWrite {
-                written: Arc::new(written),
-                behind,
-            },
-        );
-        if map.len().is_multiple_of(SWEEP_AT) {
-            sweep(&mut map, |k| {
+        let written = Arc::new(written);
+        map.insert_then_sweep(key, OwnWrite { written, behind }, |map| {
+            sweep(map, |k| {
                 self.cache
                     .cr(k.namespace.as_deref().unwrap_or_default(), &k.name)
                     .and_then(|cr| cr.metadata.resource_version.clone())
             });
-        }
+        });
     }
 
     /// The CR to plan from: the cache's, unless it still holds a version our own last
@@ -94,15 +128,15 @@ impl Context {
         };
         if patched.metadata.resource_version.as_ref() != Some(old) {
             let key = (pod.namespace().unwrap_or_default(), pod.name_any());
-            let mut map = self.superseded_pods.lock();
-            map.insert(key, old.clone());
-            if map.len().is_multiple_of(SWEEP_AT) {
-                map.retain(|(ns, name), old| {
-                    self.cache
-                        .pod(ns, name)
-                        .is_some_and(|p| p.metadata.resource_version.as_ref() == Some(old))
+            self.superseded_pods
+                .lock()
+                .insert_then_sweep(key, old.clone(), |map| {
+                    map.retain(|(ns, name), old| {
+                        self.cache
+                            .pod(ns, name)
+                            .is_some_and(|p| p.metadata.resource_version.as_ref() == Some(old))
+                    });
                 });
-            }
         }
     }
 
