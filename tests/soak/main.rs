@@ -587,10 +587,44 @@ impl World {
     /// Keeps a fault switched on past `min` until `injected` says it bit at least once
     /// (at most one more minute), so a short run still injects every kind.
     async fn hold(&self, min: Duration, injected: impl Fn() -> bool) {
+        self.hold_nudging(min, injected, false).await
+    }
+
+    /// `hold` for a registry fault. Past `min`, a settled CR is flipped every 3 s while the
+    /// fault has not bitten: the load may have settled (its flips end with the chaos window,
+    /// and apiserver episodes can stall the product for a minute), so nothing would reach
+    /// the registry.
+    async fn hold_registry(&self, min: Duration, injected: impl Fn() -> bool) {
+        self.hold_nudging(min, injected, true).await
+    }
+
+    async fn hold_nudging(&self, min: Duration, injected: impl Fn() -> bool, nudge: bool) {
         tokio::time::sleep(min).await;
         let until = Instant::now() + Duration::from_secs(60);
+        let mut next_nudge = Instant::now();
         while !injected() && Instant::now() < until {
+            if nudge && Instant::now() >= next_nudge {
+                self.nudge_registry().await;
+                next_nudge = Instant::now() + Duration::from_secs(3);
+            }
             tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+
+    /// Flips one settled CR, a Hibernated one first: its wake deletes a tag, which is what
+    /// a refused delete needs; any transition reads the registry.
+    async fn nudge_registry(&self) {
+        let n = self.drive.lock().unwrap().len();
+        let settled = |phase: Phase, desire: Desire| {
+            (0..n).find(|&i| {
+                !self.drive.lock().unwrap()[i].busy
+                    && self.seen(&pod_name(i)) == Some((Some(phase), desire))
+            })
+        };
+        let pick = settled(Phase::Hibernated, Desire::Hibernate)
+            .or_else(|| settled(Phase::Active, Desire::Wake));
+        if let Some(i) = pick {
+            self.flip(i).await;
         }
     }
 
@@ -607,7 +641,8 @@ impl World {
                     .p503
                     .store(200, std::sync::atomic::Ordering::Relaxed);
                 let before = self.reg_proxy.counts().s503;
-                self.hold(d, || self.reg_proxy.counts().s503 > before).await;
+                self.hold_registry(d, || self.reg_proxy.counts().s503 > before)
+                    .await;
                 self.reg_proxy
                     .faults
                     .p503
@@ -625,7 +660,8 @@ impl World {
                 );
                 f.pslow.store(300, std::sync::atomic::Ordering::Relaxed);
                 let before = self.reg_proxy.counts().slow;
-                self.hold(d, || self.reg_proxy.counts().slow > before).await;
+                self.hold_registry(d, || self.reg_proxy.counts().slow > before)
+                    .await;
                 f.pslow.store(0, std::sync::atomic::Ordering::Relaxed);
                 self.mark("registry slow off");
             }
@@ -637,7 +673,7 @@ impl World {
                     .refuse_deletes
                     .store(true, std::sync::atomic::Ordering::Relaxed);
                 let before = self.reg_proxy.counts().refused_deletes;
-                self.hold(d, || self.reg_proxy.counts().refused_deletes > before)
+                self.hold_registry(d, || self.reg_proxy.counts().refused_deletes > before)
                     .await;
                 self.reg_proxy
                     .faults
