@@ -11,6 +11,7 @@ mod effects;
 mod error_policy;
 mod finalizer;
 mod own_writes;
+mod pacing;
 /// The pure rules live in cocoon-core; re-exported under their old path.
 pub use cocoon_core::plan;
 pub mod reconcile;

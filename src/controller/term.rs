@@ -6,6 +6,7 @@
 //! channel → the term's `Controller` (`reconcile_on`) schedules a pass → the limits
 //! (`runtime::limits`) give it a worker, its VM and a registry slot.
 
+use super::pacing::{self, Pacing};
 use super::triggers::Trigger;
 use super::{Context, error_policy, plan, reconcile};
 use crate::api::CocoonHibernation;
@@ -54,8 +55,13 @@ pub async fn run(
             .iter()
             .map(|cr| ObjectRef::from_obj(cr.as_ref()))
             .collect();
-        let stream = futures::stream::iter(initial).chain(read(triggers.clone(), closed.clone()));
-        let controller = run_term(ctx.clone(), stream, concurrency, term.clone());
+        // The first enqueue is paced; a change's trigger is let in at once, beside it.
+        let pacing = Pacing::new(pacing::IN_FLIGHT);
+        let stream = futures::stream::select(
+            pacing.pace(initial, ctx.cache.clone()),
+            read(triggers.clone(), closed.clone()),
+        );
+        let controller = run_term(ctx.clone(), stream, pacing, concurrency, term.clone());
         tokio::pin!(controller);
         let outcome = tokio::select! {
             _ = &mut controller => Term::Ended,
@@ -115,6 +121,7 @@ fn read(triggers: Shared, closed: CancellationToken) -> impl Stream<Item = Trigg
 async fn run_term(
     ctx: Arc<Context>,
     triggers: impl Stream<Item = Trigger> + Send + 'static,
+    pacing: Pacing,
     concurrency: u16,
     stop: CancellationToken,
 ) {
@@ -123,7 +130,9 @@ async fn run_term(
     let turns = Turns::new(usize::from(concurrency));
     let pass = move |cr: Arc<crate::api::CocoonHibernation>, ctx: Arc<Context>| {
         let turns = turns.clone();
+        let pacing = pacing.clone();
         async move {
+            let _paced = Done(&pacing, ObjectRef::from_obj(cr.as_ref()));
             let (ns, name) = (cr.namespace().unwrap_or_default(), cr.name_any());
             // Our own last write counts before the cache shows it: the pass after a
             // transition's start is an ending pass at once.
@@ -173,4 +182,13 @@ async fn run_term(
             }
         })
         .await;
+}
+
+/// Frees a paced CR's permit however its pass ends, cancelled ones included.
+struct Done<'a>(&'a Pacing, Trigger);
+
+impl Drop for Done<'_> {
+    fn drop(&mut self) {
+        self.0.done(&self.1);
+    }
 }
