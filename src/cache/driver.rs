@@ -133,18 +133,21 @@ impl EventHandler {
             }
             watcher::Event::InitApply(ref cr) | watcher::Event::Apply(ref cr) => {
                 self.lists.object(Informer::CocoonHibernations);
-                let key = (cr.namespace().unwrap_or_default(), cr.name_any());
+                let key = Key::new(&cr.namespace().unwrap_or_default(), &cr.name_any());
                 let version = cr.resource_version().unwrap_or_default();
                 let seen = self.cr_versions.observe(&key, &version);
                 if seen == Seen::Older {
-                    self.index().touch(&key.0, &key.1);
+                    self.index().touch(key.namespace(), key.name());
                     self.keep_newer_cr(ev, &key, &version);
                     return;
                 }
                 self.writers.crs.apply_watcher_event(&ev);
-                let released =
-                    self.index()
-                        .upsert(&key.0, &key.1, &cr.spec.pod_ref.name, cr.vm_name());
+                let released = self.index().upsert(
+                    key.namespace(),
+                    key.name(),
+                    &cr.spec.pod_ref.name,
+                    cr.vm_name(),
+                );
                 let changed = seen != Seen::Unchanged;
                 if let Some(vm) = released {
                     self.emit(Change::VmReleased(vm));
@@ -159,16 +162,16 @@ impl EventHandler {
                 }
             }
             watcher::Event::Delete(ref cr) => {
-                let key = (cr.namespace().unwrap_or_default(), cr.name_any());
+                let key = Key::new(&cr.namespace().unwrap_or_default(), &cr.name_any());
                 let version = cr.resource_version().unwrap_or_default();
                 if !self.cr_versions.delete(&key, &version) {
                     tracing::warn!(cr = ?key, version, "ignored a delete older than the CR the cache holds");
                     return;
                 }
                 self.writers.crs.apply_watcher_event(&ev);
-                let removed = self.index().remove(&key.0, &key.1);
+                let removed = self.index().remove(key.namespace(), key.name());
                 if let Some((pod, vm)) = removed {
-                    self.on_cr_gone(&key.0, &pod, vm.as_deref());
+                    self.on_cr_gone(key.namespace(), &pod, vm.as_deref());
                 }
             }
             watcher::Event::InitDone => {
@@ -178,9 +181,9 @@ impl EventHandler {
                 let gone = self.index().finish_resync();
                 self.cache.crs_synced.store(true, Ordering::Release);
                 self.cache.crs_relisting.store(false, Ordering::Release);
-                for ((ns, name), pod, vm) in gone {
-                    self.cr_versions.forget(&(ns.clone(), name));
-                    self.on_cr_gone(&ns, &pod, vm.as_deref());
+                for (key, pod, vm) in gone {
+                    self.cr_versions.forget(&key);
+                    self.on_cr_gone(key.namespace(), &pod, vm.as_deref());
                 }
                 for key in self.relist.crs.take().unwrap_or_default() {
                     self.emit(Change::Cr(key));
@@ -194,7 +197,7 @@ impl EventHandler {
     fn keep_newer_cr(&mut self, ev: watcher::Event<CocoonHibernation>, key: &Key, version: &str) {
         tracing::warn!(cr = ?key, version, "an older copy of the CR than the cache holds; kept the newer");
         if let watcher::Event::InitApply(cr) = ev {
-            let held = self.cache.cr(&key.0, &key.1);
+            let held = self.cache.cr(key.namespace(), key.name());
             let listed = newer_copy(&mut self.cr_versions, key, version, cr, held);
             self.writers
                 .crs
@@ -206,7 +209,7 @@ impl EventHandler {
     fn keep_newer_pod(&mut self, ev: watcher::Event<PodSlice>, key: &Key, version: &str) {
         tracing::warn!(pod = ?key, version, "an older copy of the pod than the cache holds; kept the newer");
         if let watcher::Event::InitApply(pod) = ev {
-            let held = self.cache.pod(&key.0, &key.1);
+            let held = self.cache.pod(key.namespace(), key.name());
             let listed = newer_copy(&mut self.pod_versions, key, version, pod, held);
             self.writers
                 .pods
@@ -287,7 +290,7 @@ impl EventHandler {
 }
 
 pub(super) fn pod_key(pod: &PodSlice) -> Key {
-    (pod.namespace().unwrap_or_default(), pod.name_any())
+    Key::new(&pod.namespace().unwrap_or_default(), &pod.name_any())
 }
 
 /// S4: of a listed copy older than the version taken and the store's copy `held`, the one a

@@ -2,18 +2,59 @@
 //! without scanning every CR (C3), and pod churn that a pass does not read is ignored.
 
 use crate::api::annotations::PodView;
+use crate::api::intern::intern;
 use std::borrow::Borrow;
 use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 
-/// (namespace, name)
-pub type Key = (String, String);
+/// A namespaced object's `namespace/name`, one shared copy per object (issue 38, memory):
+/// the versions table, the podRef index and the pod tracker each held their own two
+/// strings per object. Look one up by [`joined`], which allocates no shared copy.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Key(Arc<str>);
+
+impl Key {
+    pub fn new(namespace: &str, name: &str) -> Self {
+        Key(intern(&joined(namespace, name)))
+    }
+
+    pub fn namespace(&self) -> &str {
+        self.parts().0
+    }
+
+    pub fn name(&self) -> &str {
+        self.parts().1
+    }
+
+    pub fn parts(&self) -> (&str, &str) {
+        // Neither a namespace nor a name may hold a `/`.
+        self.0.split_once('/').unwrap_or(("", &self.0))
+    }
+}
+
+impl Borrow<str> for Key {
+    fn borrow(&self) -> &str {
+        &self.0
+    }
+}
+
+/// The text of [`Key::new`], to look a key up by.
+pub fn joined(namespace: &str, name: &str) -> String {
+    format!("{namespace}/{name}")
+}
 
 /// A small sorted set (issue 38, memory). Most pods have one CR and most VMs one pod,
 /// and a `BTreeSet`'s first node holds 11 slots whatever it holds: about 0.5 KiB for one
 /// [`Key`]. This holds what it holds. A sorted `Vec` rather than `smallvec`: the one
 /// allocation it would save is not worth a dependency.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 struct Few<T>(Vec<T>);
+
+impl<T> Default for Few<T> {
+    fn default() -> Self {
+        Few(Vec::new())
+    }
+}
 
 impl<T: Ord> Few<T> {
     fn insert(&mut self, item: T) {
@@ -47,17 +88,23 @@ impl<T: Ord> Few<T> {
 /// What the index remembers of one CR.
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct Entry {
-    pod: String,
+    pod: Key,
     /// `status.vmName`: VM names are cluster-wide (S2), so this side has no namespace.
-    vm: Option<String>,
+    vm: Option<Arc<str>>,
+}
+
+impl Entry {
+    fn into_names(self) -> (String, Option<String>) {
+        (self.pod.name().to_owned(), self.vm.map(|v| v.to_string()))
+    }
 }
 
 /// CRs by the pod they target, (namespace, spec.podRef.name) -> CR names, and by the VM
 /// they hold, status.vmName -> (namespace, name) in any namespace (S2, G1).
 #[derive(Debug, Default)]
 pub struct PodRefIndex {
-    by_pod: HashMap<Key, Few<String>>,
-    by_vm: HashMap<String, Few<Key>>,
+    by_pod: HashMap<Key, Few<Key>>,
+    by_vm: HashMap<Arc<str>, Few<Key>>,
     by_cr: HashMap<Key, Entry>,
     resync_seen: Option<HashSet<Key>>,
 }
@@ -72,30 +119,34 @@ impl PodRefIndex {
         pod: &str,
         vm: Option<&str>,
     ) -> Option<String> {
-        let cr_key = (namespace.to_owned(), cr.to_owned());
+        let cr_key = Key::new(namespace, cr);
         if let Some(seen) = &mut self.resync_seen {
             seen.insert(cr_key.clone());
         }
         let entry = Entry {
-            pod: pod.to_owned(),
-            vm: vm.map(str::to_owned),
+            pod: Key::new(namespace, pod),
+            vm: vm.map(intern),
         };
         let released = match self.by_cr.get(&cr_key) {
             Some(old) if *old == entry => return None,
             Some(old) => {
-                let released = old.vm.clone().filter(|v| Some(v.as_str()) != vm);
+                let released = old
+                    .vm
+                    .as_deref()
+                    .filter(|v| Some(*v) != vm)
+                    .map(str::to_owned);
                 self.unlink(&cr_key);
                 released
             }
             None => None,
         };
         self.by_pod
-            .entry((namespace.to_owned(), pod.to_owned()))
+            .entry(entry.pod.clone())
             .or_default()
-            .insert(cr.to_owned());
-        if let Some(vm) = vm {
+            .insert(cr_key.clone());
+        if let Some(vm) = &entry.vm {
             self.by_vm
-                .entry(vm.to_owned())
+                .entry(vm.clone())
                 .or_default()
                 .insert(cr_key.clone());
         }
@@ -105,17 +156,20 @@ impl PodRefIndex {
 
     /// Forgets a CR; returns the pod it targeted and the VM it held.
     pub fn remove(&mut self, namespace: &str, cr: &str) -> Option<(String, Option<String>)> {
-        self.unlink(&(namespace.to_owned(), cr.to_owned()))
-            .map(|e| (e.pod, e.vm))
+        let cr_key = self
+            .by_cr
+            .get_key_value(joined(namespace, cr).as_str())?
+            .0
+            .clone();
+        self.unlink(&cr_key).map(Entry::into_names)
     }
 
     fn unlink(&mut self, cr_key: &Key) -> Option<Entry> {
         let entry = self.by_cr.remove(cr_key)?;
-        let pod_key = (cr_key.0.clone(), entry.pod.clone());
-        if let Some(set) = self.by_pod.get_mut(&pod_key) {
-            set.remove(&cr_key.1);
+        if let Some(set) = self.by_pod.get_mut(&entry.pod) {
+            set.remove(cr_key);
             if set.is_empty() {
-                self.by_pod.remove(&pod_key);
+                self.by_pod.remove(&entry.pod);
             }
         }
         if let Some(vm) = &entry.vm
@@ -140,8 +194,8 @@ impl PodRefIndex {
     /// Names of the CRs in `namespace` whose podRef is `pod`.
     pub fn crs_for_pod(&self, namespace: &str, pod: &str) -> Vec<String> {
         self.by_pod
-            .get(&(namespace.to_owned(), pod.to_owned()))
-            .map(|s| s.iter().cloned().collect())
+            .get(joined(namespace, pod).as_str())
+            .map(|s| s.iter().map(|k| k.name().to_owned()).collect())
             .unwrap_or_default()
     }
 
@@ -149,7 +203,7 @@ impl PodRefIndex {
     /// showed an older copy than the one indexed).
     pub fn touch(&mut self, namespace: &str, cr: &str) {
         if let Some(seen) = &mut self.resync_seen {
-            seen.insert((namespace.to_owned(), cr.to_owned()));
+            seen.insert(Key::new(namespace, cr));
         }
     }
 
@@ -172,7 +226,10 @@ impl PodRefIndex {
             .cloned()
             .collect();
         gone.into_iter()
-            .filter_map(|k| self.unlink(&k).map(|e| (k, e.pod, e.vm)))
+            .filter_map(|k| {
+                let (pod, vm) = self.unlink(&k)?.into_names();
+                Some((k, pod, vm))
+            })
             .collect()
     }
 
@@ -191,7 +248,7 @@ impl PodRefIndex {
 pub struct PodChangeTracker {
     /// Each pod's view and when it last changed (for the reaction-time histogram).
     views: HashMap<Key, (PodView, std::time::Instant)>,
-    by_vm: HashMap<String, Few<Key>>,
+    by_vm: HashMap<Arc<str>, Few<Key>>,
     resync_seen: Option<HashSet<Key>>,
 }
 
@@ -207,7 +264,7 @@ impl PodChangeTracker {
                 self.remove(&key);
                 if let Some(vm) = &view.vm_name {
                     self.by_vm
-                        .entry(vm.clone())
+                        .entry(intern(vm))
                         .or_default()
                         .insert(key.clone());
                 }
@@ -227,18 +284,18 @@ impl PodChangeTracker {
             return false;
         };
         if let Some(vm) = old.vm_name
-            && let Some(set) = self.by_vm.get_mut(&vm)
+            && let Some(set) = self.by_vm.get_mut(vm.as_str())
         {
             set.remove(key);
             if set.is_empty() {
-                self.by_vm.remove(&vm);
+                self.by_vm.remove(vm.as_str());
             }
         }
         true
     }
 
     /// When something a pass reads last changed on this pod, as this process saw it.
-    pub fn changed_at(&self, key: &Key) -> Option<std::time::Instant> {
+    pub fn changed_at(&self, key: &str) -> Option<std::time::Instant> {
         self.views.get(key).map(|(_, at)| *at)
     }
 
@@ -286,7 +343,20 @@ mod tests {
     use super::*;
 
     fn key(ns: &str, n: &str) -> Key {
-        (ns.to_owned(), n.to_owned())
+        Key::new(ns, n)
+    }
+
+    /// Issue 38: one shared copy per object, found by its parts; an empty namespace too.
+    #[test]
+    fn a_key_is_one_shared_copy_found_by_its_parts() {
+        let (a, b) = (key("ns", "web-0"), key("ns", "web-0"));
+        assert!(Arc::ptr_eq(&a.0, &b.0));
+        assert_eq!(a.parts(), ("ns", "web-0"));
+        assert_eq!(key("", "node").parts(), ("", "node"));
+        let map = HashMap::from([(a, 1)]);
+        assert_eq!(map.get(joined("ns", "web-0").as_str()), Some(&1));
+        assert_eq!(map.get(joined("ns", "web-1").as_str()), None);
+        assert_eq!(map.get(joined("n", "s/web-0").as_str()), None);
     }
 
     /// Issue 38, C3: the index's sets stay sorted and free of duplicates, and one item

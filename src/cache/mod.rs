@@ -115,7 +115,10 @@ impl SharedCache {
 
     /// Pods (namespace, name) that name `vm`, as the cache has them (G1).
     pub fn pods_naming(&self, vm: &str) -> Vec<(String, String)> {
-        self.pod_views.read().pods_naming(vm)
+        let keys = self.pod_views.read().pods_naming(vm);
+        keys.iter()
+            .map(|k| (k.namespace().to_owned(), k.name().to_owned()))
+            .collect()
     }
 
     /// Live CRs, in any namespace, whose pod names `vm`: the CRs that want that VM,
@@ -123,21 +126,24 @@ impl SharedCache {
     pub fn crs_on_pods_naming(&self, vm: &str) -> Vec<Arc<CocoonHibernation>> {
         let pods = self.pod_views.read().pods_naming(vm);
         pods.iter()
-            .flat_map(|(ns, pod)| self.crs_for_pod(ns, pod))
+            .flat_map(|k| self.crs_for_pod(k.namespace(), k.name()))
             .collect()
     }
 
     /// When the pod last changed in a way a pass reads (vk's lifecycle writes, a running
     /// container): the start of the controller's reaction time.
     pub fn pod_changed_at(&self, namespace: &str, name: &str) -> Option<std::time::Instant> {
-        let key = (namespace.to_owned(), name.to_owned());
-        self.pod_views.read().changed_at(&key)
+        self.pod_views
+            .read()
+            .changed_at(index::joined(namespace, name).as_str())
     }
 
     /// CRs in any namespace whose status.vmName is `vm` (S2, G1).
     pub fn crs_holding_vm(&self, vm: &str) -> Vec<Arc<CocoonHibernation>> {
         let keys = self.index.read().crs_holding_vm(vm);
-        keys.iter().filter_map(|(ns, n)| self.cr(ns, n)).collect()
+        keys.iter()
+            .filter_map(|k| self.cr(k.namespace(), k.name()))
+            .collect()
     }
 
     pub fn all_crs(&self) -> Vec<Arc<CocoonHibernation>> {

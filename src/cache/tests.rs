@@ -240,7 +240,7 @@ fn s4_a_lagging_list_or_stale_event_never_takes_the_cache_back() {
         "a is still listed"
     );
     let naming = h.cache.pod_views.read().pods_naming("vm-b2");
-    assert_eq!(naming, [("ns".to_owned(), "pb".to_owned())]);
+    assert_eq!(naming, [super::index::Key::new("ns", "pb")]);
 
     // Stale events from a lagging watch: an older copy, and deletes older than the copies
     // held (of objects since moved on).

@@ -57,8 +57,40 @@ pub fn compare(a: &str, b: &str) -> Option<Ordering> {
 
 #[derive(Debug)]
 struct Taken {
-    version: String,
+    version: Version,
     store_behind: bool,
+}
+
+/// A resourceVersion as taken: etcd's are integers, kept without an allocation (issue 38,
+/// memory); anything else as its text.
+#[derive(Debug)]
+enum Version {
+    Number(u64),
+    Text(Box<str>),
+}
+
+impl Version {
+    fn of(version: &str) -> Self {
+        match version.parse() {
+            Ok(n) => Version::Number(n),
+            Err(_) => Version::Text(version.into()),
+        }
+    }
+
+    /// `version` against this one, as [`compare`]: `None` unless both are integers.
+    fn compared(&self, version: &str) -> Option<Ordering> {
+        match self {
+            Version::Number(n) => Some(version.parse::<u64>().ok()?.cmp(n)),
+            Version::Text(_) => None,
+        }
+    }
+
+    fn is(&self, version: &str) -> bool {
+        match self {
+            Version::Number(_) => self.compared(version) == Some(Ordering::Equal),
+            Version::Text(t) => **t == *version,
+        }
+    }
 }
 
 /// Per object (namespace, name): the newest version taken.
@@ -74,23 +106,23 @@ impl Versions {
             self.taken.insert(
                 key.clone(),
                 Taken {
-                    version: version.to_owned(),
+                    version: Version::of(version),
                     store_behind: false,
                 },
             );
             return Seen::Changed;
         };
-        let same = match compare(version, &taken.version) {
+        let same = match taken.version.compared(version) {
             Some(Ordering::Less) => return Seen::Older,
             Some(order) => order == Ordering::Equal,
-            None => version == taken.version,
+            None => taken.version.is(version),
         };
         let seen = match (taken.store_behind, same) {
             (true, _) => Seen::CaughtUp,
             (false, true) => Seen::Unchanged,
             (false, false) => Seen::Changed,
         };
-        taken.version = version.to_owned();
+        taken.version = Version::of(version);
         taken.store_behind = false;
         seen
     }
@@ -104,7 +136,7 @@ impl Versions {
             _ => (Pick::Event, version),
         };
         if let Some(taken) = self.taken.get_mut(key) {
-            taken.store_behind = listed != taken.version;
+            taken.store_behind = !taken.version.is(listed);
         }
         pick
     }
@@ -115,7 +147,7 @@ impl Versions {
         let stale = self
             .taken
             .get(key)
-            .is_some_and(|t| compare(version, &t.version) == Some(Ordering::Less));
+            .is_some_and(|t| t.version.compared(version) == Some(Ordering::Less));
         if !stale {
             self.taken.remove(key);
         }
@@ -133,7 +165,7 @@ mod tests {
     use super::*;
 
     fn key() -> Key {
-        ("ns".to_owned(), "a".to_owned())
+        Key::new("ns", "a")
     }
 
     /// SPEC S4: no going back in time, per object.
@@ -145,6 +177,7 @@ mod tests {
     #[case::s4_older_is_refused(Some("10"), "9", Seen::Older)]
     #[case::s4_not_an_integer_is_taken_when_it_differs(Some("7"), "x1", Seen::Changed)]
     #[case::s4_not_an_integer_is_unchanged_when_equal(Some("x1"), "x1", Seen::Unchanged)]
+    #[case::s4_an_integer_after_text_is_a_change(Some("x1"), "7", Seen::Changed)]
     #[case::s4_empty_cannot_be_compared(Some("7"), "", Seen::Changed)]
     fn s4_versions_never_go_back(
         #[case] taken: Option<&str>,

@@ -19,8 +19,8 @@ impl Policy for CrPolicy {
 
     fn wakes(&self, change: &Change, cache: &SharedCache) -> Vec<Trigger> {
         match change {
-            Change::Cr((ns, name)) => vec![ObjectRef::new(name).within(ns)],
-            Change::Pod((ns, pod)) => of_pod(cache, ns, pod),
+            Change::Cr(key) => vec![ObjectRef::new(key.name()).within(key.namespace())],
+            Change::Pod(key) => of_pod(cache, key.namespace(), key.name()),
             Change::CrGone { namespace, pod, vm } => {
                 let mut woken = of_pod(cache, namespace, pod);
                 if let Some(vm) = vm {

@@ -80,12 +80,13 @@ impl trigger::Policy for IdleTriggers {
 
     fn wakes(&self, change: &Change, _cache: &SharedCache) -> Vec<ObjectRef<CocoonIdlePolicy>> {
         let namespace = match change {
-            Change::Arrival(Arrival::Pod { namespace, .. })
-            | Change::Cr((namespace, _))
-            | Change::CrGone { namespace, .. } => namespace,
+            Change::Arrival(Arrival::Pod { namespace, .. }) | Change::CrGone { namespace, .. } => {
+                namespace.as_str()
+            }
+            Change::Cr(key) => key.namespace(),
             Change::Pod(_) | Change::VmReleased(_) => return Vec::new(),
         };
-        policies_in(&self.policies, Some(namespace.clone()))
+        policies_in(&self.policies, Some(namespace.to_owned()))
     }
 }
 

@@ -31,8 +31,9 @@ impl Policy for SchedulePolicy {
         cache: &SharedCache,
     ) -> Vec<ObjectRef<CocoonHibernationSchedule>> {
         let namespace = match change {
-            Change::Arrival(Arrival::Pod { namespace, .. }) => namespace,
-            Change::Cr((namespace, _)) | Change::CrGone { namespace, .. } => namespace,
+            Change::Arrival(Arrival::Pod { namespace, .. }) => namespace.as_str(),
+            Change::Cr(key) => key.namespace(),
+            Change::CrGone { namespace, .. } => namespace.as_str(),
             Change::Pod(_) | Change::VmReleased(_) => return Vec::new(),
         };
         // Most namespaces have no schedule: nothing to look up for their changes.
@@ -42,9 +43,9 @@ impl Policy for SchedulePolicy {
         }
         let woken = match change {
             Change::Arrival(Arrival::Pod { labels, .. }) => selecting(&in_ns, labels, None),
-            Change::Cr((ns, name)) => match cache.cr(ns, name) {
+            Change::Cr(key) => match cache.cr(key.namespace(), key.name()) {
                 Some(cr) => {
-                    let pod = cache.pod(ns, &cr.spec.pod_ref.name);
+                    let pod = cache.pod(key.namespace(), &cr.spec.pod_ref.name);
                     let labels: Vec<Labels> = pod.iter().map(|p| p.labels()).collect();
                     selecting(&in_ns, &labels, cr.labels().get(SCHEDULE_LABEL))
                 }
@@ -158,8 +159,8 @@ mod tests {
         )
     }
 
-    fn key(ns: &str, n: &str) -> (String, String) {
-        (ns.to_owned(), n.to_owned())
+    fn key(ns: &str, n: &str) -> crate::cache::index::Key {
+        crate::cache::index::Key::new(ns, n)
     }
 
     /// K9: a pod arrival wakes the schedules of its namespace that select it, before or
