@@ -242,12 +242,33 @@ impl PodRefIndex {
     }
 }
 
+/// What the tracker keeps of a pod's last [`PodView`] (issue 38, memory): a digest to tell
+/// a change by, not the view's four strings. Two views with one digest (a 64-bit collision,
+/// about 2^-64 per change) would cost one trigger, until the pod's next change; no rule
+/// acts on what the tracker keeps (a pass reads the pod from the store).
+#[derive(Debug)]
+struct Seen {
+    digest: u64,
+    /// `vm.cocoonstack.io/name`, shared with `by_vm`'s key.
+    vm: Option<Arc<str>>,
+    /// When it last changed (for the reaction-time histogram).
+    at: std::time::Instant,
+}
+
+fn digest(view: &PodView) -> u64 {
+    use std::hash::{Hash, Hasher};
+    // Fixed keys: the same view digests the same for the life of the process.
+    let mut hasher = std::hash::DefaultHasher::new();
+    view.hash(&mut hasher);
+    hasher.finish()
+}
+
 /// The last [`PodView`] of each pod, to tell relevant changes from churn (C3), and the
 /// pods naming each VM, to find the CRs waiting on a VM another CR held (S2).
 #[derive(Debug, Default)]
 pub struct PodChangeTracker {
     /// Each pod's view and when it last changed (for the reaction-time histogram).
-    views: HashMap<Key, (PodView, std::time::Instant)>,
+    views: HashMap<Key, Seen>,
     by_vm: HashMap<Arc<str>, Few<Key>>,
     resync_seen: Option<HashSet<Key>>,
 }
@@ -258,17 +279,20 @@ impl PodChangeTracker {
         if let Some(seen) = &mut self.resync_seen {
             seen.insert(key.clone());
         }
+        let digest = digest(&view);
         match self.views.get(&key) {
-            Some((old, _)) if *old == view => false,
+            Some(old) if old.digest == digest => false,
             _ => {
                 self.remove(&key);
-                if let Some(vm) = &view.vm_name {
+                let vm = view.vm_name.as_deref().map(intern);
+                if let Some(vm) = &vm {
                     self.by_vm
-                        .entry(intern(vm))
+                        .entry(vm.clone())
                         .or_default()
                         .insert(key.clone());
                 }
-                self.views.insert(key, (view, std::time::Instant::now()));
+                let at = std::time::Instant::now();
+                self.views.insert(key, Seen { digest, vm, at });
                 true
             }
         }
@@ -280,15 +304,15 @@ impl PodChangeTracker {
     }
 
     fn remove(&mut self, key: &Key) -> bool {
-        let Some((old, _)) = self.views.remove(key) else {
+        let Some(old) = self.views.remove(key) else {
             return false;
         };
-        if let Some(vm) = old.vm_name
-            && let Some(set) = self.by_vm.get_mut(vm.as_str())
+        if let Some(vm) = old.vm
+            && let Some(set) = self.by_vm.get_mut(&vm)
         {
             set.remove(key);
             if set.is_empty() {
-                self.by_vm.remove(vm.as_str());
+                self.by_vm.remove(&vm);
             }
         }
         true
@@ -296,7 +320,7 @@ impl PodChangeTracker {
 
     /// When something a pass reads last changed on this pod, as this process saw it.
     pub fn changed_at(&self, key: &str) -> Option<std::time::Instant> {
-        self.views.get(key).map(|(_, at)| *at)
+        self.views.get(key).map(|seen| seen.at)
     }
 
     /// Pods whose `vm.cocoonstack.io/name` is `vm`, in any namespace.
