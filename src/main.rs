@@ -7,6 +7,10 @@ use std::io::IsTerminal;
 use std::process::ExitCode;
 use tracing_subscriber::EnvFilter;
 
+/// jemalloc, not glibc's malloc: see Cargo.toml and docs/performance.md.
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 fn main() -> ExitCode {
     // reqwest (under oci-client) and kube's client need a process-wide provider.
     let _ = rustls::crypto::ring::default_provider().install_default();
