@@ -3,10 +3,10 @@
 //! and after. Judged by the cache's driver before it applies an event to the store, which
 //! still holds the previous object to compare with, and told once it has (`change.rs`).
 
+use super::pod_store::PodStore;
 use crate::api::annotations::VM_NAME;
 use crate::api::pod::{LabelPair, PodSlice};
 use kube::ResourceExt;
-use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 use std::collections::BTreeMap;
 
@@ -53,21 +53,15 @@ pub fn of_pod(old: Option<&PodSlice>, new: Option<&PodSlice>) -> Option<Arrival>
     })
 }
 
-/// A kind whose events may be arrivals.
-pub trait Arrives: kube::Resource<DynamicType = ()> + Clone + Send + Sync + 'static {
-    /// The arrival `event` makes, with `store` still holding the object before it.
-    fn arrival(store: &Store<Self>, event: &watcher::Event<Self>) -> Option<Arrival>;
-}
-
-impl Arrives for PodSlice {
-    fn arrival(store: &Store<Self>, event: &watcher::Event<Self>) -> Option<Arrival> {
-        match event {
-            watcher::Event::Apply(pod) | watcher::Event::InitApply(pod) => {
-                of_pod(store.get(&ObjectRef::from_obj(pod)).as_deref(), Some(pod))
-            }
-            watcher::Event::Delete(pod) => of_pod(Some(pod), None),
-            _ => None,
+/// The arrival a pod `event` makes, with `store` still holding the pod before it.
+pub fn of_event(store: &PodStore, event: &watcher::Event<PodSlice>) -> Option<Arrival> {
+    match event {
+        watcher::Event::Apply(pod) | watcher::Event::InitApply(pod) => {
+            let held = store.get(&pod.namespace().unwrap_or_default(), &pod.name_any());
+            of_pod(held.as_deref(), Some(pod))
         }
+        watcher::Event::Delete(pod) => of_pod(Some(pod), None),
+        _ => None,
     }
 }
 
@@ -131,13 +125,13 @@ mod tests {
     /// (an unchanged pod is quiet; a relabelled one names both label sets).
     #[test]
     fn k9_arrivals_are_judged_against_the_stores_previous_object() {
-        let (store, mut writer) = kube::runtime::reflector::store::<PodSlice>();
+        let (store, mut writer) = super::super::pod_store::store();
         let web = pod(&[("tier", "web")], Some("vm-1"));
         let db = pod(&[("tier", "db")], Some("vm-1"));
         let mut seen = Vec::new();
         for p in [web.clone(), web, db] {
             let event = watcher::Event::Apply(p);
-            seen.push(PodSlice::arrival(&store, &event));
+            seen.push(of_event(&store, &event));
             writer.apply_watcher_event(&event);
         }
         let pod_arrival = |labels: Vec<Labels>| Arrival::Pod {

@@ -5,10 +5,10 @@
 //! (S4). Which controller object a change wakes is each controller's trigger policy.
 
 use super::SharedCache;
-use super::arrivals::Arrives;
 use super::change::{Change, ClearOnDrop};
 use super::index::{Key, PodChangeTracker, PodRefIndex};
 use super::liveness::{Informer, ListTimer};
+use super::pod_store::PodWriter;
 use super::versions::{Pick, Seen, Versions};
 use crate::api::CocoonHibernation;
 use crate::api::annotations::PodView;
@@ -24,7 +24,7 @@ use std::sync::atomic::Ordering;
 /// The stores' writers, which only the driver holds.
 pub(super) struct Writers {
     pub(super) crs: Writer<CocoonHibernation>,
-    pub(super) pods: Writer<PodSlice>,
+    pub(super) pods: PodWriter,
 }
 pub(super) async fn drive(
     cache: SharedCache,
@@ -115,7 +115,7 @@ impl EventHandler {
     /// K9: an arrival is judged against the store before the event is applied and
     /// told once it is, so a schedule woken by it finds the pod in the store.
     pub(super) fn on_pod(&mut self, ev: watcher::Event<PodSlice>) {
-        let arrival = PodSlice::arrival(&self.cache.pods, &ev);
+        let arrival = super::arrivals::of_event(&self.cache.pods, &ev);
         self.apply_pod(ev);
         if let Some(arrival) = arrival {
             self.emit(Change::Arrival(arrival));

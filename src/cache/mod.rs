@@ -12,6 +12,7 @@ mod driver;
 pub mod index;
 pub mod list_mode;
 pub mod liveness;
+pub mod pod_store;
 pub mod pod_wire;
 pub mod versions;
 
@@ -26,13 +27,14 @@ use kube::{Api, Client};
 use list_mode::{ListChoice, ListMode, POD_LIST_PAGE};
 use liveness::{Informer, InformerState, Progress, Verdict};
 use parking_lot::RwLock;
+use pod_store::PodStore;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 #[derive(Clone)]
 pub struct SharedCache {
     crs: Store<CocoonHibernation>,
-    pods: Store<PodSlice>,
+    pods: PodStore,
     index: Arc<RwLock<PodRefIndex>>,
     /// Written only by the driver; read for the pods naming a VM (S2, G1).
     pod_views: Arc<RwLock<PodChangeTracker>>,
@@ -61,10 +63,11 @@ impl SharedCache {
         self.crs_synced.load(Ordering::Acquire) && self.pods_synced.load(Ordering::Acquire)
     }
 
-    /// P1, S8: resolves once both stores hold their first full list (kube's own
-    /// readiness, set at the list's `InitDone`); false if a store's writer is gone.
+    /// P1, S8: resolves once both stores hold their first full list (set at the list's
+    /// `InitDone`: kube's own readiness for CRs, the same rule in `pod_store`); false if a
+    /// store's writer is gone.
     pub async fn wait_until_ready(&self) -> bool {
-        self.crs.wait_until_ready().await.is_ok() && self.pods.wait_until_ready().await.is_ok()
+        self.crs.wait_until_ready().await.is_ok() && self.pods.wait_until_ready().await
     }
 
     /// S8: each informer's progress and list state, as of now.
@@ -93,7 +96,7 @@ impl SharedCache {
     }
 
     pub fn pod(&self, namespace: &str, name: &str) -> Option<Arc<PodSlice>> {
-        self.pods.get(&ObjectRef::new(name).within(namespace))
+        self.pods.get(namespace, name)
     }
 
     pub fn cr(&self, namespace: &str, name: &str) -> Option<Arc<CocoonHibernation>> {
@@ -251,7 +254,7 @@ impl SharedCache {
     /// An empty, unsynced cache and the writers of its stores.
     fn empty(progress: Progress) -> (Self, Writers) {
         let (crs, cr_writer) = reflector::store::<CocoonHibernation>();
-        let (pods, pod_writer) = reflector::store::<PodSlice>();
+        let (pods, pod_writer) = pod_store::store();
         let cache = SharedCache {
             crs,
             pods,
@@ -281,7 +284,7 @@ impl SharedCache {
     ) -> Self {
         use kube::ResourceExt;
         let (cr_store, mut cr_writer) = reflector::store::<CocoonHibernation>();
-        let (pod_store, mut pod_writer) = reflector::store::<PodSlice>();
+        let (pod_store, mut pod_writer) = pod_store::store();
         let cache = SharedCache {
             crs: cr_store,
             pods: pod_store,

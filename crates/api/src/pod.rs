@@ -58,7 +58,7 @@ pub async fn list_vm_names(api: &kube::Api<Pod>) -> kube::Result<Vec<NamedVm>> {
 /// what a pass, the webhook, a schedule or an idle policy reads. It is decoded straight
 /// from the apiserver's JSON, skipping the spec and reducing the container statuses to one
 /// flag, so no k8s-openapi `Pod` is ever held for it; of the metadata it keeps the name,
-/// namespace, uid, resourceVersion and deletion time (what kube's store and watcher and
+/// namespace, uid, resourceVersion and deletion time (what the store and kube's watcher and
 /// S4's version checks read), the labels (K1, I1 select by them) and the contract's
 /// annotations (A4), their strings shared through [`crate::intern`].
 #[derive(Resource, Clone, Debug, Default, Deserialize, PartialEq)]
