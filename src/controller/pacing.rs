@@ -54,6 +54,17 @@ impl Pacing {
         )
     }
 
+    /// The term's triggers: `first` paced, and `changes` let in at once beside it (C2: a
+    /// flip never waits for the first enqueue).
+    pub fn beside(
+        &self,
+        first: Vec<Trigger>,
+        cache: SharedCache,
+        changes: impl Stream<Item = Trigger> + Send + 'static,
+    ) -> impl Stream<Item = Trigger> + Send + 'static {
+        futures::stream::select(self.pace(first, cache), changes)
+    }
+
     async fn admit(&self, trigger: &Trigger, cache: &SharedCache) {
         let permit = loop {
             match tokio::time::timeout(SWEEP_EVERY, self.slots.clone().acquire_owned()).await {
@@ -123,6 +134,25 @@ mod tests {
         pacing.done(&trigger(0));
         assert_eq!(first.next().await, Some(trigger(2)));
         assert_eq!(pacing.held(), 2);
+    }
+
+    /// C2: a change's trigger goes in while the first enqueue waits for passes to end.
+    #[tokio::test(start_paused = true)]
+    async fn c2_a_change_is_not_paced() {
+        let cache = SharedCache::from_objects((0..3).map(cr).collect(), Vec::new());
+        let pacing = Pacing::new(1);
+        let (tx, rx) = futures::channel::mpsc::unbounded();
+        let first = vec![trigger(0), trigger(1)];
+        let mut all = Box::pin(pacing.beside(first, cache, rx));
+        assert_eq!(all.next().await, Some(trigger(0)));
+        tx.unbounded_send(trigger(2))
+            .unwrap_or_else(|e| panic!("send: {e}"));
+        let next = tokio::time::timeout(Duration::from_secs(1), all.next()).await;
+        assert_eq!(
+            next,
+            Ok(Some(trigger(2))),
+            "the flip waited for the enqueue"
+        );
     }
 
     /// A CR deleted before its pass frees its permit: kube-runtime never runs that pass.

@@ -55,10 +55,10 @@ pub async fn run(
             .iter()
             .map(|cr| ObjectRef::from_obj(cr.as_ref()))
             .collect();
-        // The first enqueue is paced; a change's trigger is let in at once, beside it.
         let pacing = Pacing::new(pacing::IN_FLIGHT);
-        let stream = futures::stream::select(
-            pacing.pace(initial, ctx.cache.clone()),
+        let stream = pacing.beside(
+            initial,
+            ctx.cache.clone(),
             read(triggers.clone(), closed.clone()),
         );
         let controller = run_term(ctx.clone(), stream, pacing, concurrency, term.clone());
