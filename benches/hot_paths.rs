@@ -5,7 +5,7 @@ use cocoon_hibernation::api::annotations::PodView;
 use cocoon_hibernation::api::{
     CocoonHibernation, CocoonHibernationSpec, Desire, FINALIZER, PodRef,
 };
-use cocoon_hibernation::cache::index::PodRefIndex;
+use cocoon_hibernation::cache::index::{Key, PodRefIndex};
 use cocoon_hibernation::controller::plan::{self, Probe, Settings};
 use cocoon_hibernation::metrics::Metrics;
 use cocoon_hibernation::webhook::handler;
@@ -117,12 +117,8 @@ fn main() {
         .collect();
     let mut index = PodRefIndex::default();
     for c in &crs {
-        index.upsert(
-            "ns",
-            c.metadata.name.as_deref().unwrap_or_default(),
-            &c.spec.pod_ref.name,
-            None,
-        );
+        let key = Key::new("ns", c.metadata.name.as_deref().unwrap_or_default());
+        index.upsert(&key, &c.spec.pod_ref.name, None);
     }
     let lookup = median_ns(31, 20_000, || {
         black_box(index.crs_for_pod("ns", black_box("p7777")));

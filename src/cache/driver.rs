@@ -8,7 +8,7 @@ use super::SharedCache;
 use super::change::{Change, ClearOnDrop};
 use super::index::{Key, PodChangeTracker, PodRefIndex};
 use super::liveness::{Informer, ListTimer};
-use super::pod_store::PodWriter;
+use super::pod_store::{PodWriter, key_of};
 use super::versions::{Pick, Seen, Versions};
 use crate::api::CocoonHibernation;
 use crate::api::annotations::PodView;
@@ -137,17 +137,14 @@ impl EventHandler {
                 let version = cr.resource_version().unwrap_or_default();
                 let seen = self.cr_versions.observe(&key, &version);
                 if seen == Seen::Older {
-                    self.index().touch(key.namespace(), key.name());
+                    self.index().touch(&key);
                     self.keep_newer_cr(ev, &key, &version);
                     return;
                 }
                 self.writers.crs.apply_watcher_event(&ev);
-                let released = self.index().upsert(
-                    key.namespace(),
-                    key.name(),
-                    &cr.spec.pod_ref.name,
-                    cr.vm_name(),
-                );
+                let released = self
+                    .index()
+                    .upsert(&key, &cr.spec.pod_ref.name, cr.vm_name());
                 let changed = seen != Seen::Unchanged;
                 if let Some(vm) = released {
                     self.emit(Change::VmReleased(vm));
@@ -169,7 +166,7 @@ impl EventHandler {
                     return;
                 }
                 self.writers.crs.apply_watcher_event(&ev);
-                let removed = self.index().remove(key.namespace(), key.name());
+                let removed = self.index().remove(&key);
                 if let Some((pod, vm)) = removed {
                     self.on_cr_gone(key.namespace(), &pod, vm.as_deref());
                 }
@@ -213,7 +210,7 @@ impl EventHandler {
             let listed = newer_copy(&mut self.pod_versions, key, version, pod, held);
             self.writers
                 .pods
-                .apply_watcher_event(&watcher::Event::InitApply(listed));
+                .apply_keyed(&watcher::Event::InitApply(listed), key.clone());
         }
     }
 
@@ -237,7 +234,7 @@ impl EventHandler {
             }
             watcher::Event::InitApply(ref pod) | watcher::Event::Apply(ref pod) => {
                 self.lists.object(Informer::Pods);
-                let key = pod_key(pod);
+                let key = key_of(pod);
                 let version = pod.resource_version().unwrap_or_default();
                 let seen = self.pod_versions.observe(&key, &version);
                 if seen == Seen::Older {
@@ -245,7 +242,7 @@ impl EventHandler {
                     self.keep_newer_pod(ev, &key, &version);
                     return;
                 }
-                self.writers.pods.apply_watcher_event(&ev);
+                self.writers.pods.apply_keyed(&ev, key.clone());
                 let viewed = self.pods().observe(key.clone(), PodView::from_pod(pod));
                 // A store that only now catches up is a change though the view is not.
                 if viewed || seen == Seen::CaughtUp {
@@ -258,13 +255,13 @@ impl EventHandler {
                 }
             }
             watcher::Event::Delete(ref pod) => {
-                let key = pod_key(pod);
+                let key = key_of(pod);
                 let version = pod.resource_version().unwrap_or_default();
                 if !self.pod_versions.delete(&key, &version) {
                     tracing::warn!(pod = ?key, version, "ignored a delete older than the pod the cache holds");
                     return;
                 }
-                self.writers.pods.apply_watcher_event(&ev);
+                self.writers.pods.apply_keyed(&ev, key.clone());
                 let known = self.pods().forget(&key);
                 if known {
                     self.emit(Change::Pod(key));
@@ -287,10 +284,6 @@ impl EventHandler {
             }
         }
     }
-}
-
-pub(super) fn pod_key(pod: &PodSlice) -> Key {
-    Key::new(&pod.namespace().unwrap_or_default(), &pod.name_any())
 }
 
 /// S4: of a listed copy older than the version taken and the store's copy `held`, the one a

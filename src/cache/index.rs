@@ -112,22 +112,15 @@ pub struct PodRefIndex {
 impl PodRefIndex {
     /// Records a CR; returns the VM it held before when that changed, so the CRs waiting
     /// on that VM can be told (S2).
-    pub fn upsert(
-        &mut self,
-        namespace: &str,
-        cr: &str,
-        pod: &str,
-        vm: Option<&str>,
-    ) -> Option<String> {
-        let cr_key = Key::new(namespace, cr);
+    pub fn upsert(&mut self, cr_key: &Key, pod: &str, vm: Option<&str>) -> Option<String> {
         if let Some(seen) = &mut self.resync_seen {
             seen.insert(cr_key.clone());
         }
         let entry = Entry {
-            pod: Key::new(namespace, pod),
+            pod: Key::new(cr_key.namespace(), pod),
             vm: vm.map(intern),
         };
-        let released = match self.by_cr.get(&cr_key) {
+        let released = match self.by_cr.get(cr_key) {
             Some(old) if *old == entry => return None,
             Some(old) => {
                 let released = old
@@ -135,7 +128,7 @@ impl PodRefIndex {
                     .as_deref()
                     .filter(|v| Some(*v) != vm)
                     .map(str::to_owned);
-                self.unlink(&cr_key);
+                self.unlink(cr_key);
                 released
             }
             None => None,
@@ -150,18 +143,13 @@ impl PodRefIndex {
                 .or_default()
                 .insert(cr_key.clone());
         }
-        self.by_cr.insert(cr_key, entry);
+        self.by_cr.insert(cr_key.clone(), entry);
         released
     }
 
     /// Forgets a CR; returns the pod it targeted and the VM it held.
-    pub fn remove(&mut self, namespace: &str, cr: &str) -> Option<(String, Option<String>)> {
-        let cr_key = self
-            .by_cr
-            .get_key_value(joined(namespace, cr).as_str())?
-            .0
-            .clone();
-        self.unlink(&cr_key).map(Entry::into_names)
+    pub fn remove(&mut self, cr_key: &Key) -> Option<(String, Option<String>)> {
+        self.unlink(cr_key).map(Entry::into_names)
     }
 
     fn unlink(&mut self, cr_key: &Key) -> Option<Entry> {
@@ -201,9 +189,9 @@ impl PodRefIndex {
 
     /// Counts a CR as listed without changing what the index holds for it (S4: the list
     /// showed an older copy than the one indexed).
-    pub fn touch(&mut self, namespace: &str, cr: &str) {
+    pub fn touch(&mut self, cr_key: &Key) {
         if let Some(seen) = &mut self.resync_seen {
-            seen.insert(Key::new(namespace, cr));
+            seen.insert(cr_key.clone());
         }
     }
 
@@ -406,14 +394,14 @@ mod tests {
     #[test]
     fn c3_index_maps_pod_to_its_crs_per_namespace() {
         let mut idx = PodRefIndex::default();
-        idx.upsert("a", "cr1", "pod", None);
-        idx.upsert("a", "cr2", "pod", None);
-        idx.upsert("b", "cr3", "pod", None);
+        idx.upsert(&key("a", "cr1"), "pod", None);
+        idx.upsert(&key("a", "cr2"), "pod", None);
+        idx.upsert(&key("b", "cr3"), "pod", None);
         assert_eq!(idx.crs_for_pod("a", "pod"), vec!["cr1", "cr2"]);
         assert_eq!(idx.crs_for_pod("b", "pod"), vec!["cr3"]);
-        idx.remove("a", "cr1");
+        idx.remove(&key("a", "cr1"));
         assert_eq!(idx.crs_for_pod("a", "pod"), vec!["cr2"]);
-        idx.upsert("a", "cr2", "other", None);
+        idx.upsert(&key("a", "cr2"), "other", None);
         assert!(idx.crs_for_pod("a", "pod").is_empty());
         assert_eq!(idx.crs_for_pod("a", "other"), vec!["cr2"]);
         assert_eq!(idx.len(), 2);
@@ -423,10 +411,10 @@ mod tests {
     #[test]
     fn c3_index_relist_drops_crs_deleted_while_disconnected() {
         let mut idx = PodRefIndex::default();
-        idx.upsert("a", "kept", "p1", None);
-        idx.upsert("a", "gone", "p2", None);
+        idx.upsert(&key("a", "kept"), "p1", None);
+        idx.upsert(&key("a", "gone"), "p2", None);
         idx.begin_resync();
-        idx.upsert("a", "kept", "p1", None);
+        idx.upsert(&key("a", "kept"), "p1", None);
         assert_eq!(
             idx.crs_for_pod("a", "p2"),
             vec!["gone"],
@@ -442,20 +430,20 @@ mod tests {
     #[test]
     fn s2_index_finds_vm_holders_in_every_namespace() {
         let mut idx = PodRefIndex::default();
-        assert_eq!(idx.upsert("a", "cr1", "p", Some("vm-x")), None);
-        assert_eq!(idx.upsert("b", "cr2", "q", Some("vm-x")), None);
+        assert_eq!(idx.upsert(&key("a", "cr1"), "p", Some("vm-x")), None);
+        assert_eq!(idx.upsert(&key("b", "cr2"), "q", Some("vm-x")), None);
         assert_eq!(
             idx.crs_holding_vm("vm-x"),
             vec![key("a", "cr1"), key("b", "cr2")]
         );
         assert_eq!(
-            idx.upsert("a", "cr1", "p", Some("vm-y")),
+            idx.upsert(&key("a", "cr1"), "p", Some("vm-y")),
             Some("vm-x".to_owned()),
             "moving to another VM releases the old one"
         );
         assert_eq!(idx.crs_holding_vm("vm-x"), vec![key("b", "cr2")]);
         assert_eq!(
-            idx.remove("b", "cr2"),
+            idx.remove(&key("b", "cr2")),
             Some(("q".to_owned(), Some("vm-x".to_owned())))
         );
         assert!(idx.crs_holding_vm("vm-x").is_empty());

@@ -300,19 +300,18 @@ impl SharedCache {
         // The list a watch would deliver, so the stores are ready as after a first sync.
         cr_writer.apply_watcher_event(&watcher::Event::Init);
         for cr in crs {
-            cache.index.write().upsert(
-                &cr.namespace().unwrap_or_default(),
-                &cr.name_any(),
-                &cr.spec.pod_ref.name,
-                cr.vm_name(),
-            );
+            let key = index::Key::new(&cr.namespace().unwrap_or_default(), &cr.name_any());
+            cache
+                .index
+                .write()
+                .upsert(&key, &cr.spec.pod_ref.name, cr.vm_name());
             cr_writer.apply_watcher_event(&watcher::Event::InitApply(cr));
         }
         cr_writer.apply_watcher_event(&watcher::Event::InitDone);
         pod_writer.apply_watcher_event(&watcher::Event::Init);
         for pod in pods.iter().map(PodSlice::from) {
             cache.pod_views.write().observe(
-                driver::pod_key(&pod),
+                pod_store::key_of(&pod),
                 crate::api::annotations::PodView::from_pod(&pod),
             );
             pod_writer.apply_watcher_event(&watcher::Event::InitApply(pod));

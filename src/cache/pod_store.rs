@@ -46,7 +46,8 @@ pub fn store() -> (PodStore, PodWriter) {
     (reader, writer)
 }
 
-fn key_of(pod: &PodSlice) -> Key {
+/// The key a pod is stored under.
+pub fn key_of(pod: &PodSlice) -> Key {
     Key::new(&pod.namespace().unwrap_or_default(), &pod.name_any())
 }
 
@@ -70,16 +71,26 @@ impl PodStore {
 
 impl PodWriter {
     pub fn apply_watcher_event(&mut self, event: &watcher::Event<PodSlice>) {
+        self.apply(event, key_of);
+    }
+
+    /// As [`Self::apply_watcher_event`], for a pod event whose key the caller already
+    /// holds (the driver keys each event once, for its indexes too).
+    pub fn apply_keyed(&mut self, event: &watcher::Event<PodSlice>, key: Key) {
+        self.apply(event, |_| key);
+    }
+
+    fn apply(&mut self, event: &watcher::Event<PodSlice>, key: impl FnOnce(&PodSlice) -> Key) {
         match event {
             watcher::Event::Apply(pod) => {
-                self.pods.write().insert(key_of(pod), Arc::new(pod.clone()));
+                self.pods.write().insert(key(pod), Arc::new(pod.clone()));
             }
             watcher::Event::Delete(pod) => {
-                self.pods.write().remove(&key_of(pod));
+                self.pods.write().remove(&key(pod));
             }
             watcher::Event::Init => self.buffer = Pods::new(),
             watcher::Event::InitApply(pod) => {
-                self.buffer.insert(key_of(pod), Arc::new(pod.clone()));
+                self.buffer.insert(key(pod), Arc::new(pod.clone()));
             }
             watcher::Event::InitDone => {
                 // The old map is dropped, not cleared: cleared, it would keep its capacity.
