@@ -39,12 +39,17 @@ pub struct Turn {
 }
 
 impl Turns {
-    pub fn new(workers: usize) -> Self {
-        let workers = workers.max(1);
+    /// `concurrency` passes at most, the lane's included (C1): the lane is one of them,
+    /// not one more. Each pass in flight slows the others on the shared apiserver, so a
+    /// fifth pass beside four workers made every ending slower (docs/performance.md).
+    /// With one, the lane is still a second pass: a start must never wait for it.
+    pub fn new(concurrency: usize) -> Self {
+        let lane = intake_lane(concurrency);
+        let workers = concurrency.saturating_sub(lane).max(1);
         Self {
             workers: Arc::new(Semaphore::new(workers)),
             others: Arc::new(Semaphore::new(workers.saturating_sub(1).max(1))),
-            intake: Arc::new(Semaphore::new(intake_lane(workers))),
+            intake: Arc::new(Semaphore::new(lane)),
         }
     }
 
@@ -198,7 +203,8 @@ mod tests {
     async fn c2_a_burst_of_1000_starts_never_waits_behind_registry_work() {
         let turns = Turns::new(4);
         let mut held = Vec::new();
-        for ending in [true, true, true, false] {
+        // Every worker: 4 passes in all, one of them the lane's.
+        for ending in [true, true, false] {
             held.push(turns.take(move || ending).await.expect("a worker"));
         }
         let queued: Vec<_> = (0..8)
@@ -249,7 +255,38 @@ mod tests {
                 _ => break,
             }
         }
-        // The lane's 2, then the others' 3 permits (C4 keeps one worker for ending passes).
-        assert_eq!(running.len(), intake_lane(4) + 3);
+        // The lane's one, then the others' 2 (C4 keeps one of the 3 workers for endings).
+        assert_eq!(running.len(), intake_lane(4) + 2);
+    }
+
+    /// C1: `--concurrency` bounds every pass in flight, the intake lane's included.
+    #[rstest::rstest]
+    #[case::one(1, 2)]
+    #[case::two(2, 2)]
+    #[case::four(4, 4)]
+    #[case::eight(8, 8)]
+    #[tokio::test(start_paused = true)]
+    async fn c1_concurrency_bounds_every_pass_the_lane_included(
+        #[case] concurrency: usize,
+        #[case] at_most: usize,
+    ) {
+        let turns = Turns::new(concurrency);
+        let mut running = Vec::new();
+        for i in 0..3 * at_most {
+            let turn: std::pin::Pin<Box<dyn Future<Output = Option<Turn>>>> = match i % 3 {
+                0 => Box::pin(turns.take_intake(|| false)),
+                1 => Box::pin(turns.take(|| true)),
+                _ => Box::pin(turns.take(|| false)),
+            };
+            if let Ok(Some(turn)) = tokio::time::timeout(Duration::from_millis(1), turn).await {
+                running.push(turn);
+            }
+        }
+        // One is the least that keeps a lane: a start never waits for the worker.
+        assert_eq!(
+            running.len(),
+            at_most,
+            "passes in flight at --concurrency {concurrency}"
+        );
     }
 }
