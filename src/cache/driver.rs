@@ -8,7 +8,7 @@ use super::SharedCache;
 use super::change::{Change, ClearOnDrop};
 use super::index::{Key, PodChangeTracker, PodRefIndex};
 use super::liveness::{Informer, ListTimer};
-use super::pod_store::{PodWriter, key_of};
+use super::pod_store::PodWriter;
 use super::versions::{Pick, Seen, Versions};
 use crate::api::CocoonHibernation;
 use crate::api::annotations::PodView;
@@ -133,7 +133,7 @@ impl EventHandler {
             }
             watcher::Event::InitApply(ref cr) | watcher::Event::Apply(ref cr) => {
                 self.lists.object(Informer::CocoonHibernations);
-                let key = Key::new(&cr.namespace().unwrap_or_default(), &cr.name_any());
+                let key = Key::of(cr);
                 let version = cr.resource_version().unwrap_or_default();
                 let seen = self.cr_versions.observe(&key, &version);
                 if seen == Seen::Older {
@@ -159,7 +159,7 @@ impl EventHandler {
                 }
             }
             watcher::Event::Delete(ref cr) => {
-                let key = Key::new(&cr.namespace().unwrap_or_default(), &cr.name_any());
+                let key = Key::of(cr);
                 let version = cr.resource_version().unwrap_or_default();
                 if !self.cr_versions.delete(&key, &version) {
                     tracing::warn!(cr = ?key, version, "ignored a delete older than the CR the cache holds");
@@ -234,7 +234,7 @@ impl EventHandler {
             }
             watcher::Event::InitApply(ref pod) | watcher::Event::Apply(ref pod) => {
                 self.lists.object(Informer::Pods);
-                let key = key_of(pod);
+                let key = Key::of(pod);
                 let version = pod.resource_version().unwrap_or_default();
                 let seen = self.pod_versions.observe(&key, &version);
                 if seen == Seen::Older {
@@ -255,7 +255,7 @@ impl EventHandler {
                 }
             }
             watcher::Event::Delete(ref pod) => {
-                let key = key_of(pod);
+                let key = Key::of(pod);
                 let version = pod.resource_version().unwrap_or_default();
                 if !self.pod_versions.delete(&key, &version) {
                     tracing::warn!(pod = ?key, version, "ignored a delete older than the pod the cache holds");

@@ -18,6 +18,11 @@ impl Key {
         Key(intern(&joined(namespace, name)))
     }
 
+    /// The key an object of either store (a CR, a pod) is kept under.
+    pub fn of(object: &impl kube::ResourceExt) -> Self {
+        Self::new(&object.namespace().unwrap_or_default(), &object.name_any())
+    }
+
     pub fn namespace(&self) -> &str {
         self.parts().0
     }

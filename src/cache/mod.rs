@@ -282,7 +282,6 @@ impl SharedCache {
         crs: Vec<CocoonHibernation>,
         pods: Vec<k8s_openapi::api::core::v1::Pod>,
     ) -> Self {
-        use kube::ResourceExt;
         let (cr_store, mut cr_writer) = reflector::store::<CocoonHibernation>();
         let (pod_store, mut pod_writer) = pod_store::store();
         let cache = SharedCache {
@@ -300,7 +299,7 @@ impl SharedCache {
         // The list a watch would deliver, so the stores are ready as after a first sync.
         cr_writer.apply_watcher_event(&watcher::Event::Init);
         for cr in crs {
-            let key = index::Key::new(&cr.namespace().unwrap_or_default(), &cr.name_any());
+            let key = index::Key::of(&cr);
             cache
                 .index
                 .write()
@@ -311,7 +310,7 @@ impl SharedCache {
         pod_writer.apply_watcher_event(&watcher::Event::Init);
         for pod in pods.iter().map(PodSlice::from) {
             cache.pod_views.write().observe(
-                pod_store::key_of(&pod),
+                index::Key::of(&pod),
                 crate::api::annotations::PodView::from_pod(&pod),
             );
             pod_writer.apply_watcher_event(&watcher::Event::InitApply(pod));

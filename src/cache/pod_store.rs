@@ -7,7 +7,6 @@
 
 use super::index::{Key, joined};
 use crate::api::pod::PodSlice;
-use kube::ResourceExt;
 use kube::runtime::watcher;
 use parking_lot::RwLock;
 use std::collections::HashMap;
@@ -46,11 +45,6 @@ pub fn store() -> (PodStore, PodWriter) {
     (reader, writer)
 }
 
-/// The key a pod is stored under.
-pub fn key_of(pod: &PodSlice) -> Key {
-    Key::new(&pod.namespace().unwrap_or_default(), &pod.name_any())
-}
-
 impl PodStore {
     pub fn get(&self, namespace: &str, name: &str) -> Option<Arc<PodSlice>> {
         self.pods
@@ -71,7 +65,7 @@ impl PodStore {
 
 impl PodWriter {
     pub fn apply_watcher_event(&mut self, event: &watcher::Event<PodSlice>) {
-        self.apply(event, key_of);
+        self.apply(event, Key::of);
     }
 
     /// As [`Self::apply_watcher_event`], for a pod event whose key the caller already

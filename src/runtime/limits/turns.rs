@@ -44,12 +44,11 @@ impl Turns {
     /// fifth pass beside four workers made every ending slower (docs/performance.md).
     /// With one, the lane is still a second pass: a start must never wait for it.
     pub fn new(concurrency: usize) -> Self {
-        let lane = intake_lane(concurrency);
-        let workers = concurrency.saturating_sub(lane).max(1);
+        let workers = concurrency.saturating_sub(INTAKE_LANE).max(1);
         Self {
             workers: Arc::new(Semaphore::new(workers)),
             others: Arc::new(Semaphore::new(workers.saturating_sub(1).max(1))),
-            intake: Arc::new(Semaphore::new(lane)),
+            intake: Arc::new(Semaphore::new(INTAKE_LANE)),
         }
     }
 
@@ -104,9 +103,7 @@ impl Turns {
 /// (docs/performance.md: more workers made every pass slower): with half the workers as
 /// the lane, the bench's reaction p50 was 136–151 ms against 89 ms with one, for the
 /// same intake p99.
-pub fn intake_lane(_workers: usize) -> usize {
-    1
-}
+pub const INTAKE_LANE: usize = 1;
 
 #[cfg(test)]
 mod tests {
@@ -256,7 +253,7 @@ mod tests {
             }
         }
         // The lane's one, then the others' 2 (C4 keeps one of the 3 workers for endings).
-        assert_eq!(running.len(), intake_lane(4) + 2);
+        assert_eq!(running.len(), INTAKE_LANE + 2);
     }
 
     /// C1: `--concurrency` bounds every pass in flight, the intake lane's included.
