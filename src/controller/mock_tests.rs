@@ -324,8 +324,8 @@ async fn fail_request(handle: &mut ApiHandle, code: u16) -> (http::Method, Strin
     (req.method().clone(), req.uri().to_string())
 }
 
-/// Answers the fresh reads of a delete: the CR as `obj`, for a deletion G1's pod list
-/// (none naming the VM), the pod as `pod` (None: 404).
+/// Answers the fresh reads of a delete: the CR as `obj` and, asked beside it, the pod as
+/// `pod` (None: 404); then, for a deletion, G1's pod list (none naming the VM).
 async fn fresh_reads(handle: &mut ApiHandle, obj: &CocoonHibernation, pod: Option<Pod>) {
     let (method, uri, _, body) = expect_request(handle, serde_json::to_value(obj).unwrap()).await;
     assert_eq!(
@@ -333,9 +333,6 @@ async fn fresh_reads(handle: &mut ApiHandle, obj: &CocoonHibernation, pod: Optio
         (http::Method::GET, true),
         "S1: the CR is read fresh: {uri} {body}"
     );
-    if obj.is_deleting() {
-        fresh_pod_list(handle, &[]).await;
-    }
     match pod {
         Some(pod) => {
             let (method, uri, _, _) =
@@ -354,6 +351,9 @@ async fn fresh_reads(handle: &mut ApiHandle, obj: &CocoonHibernation, pod: Optio
                 "S7: the pod is read fresh"
             );
         }
+    }
+    if obj.is_deleting() {
+        fresh_pod_list(handle, &[]).await;
     }
 }
 
@@ -385,6 +385,12 @@ async fn g1_a_replacement_pod_listed_fresh_keeps_the_tag() {
     let (method, uri, _, _) =
         expect_request(&mut handle, serde_json::to_value(&obj).unwrap()).await;
     assert_eq!(method, http::Method::GET, "{uri}");
+    // S7's read of its own pod goes beside the CR's: gone.
+    let (method, uri) = fail_request(&mut handle, 404).await;
+    assert_eq!(
+        (method, uri.ends_with("/pods/web-0")),
+        (http::Method::GET, true)
+    );
     fresh_pod_list(&mut handle, &[("web-0-new", "vm-a")]).await;
     // Then only the finalizer: a fresh read and its removal; no event, no delete.
     let (method, uri, _, _) =
@@ -513,12 +519,12 @@ async fn s1_a_fence_closing_during_the_fresh_reads_sends_no_delete() {
     let (method, _, _, _) = expect_request(&mut handle, serde_json::to_value(&obj).unwrap()).await;
     assert_eq!(method, http::Method::GET);
     fence.close();
-    fresh_pod_list(&mut handle, &[]).await;
     let (method, uri) = fail_request(&mut handle, 404).await;
     assert_eq!(
         (method, uri.ends_with("/pods/web-0")),
         (http::Method::GET, true)
     );
+    fresh_pod_list(&mut handle, &[]).await;
     let (method, uri, _, _) = expect_request(&mut handle, json!({})).await;
     assert_eq!(method, http::Method::POST, "the S6 warning: {uri}");
     let err = ended(pass).await.unwrap_err();
@@ -611,6 +617,62 @@ async fn s7_w2_a_stale_pod_cache_deletes_nothing() {
             .encode()
             .unwrap()
             .contains(r#"pass_deferrals_total{reason="stale_pod"} 1"#)
+    );
+}
+
+/// SPEC S7 (issue 38: the pod is read beside the CR): the pod read is the one the planned
+/// CR names; a fresh CR naming another (podRef edited past the webhook and CEL) deletes
+/// nothing, though the pod just read shows the VM running again.
+#[tokio::test]
+async fn s7_a_fresh_cr_naming_another_pod_than_the_one_read_deletes_nothing() {
+    let mut obj = cr(true, Some(Phase::Waking));
+    obj.spec.desire = Desire::Wake;
+    if let Some(status) = obj.status.as_mut() {
+        status.snapshot = Some(crate::api::SnapshotStatus {
+            digest: Some("sha256:aaa".into()),
+        });
+    }
+    let mut woken = running_pod();
+    woken.status = Some(
+        serde_json::from_value(json!({
+            "containerStatuses": [{"name": "vm", "image": "i", "imageID": "", "ready": true,
+                "restartCount": 0, "state": {"running": {}}}]
+        }))
+        .unwrap(),
+    );
+    let cache = SharedCache::from_objects(vec![obj.clone()], vec![woken.clone()]);
+    let store = FakeStore {
+        digest: Some("sha256:aaa".into()),
+        ..FakeStore::default()
+    };
+    let calls = store.calls.clone();
+    let (ctx, mut handle) = context_with(cache, store);
+    let pass = tokio::spawn(reconcile(Arc::new(obj.clone()), ctx.clone()));
+    let mut moved = obj.clone();
+    moved.spec.pod_ref.name = "web-1".into();
+    let (method, uri, _, _) =
+        expect_request(&mut handle, serde_json::to_value(&moved).unwrap()).await;
+    assert_eq!(method, http::Method::GET, "{uri}");
+    let (method, uri, _, _) =
+        expect_request(&mut handle, serde_json::to_value(&woken).unwrap()).await;
+    assert_eq!(
+        (method, uri.ends_with("/pods/web-0")),
+        (http::Method::GET, true),
+        "S7: the planned CR's pod is read beside it"
+    );
+    let action = ended(pass).await.unwrap();
+    assert_ne!(action, kube::runtime::controller::Action::await_change());
+    no_more_requests(&mut handle).await;
+    assert!(
+        calls.lock().unwrap().is_empty(),
+        "S7: {:?}",
+        calls.lock().unwrap()
+    );
+    assert!(
+        ctx.metrics
+            .encode()
+            .unwrap()
+            .contains(r#"pass_deferrals_total{reason="stale_view"} 1"#)
     );
 }
 
