@@ -574,10 +574,8 @@ async fn s1_a_closed_fence_sends_no_delete() {
     );
 }
 
-/// SPEC S7 W2: the cache shows the VM running again but the apiserver shows vk still
-/// restoring it: the wake does not end and the tag is not deleted.
-#[tokio::test]
-async fn s7_w2_a_stale_pod_cache_deletes_nothing() {
+/// A CR waking its pod, with the snapshot's digest recorded at H3.
+fn waking_with_digest() -> CocoonHibernation {
     let mut obj = cr(true, Some(Phase::Waking));
     obj.spec.desire = Desire::Wake;
     if let Some(status) = obj.status.as_mut() {
@@ -585,25 +583,44 @@ async fn s7_w2_a_stale_pod_cache_deletes_nothing() {
             digest: Some("sha256:aaa".into()),
         });
     }
-    // The pre-hibernate view: running, the old VMID, no annotation.
-    let mut before = running_pod();
-    before.status = Some(
+    obj
+}
+
+/// `pod` with its VM container running.
+fn with_running_container(mut pod: Pod) -> Pod {
+    pod.status = Some(
         serde_json::from_value(json!({
             "containerStatuses": [{"name": "vm", "image": "i", "imageID": "", "ready": true,
                 "restartCount": 0, "state": {"running": {}}}]
         }))
         .unwrap(),
     );
-    let cache = SharedCache::from_objects(vec![obj.clone()], vec![before]);
+    pod
+}
+
+/// A pass over `obj`, with `cached` as the cache's pod and the registry holding the
+/// snapshot `sha256:aaa`.
+fn pass_over(obj: &CocoonHibernation, cached: Pod) -> (Calls, Arc<Context>, ApiHandle, Pass) {
+    let cache = SharedCache::from_objects(vec![obj.clone()], vec![cached]);
     let store = FakeStore {
         digest: Some("sha256:aaa".into()),
         ..FakeStore::default()
     };
     let calls = store.calls.clone();
-    let (ctx, mut handle) = context_with(cache, store);
+    let (ctx, handle) = context_with(cache, store);
     let pass = tokio::spawn(reconcile(Arc::new(obj.clone()), ctx.clone()));
-    let restoring = pod(&[(VM_NAME, "vm-a"), (LIFECYCLE_STATE, "hibernated")]);
-    fresh_reads(&mut handle, &obj, Some(restoring)).await;
+    (calls, ctx, handle, pass)
+}
+
+/// The pass ends deferred for `reason`, to look again later; nothing more is asked of
+/// the apiserver, and nothing of the registry.
+async fn deferred_without_a_delete(
+    pass: Pass,
+    mut handle: ApiHandle,
+    calls: &Calls,
+    ctx: &Context,
+    reason: &str,
+) {
     let action = ended(pass).await.unwrap();
     assert_ne!(action, kube::runtime::controller::Action::await_change());
     no_more_requests(&mut handle).await;
@@ -612,12 +629,21 @@ async fn s7_w2_a_stale_pod_cache_deletes_nothing() {
         "S7: {:?}",
         calls.lock().unwrap()
     );
-    assert!(
-        ctx.metrics
-            .encode()
-            .unwrap()
-            .contains(r#"pass_deferrals_total{reason="stale_pod"} 1"#)
-    );
+    let metric = format!(r#"pass_deferrals_total{{reason="{reason}"}} 1"#);
+    assert!(ctx.metrics.encode().unwrap().contains(&metric), "{metric}");
+}
+
+/// SPEC S7 W2: the cache shows the VM running again but the apiserver shows vk still
+/// restoring it: the wake does not end and the tag is not deleted.
+#[tokio::test]
+async fn s7_w2_a_stale_pod_cache_deletes_nothing() {
+    let obj = waking_with_digest();
+    // The pre-hibernate view: running, the old VMID, no annotation.
+    let before = with_running_container(running_pod());
+    let (calls, ctx, mut handle, pass) = pass_over(&obj, before);
+    let restoring = pod(&[(VM_NAME, "vm-a"), (LIFECYCLE_STATE, "hibernated")]);
+    fresh_reads(&mut handle, &obj, Some(restoring)).await;
+    deferred_without_a_delete(pass, handle, &calls, &ctx, "stale_pod").await;
 }
 
 /// SPEC S7 (issue 38: the pod is read beside the CR): the pod read is the one the planned
@@ -625,29 +651,9 @@ async fn s7_w2_a_stale_pod_cache_deletes_nothing() {
 /// nothing, though the pod just read shows the VM running again.
 #[tokio::test]
 async fn s7_a_fresh_cr_naming_another_pod_than_the_one_read_deletes_nothing() {
-    let mut obj = cr(true, Some(Phase::Waking));
-    obj.spec.desire = Desire::Wake;
-    if let Some(status) = obj.status.as_mut() {
-        status.snapshot = Some(crate::api::SnapshotStatus {
-            digest: Some("sha256:aaa".into()),
-        });
-    }
-    let mut woken = running_pod();
-    woken.status = Some(
-        serde_json::from_value(json!({
-            "containerStatuses": [{"name": "vm", "image": "i", "imageID": "", "ready": true,
-                "restartCount": 0, "state": {"running": {}}}]
-        }))
-        .unwrap(),
-    );
-    let cache = SharedCache::from_objects(vec![obj.clone()], vec![woken.clone()]);
-    let store = FakeStore {
-        digest: Some("sha256:aaa".into()),
-        ..FakeStore::default()
-    };
-    let calls = store.calls.clone();
-    let (ctx, mut handle) = context_with(cache, store);
-    let pass = tokio::spawn(reconcile(Arc::new(obj.clone()), ctx.clone()));
+    let obj = waking_with_digest();
+    let woken = with_running_container(running_pod());
+    let (calls, ctx, mut handle, pass) = pass_over(&obj, woken.clone());
     let mut moved = obj.clone();
     moved.spec.pod_ref.name = "web-1".into();
     let (method, uri, _, _) =
@@ -660,20 +666,7 @@ async fn s7_a_fresh_cr_naming_another_pod_than_the_one_read_deletes_nothing() {
         (http::Method::GET, true),
         "S7: the planned CR's pod is read beside it"
     );
-    let action = ended(pass).await.unwrap();
-    assert_ne!(action, kube::runtime::controller::Action::await_change());
-    no_more_requests(&mut handle).await;
-    assert!(
-        calls.lock().unwrap().is_empty(),
-        "S7: {:?}",
-        calls.lock().unwrap()
-    );
-    assert!(
-        ctx.metrics
-            .encode()
-            .unwrap()
-            .contains(r#"pass_deferrals_total{reason="stale_view"} 1"#)
-    );
+    deferred_without_a_delete(pass, handle, &calls, &ctx, "stale_view").await;
 }
 
 /// SPEC F2 W2: a status write computed from a stale cache meets a 409 and is retried,
