@@ -35,6 +35,7 @@ mod wait_verdict;
 
 pub use cli::Cli;
 pub use error::{PluginError, exit};
+pub use terminal::quiet_reports;
 
 use cli::Command;
 use wait_verdict::Want;

@@ -7,6 +7,7 @@ use super::view::CrView;
 use console::Term;
 use jiff::Timestamp;
 use std::io::Write;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// What a progress line shows; a new line is printed only when this changes.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -87,8 +88,21 @@ pub fn table_layout() -> Layout {
     }
 }
 
+/// Set by a program that runs commands in process many times (`make bench` reports
+/// activity a thousand times): their lines on stdout would bury its own.
+static QUIET: AtomicBool = AtomicBool::new(false);
+
+/// From now on, commands run in this process print no report lines; errors are still
+/// returned to the caller.
+pub fn quiet_reports() {
+    QUIET.store(true, Ordering::Relaxed);
+}
+
 /// A line on stdout. A closed pipe (`| head`) is not an error worth a panic.
 pub fn say(line: &str) {
+    if QUIET.load(Ordering::Relaxed) {
+        return;
+    }
     let _ = writeln!(std::io::stdout().lock(), "{line}");
 }
 
