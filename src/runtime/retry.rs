@@ -14,7 +14,7 @@ use std::time::Duration;
 pub const CONFLICT_RETRY: Duration = Duration::from_millis(200);
 
 /// The longest wait after a failure.
-const MAX_BACKOFF: Duration = Duration::from_secs(10);
+pub const MAX_BACKOFF: Duration = Duration::from_secs(10);
 
 /// The delay before the next pass of an object whose passes failed `attempts` times in
 /// a row (counting this one).

@@ -82,6 +82,17 @@ pub async fn create_policy(client: &kube::Client, ns: &str) -> kube::Result<()> 
         .map(|_| ())
 }
 
+/// Waits, at most `within`, until the apiserver serves the policy again: for a while
+/// after its restart it may answer 503 for it, and the product's status write for the
+/// policy is then still owed.
+pub async fn wait_policy_served(client: &kube::Client, ns: &str, within: Duration) {
+    let api: Api<CocoonIdlePolicy> = Api::namespaced(client.clone(), ns);
+    let deadline = Instant::now() + within;
+    while api.get_status("soak-idle").await.is_err() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
 /// One heartbeat (or, with `busy`, the busy mark too); creates the Lease, labelled as the
 /// policy labels it (its watch sees only those), when the policy has not yet. `Ok` with
 /// the `renewTime` written once the apiserver answered.
