@@ -42,6 +42,8 @@ use std::time::{Duration, Instant};
 pub const IDLE_AFTER: Duration = Duration::from_secs(60);
 /// The label the policy selects.
 const LABEL: &str = "soak-idle";
+/// The one idle policy the soak creates.
+const POLICY: &str = "soak-idle";
 
 pub fn pod_name(i: usize) -> String {
     format!("q-{i:04}")
@@ -72,7 +74,7 @@ pub async fn create_policy(client: &kube::Client, ns: &str) -> kube::Result<()> 
     let api: Api<CocoonIdlePolicy> = Api::namespaced(client.clone(), ns);
     let policy: CocoonIdlePolicy = serde_json::from_value(serde_json::json!({
         "apiVersion": "cocoonset.cocoonstack.io/v1alpha1", "kind": "CocoonIdlePolicy",
-        "metadata": { "name": "soak-idle" },
+        "metadata": { "name": POLICY },
         "spec": { "selector": { "matchLabels": { LABEL: "yes" } },
                   "idleAfter": "1m", "minAwake": "30s" },
     }))
@@ -88,7 +90,7 @@ pub async fn create_policy(client: &kube::Client, ns: &str) -> kube::Result<()> 
 pub async fn wait_policy_served(client: &kube::Client, ns: &str, within: Duration) {
     let api: Api<CocoonIdlePolicy> = Api::namespaced(client.clone(), ns);
     let deadline = Instant::now() + within;
-    while api.get_status("soak-idle").await.is_err() && Instant::now() < deadline {
+    while api.get_status(POLICY).await.is_err() && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
 }
