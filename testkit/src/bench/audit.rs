@@ -123,7 +123,7 @@ pub fn same_phase_status_writes(
             && who(user(e))
             && e["objectRef"]["resource"] == "cocoonhibernations"
             && e["objectRef"]["subresource"] == "status"
-            && (200..300).contains(&code(e));
+            && succeeded(e);
         if !status_write {
             continue;
         }
@@ -165,22 +165,71 @@ pub fn tally(events: &[Value], who: impl Fn(&str) -> bool) -> Tally {
     t
 }
 
+fn stamp(e: &Value, field: &str) -> Option<jiff::Timestamp> {
+    e[field]
+        .as_str()
+        .and_then(|s| s.parse::<jiff::Timestamp>().ok())
+}
+
+fn succeeded(e: &Value) -> bool {
+    (200..300).contains(&code(e))
+}
+
+/// The reaction of each CR that reached `phase` in `events`, timed by the apiserver: ms
+/// from vk's last write to the CR's pod (V1: the CR's name; any write not `who`'s, as the
+/// apiserver finished it) before `who`'s first status write setting `phase` was received,
+/// to when that status write finished. Both ends are the apiserver's own clock, so an
+/// observer's watch lag (the bench's CR watch carries its own flips) is left out. A CR with
+/// no such status write, or no pod write before it, is left out.
+pub fn reactions(events: &[Value], who: impl Fn(&str) -> bool, phase: &str) -> Vec<f64> {
+    let named = |e: &Value| e["objectRef"]["name"].as_str().map(str::to_owned);
+    let mut vk_last: BTreeMap<String, Vec<jiff::Timestamp>> = BTreeMap::new();
+    let mut terminal: BTreeMap<String, (jiff::Timestamp, jiff::Timestamp)> = BTreeMap::new();
+    for e in events.iter().filter(|e| is_write(e) && succeeded(e)) {
+        let Some(name) = named(e) else { continue };
+        let res = &e["objectRef"]["resource"];
+        if res == "pods" && !who(user(e)) {
+            if let Some(done) = stamp(e, "stageTimestamp") {
+                vk_last.entry(name).or_default().push(done);
+            }
+            continue;
+        }
+        let sets_phase = who(user(e))
+            && res == "cocoonhibernations"
+            && e["objectRef"]["subresource"] == "status"
+            && e["requestObject"]["status"]["phase"] == phase;
+        if sets_phase
+            && let (Some(received), Some(done)) = (
+                stamp(e, "requestReceivedTimestamp"),
+                stamp(e, "stageTimestamp"),
+            )
+        {
+            terminal.entry(name).or_insert((received, done));
+        }
+    }
+    terminal
+        .into_iter()
+        .filter_map(|(name, (received, done))| {
+            let vk = vk_last
+                .get(&name)?
+                .iter()
+                .filter(|t| **t <= received)
+                .max()?;
+            Some(done.duration_since(*vk).as_secs_f64().max(0.0) * 1000.0)
+        })
+        .collect()
+}
+
 /// The intake of each CR flipped in `events` (issue 38): ms from the flip of its desire (a
 /// create or patch of the CR, not a status write, by someone other than `who`, as the
 /// apiserver finished it) to `who`'s first successful patch of the pod it names (V1: the
 /// CR's name) received after it: the write that starts the transition. A CR flipped twice
 /// counts from its first flip in the window; one with no pod patch after it is left out.
 pub fn intakes(events: &[Value], who: impl Fn(&str) -> bool) -> Vec<f64> {
-    let stamp = |e: &Value, field: &str| {
-        e[field]
-            .as_str()
-            .and_then(|s| s.parse::<jiff::Timestamp>().ok())
-    };
-    let ok = |e: &Value| (200..300).contains(&code(e));
     let named = |e: &Value| e["objectRef"]["name"].as_str().map(str::to_owned);
     let mut flips: BTreeMap<String, jiff::Timestamp> = BTreeMap::new();
     let mut out = BTreeMap::new();
-    for e in events.iter().filter(|e| is_write(e) && ok(e)) {
+    for e in events.iter().filter(|e| is_write(e) && succeeded(e)) {
         let (res, sub) = (&e["objectRef"]["resource"], &e["objectRef"]["subresource"]);
         let flip = !who(user(e))
             && res == "cocoonhibernations"

@@ -354,6 +354,10 @@ pub async fn measure(o: &Opts) -> (Figures, serde_json::Map<String, Value>) {
 
 async fn run(o: Opts) -> i32 {
     let started = Instant::now();
+    let product = crate::product::bin();
+    if std::env::var_os(crate::product::PRODUCT_BIN_ENV).is_some() {
+        log(format!("measuring another build: {}", product.display()));
+    }
     let (figs, detail) = measure(&o).await;
 
     // Output.
@@ -371,6 +375,7 @@ async fn run(o: Opts) -> i32 {
             "idle_n": o.idle_n, "idle_writes_vms": o.idle_writes_vms, "idle_writes_s": o.idle_writes_s,
             "capacity_crs": o.capacity_crs, "capacity_bursts": o.capacity_bursts,
         },
+        "product": product.display().to_string(),
         "duration_s": report::round(started.elapsed().as_secs_f64()),
         "figures": figs.to_json(),
         "detail": Value::Object(detail),

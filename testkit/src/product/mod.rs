@@ -32,10 +32,16 @@ use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-/// The `cocoon-hibernation` binary cargo built beside the running test, bench or soak.
+/// The `cocoon-hibernation` binary cargo built beside the running test, bench or soak;
+/// `COCOON_PRODUCT_BIN` names another build instead, so today's bench can measure a
+/// baseline's commit (docs/performance.md).
 pub fn bin() -> PathBuf {
-    crate::cargo_bin("cocoon-hibernation")
+    std::env::var_os(PRODUCT_BIN_ENV)
+        .map(PathBuf::from)
+        .unwrap_or_else(|| crate::cargo_bin("cocoon-hibernation"))
 }
+
+pub const PRODUCT_BIN_ENV: &str = "COCOON_PRODUCT_BIN";
 
 /// How one product process is started.
 #[derive(Clone, Debug)]

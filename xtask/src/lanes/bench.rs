@@ -3,7 +3,8 @@
 //! ~/.cache/cocoon-hibernation/bench-cluster), stopped again at the end
 //! (BENCH_KEEP_CLUSTER=1 keeps it). ARGS go to the benchmark (`--n 1000`, `--parts …`,
 //! …; each also read as BENCH_<NAME>). Output in BENCH_OUT (default <target>/bench); the
-//! last line printed is its summary (`bench: writes_per_round=…`).
+//! last line printed is its summary (`bench: writes_per_round=…`). COCOON_PRODUCT_BIN
+//! runs another build of the product (a baseline's commit) under today's benchmark.
 
 use crate::cmd::{self, Result, fail};
 use crate::lanes::control_plane::{self, Up};
