@@ -4,8 +4,9 @@
 //! HashSet and takes them back in hash order, so under load one CR could wait half a
 //! minute while later ones ran. Here every ready pass waits on tokio's semaphores, which
 //! serve first come, first served, and a pass that may end a transition already under
-//! way (vk's answer is in) never queues behind more than `workers - 1` others: passes of
-//! any other kind hold one of `workers - 1` permits before they queue for a worker.
+//! way (vk's answer is in) never queues behind more than `workers - 2` others: passes of
+//! any other kind hold one of `workers - 2` permits (at least one) before they queue for a
+//! worker.
 //!
 //! A pass that may start a transition (its first write, the pod patch) has a lane of its
 //! own besides (C2, issue 38): passes ending other VMs' transitions or paying their tag
@@ -25,7 +26,7 @@ const RECHECK: Duration = Duration::from_secs(1);
 #[derive(Clone)]
 pub struct Turns {
     workers: Arc<Semaphore>,
-    /// For passes that do not end a transition: one worker fewer.
+    /// For passes that do not end a transition: [`ENDINGS_KEPT`] workers fewer.
     others: Arc<Semaphore>,
     /// Only for passes that may start a transition: they never call the registry
     /// (`plan::may_start_a_transition`), so nothing in this lane waits for a registry slot.
@@ -47,7 +48,7 @@ impl Turns {
         let workers = concurrency.saturating_sub(INTAKE_LANE).max(1);
         Self {
             workers: Arc::new(Semaphore::new(workers)),
-            others: Arc::new(Semaphore::new(workers.saturating_sub(1).max(1))),
+            others: Arc::new(Semaphore::new(workers.saturating_sub(ENDINGS_KEPT).max(1))),
             intake: Arc::new(Semaphore::new(INTAKE_LANE)),
         }
     }
@@ -98,6 +99,11 @@ impl Turns {
         })
     }
 }
+
+/// Workers that passes of other kinds never hold. An ending pass runs a registry probe and
+/// S7's fresh pod read before its status write; with one kept, a burst of 1,000 left
+/// endings waiting behind starts (docs/performance.md).
+pub const ENDINGS_KEPT: usize = 2;
 
 /// The intake lane's permits: one, whatever the workers. The apiserver is the limit
 /// (docs/performance.md: more workers made every pass slower): with half the workers as
@@ -252,8 +258,34 @@ mod tests {
                 _ => break,
             }
         }
-        // The lane's one, then the others' 2 (C4 keeps one of the 3 workers for endings).
-        assert_eq!(running.len(), INTAKE_LANE + 2);
+        // The lane's one, then the others' one (C4 keeps two of the 3 workers for endings).
+        assert_eq!(running.len(), INTAKE_LANE + 1);
+    }
+
+    /// C4 (issue 38): however many passes of other kinds queue, two workers stay for
+    /// passes that end a transition.
+    #[tokio::test(start_paused = true)]
+    async fn c4_two_workers_stay_for_ending_passes() {
+        let turns = Turns::new(4);
+        let mut held = Vec::new();
+        for _ in 0..8 {
+            let take = turns.take_intake(|| false);
+            if let Ok(Some(turn)) = tokio::time::timeout(Duration::from_millis(1), take).await {
+                held.push(turn);
+            }
+        }
+        let others = held.len();
+        for _ in 0..2 {
+            let take = turns.take(|| true);
+            let turn = tokio::time::timeout(Duration::from_millis(1), take).await;
+            let Ok(Some(turn)) = turn else {
+                panic!(
+                    "C4: an ending pass waits with {others} others and {} endings running",
+                    held.len() - others
+                );
+            };
+            held.push(turn);
+        }
     }
 
     /// C1: `--concurrency` bounds every pass in flight, the intake lane's included.
