@@ -5,7 +5,7 @@ use super::Context;
 use super::plan::Settings;
 use super::reconcile::reconcile;
 use crate::api::annotations::{
-    COCOONSET_GENERATION, LIFECYCLE_OBSERVED_GENERATION, LIFECYCLE_STATE, VM_ID, VM_NAME,
+    COCOONSET_GENERATION, HIBERNATE, LIFECYCLE_OBSERVED_GENERATION, LIFECYCLE_STATE, VM_ID, VM_NAME,
 };
 use crate::api::conditions::{READY, REASON_DONE, Update, upsert};
 use crate::api::{
@@ -739,4 +739,77 @@ async fn f2_a_stale_view_defers_before_the_pod_patch() {
             .unwrap()
             .contains(r#"pass_deferrals_total{reason="stale_view"} 1"#)
     );
+}
+
+/// A CR whose hibernate request vk has answered, and the pod as vk left it: hibernated
+/// this round, the VMID gone.
+fn hibernating_answered() -> (CocoonHibernation, Pod) {
+    let mut obj = cr(true, Some(Phase::Hibernating));
+    if let Some(status) = obj.status.as_mut() {
+        status.pre_hibernate_vm_id = Some("id-1".into());
+    }
+    let done = pod(&[
+        (VM_NAME, "vm-a"),
+        (HIBERNATE, "true"),
+        (LIFECYCLE_STATE, "hibernated"),
+    ]);
+    (obj, done)
+}
+
+/// SPEC S7 H3: a hibernate ends only if the pod read fresh ends it too; a cache that shows
+/// vk's answer before the apiserver does writes nothing.
+#[tokio::test]
+async fn h3_s7_a_hibernate_ending_on_a_stale_pod_cache_writes_nothing() {
+    let (obj, done) = hibernating_answered();
+    let (calls, ctx, mut handle, pass) = pass_over(&obj, done);
+    let still_hibernating = pod(&[
+        (VM_NAME, "vm-a"),
+        (HIBERNATE, "true"),
+        (LIFECYCLE_STATE, "hibernating"),
+    ]);
+    let (method, uri, _, _) = expect_request(
+        &mut handle,
+        serde_json::to_value(&still_hibernating).unwrap(),
+    )
+    .await;
+    assert_eq!(
+        (method, uri.as_str()),
+        (http::Method::GET, "/api/v1/namespaces/ns/pods/web-0")
+    );
+    let action = ended(pass).await.unwrap();
+    assert_ne!(action, kube::runtime::controller::Action::await_change());
+    no_more_requests(&mut handle).await;
+    assert_eq!(*calls.lock().unwrap(), ["probe vm-a"]);
+    let metric = r#"pass_deferrals_total{reason="stale_pod"} 1"#;
+    assert!(ctx.metrics.encode().unwrap().contains(metric), "{metric}");
+}
+
+/// SPEC S7 H3 (issue 38): an ending's fresh pod read goes out beside the probe, not after
+/// it: here the registry answers only once the apiserver has the read.
+#[tokio::test]
+async fn h3_s7_an_endings_fresh_pod_read_goes_out_beside_the_probe() {
+    let (obj, done) = hibernating_answered();
+    let gate = Arc::new(tokio::sync::Notify::new());
+    let store = FakeStore {
+        digest: Some("sha256:aaa".into()),
+        probe_gate: Some(gate.clone()),
+        ..FakeStore::default()
+    };
+    let calls = store.calls.clone();
+    let cache = SharedCache::from_objects(vec![obj.clone()], vec![done.clone()]);
+    let (ctx, mut handle) = context_with(cache, store);
+    let pass = tokio::spawn(reconcile(Arc::new(obj.clone()), ctx));
+    let (method, uri, _, _) =
+        expect_request(&mut handle, serde_json::to_value(&done).unwrap()).await;
+    assert_eq!(
+        (method, uri.as_str()),
+        (http::Method::GET, "/api/v1/namespaces/ns/pods/web-0")
+    );
+    gate.notify_one();
+    let (method, uri, _, body) =
+        expect_request(&mut handle, serde_json::to_value(&obj).unwrap()).await;
+    assert_eq!(method, http::Method::PATCH, "{uri}");
+    assert_eq!(body["status"]["phase"], "Hibernated", "{uri}");
+    ended(pass).await.unwrap();
+    assert_eq!(*calls.lock().unwrap(), ["probe vm-a"]);
 }

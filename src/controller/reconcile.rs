@@ -90,19 +90,40 @@ async fn reconcile_inner(cr: Arc<CocoonHibernation>, ctx: &Context) -> Result<Ac
         plan
     };
     let mut plan = plan_on(read, &probe, &now, &digest);
+    let pods: Api<PodSlice> = Api::namespaced(ctx.client.clone(), &ns);
+    // S7's fresh pod read of an ending, when one was made beside the probe.
+    let mut read_beside = None;
     if plan.needs_probe {
         let asked = std::time::Instant::now();
         let Some(_slot) = ctx.limits.registry_slot().await else {
             return Ok(ctx.defer(Deferral::RegistryBusy));
         };
         let slot_wait = asked.elapsed();
+        // An ending's fresh pod read goes out beside the probe, not after it: neither
+        // depends on the other, both come after the cache's view and before any write,
+        // and an ending pass holds a worker that the next of vk's answers waits for.
+        let may_end = [Probe::Present, Probe::Absent]
+            .iter()
+            .any(|p| ends_without_delete(&plan_on(read, p, &now, &digest)));
         // The timeouts are judged at the probe's time, after any wait for the slot.
         now = Time(jiff::Timestamp::now());
-        probe = match ctx
-            .registry
-            .snapshot_digest(pod_vm.unwrap_or_default())
-            .await
-        {
+        let probing = async {
+            let probed = ctx
+                .registry
+                .snapshot_digest(pod_vm.unwrap_or_default())
+                .await;
+            (probed, asked.elapsed() - slot_wait)
+        };
+        let reading = async {
+            if may_end {
+                Some(pods.get_opt(&pod_name).await)
+            } else {
+                None
+            }
+        };
+        let ((probed, probe_time), fresh) = tokio::join!(probing, reading);
+        read_beside = fresh;
+        probe = match probed {
             Ok(Some(d)) => {
                 digest = Some(d);
                 Probe::Present
@@ -112,7 +133,7 @@ async fn reconcile_inner(cr: Arc<CocoonHibernation>, ctx: &Context) -> Result<Ac
         };
         tracing::debug!(
             slot_wait_ms = slot_wait.as_millis(),
-            probe_ms = (asked.elapsed() - slot_wait).as_millis(),
+            probe_ms = probe_time.as_millis(),
             "probed"
         );
         plan = plan_on(read, &probe, &now, &digest);
@@ -132,13 +153,11 @@ async fn reconcile_inner(cr: Arc<CocoonHibernation>, ctx: &Context) -> Result<Ac
     let replaces_record = matches!(plan.pod_patch, Some(PodPatch::SetHibernate))
         && cr.pre_hibernate_vm_id().is_some()
         && planned_record != cr.pre_hibernate_vm_id();
-    let ends = plan
-        .finished
-        .is_some_and(|f| f.ending == plan::Ending::Done)
-        && !plan.delete_first;
-    if replaces_record || ends {
-        let pods: Api<PodSlice> = Api::namespaced(ctx.client.clone(), &ns);
-        let fresh = pods.get_opt(&pod_name).await?;
+    if replaces_record || ends_without_delete(&plan) {
+        let fresh = match read_beside {
+            Some(read) => read?,
+            None => pods.get_opt(&pod_name).await?,
+        };
         let fresh_view = fresh.as_ref().map(PodView::from_pod);
         if fresh_view != view {
             let again = plan_on(fresh_view.as_ref().into(), &probe, &now, &digest);
@@ -152,6 +171,13 @@ async fn reconcile_inner(cr: Arc<CocoonHibernation>, ctx: &Context) -> Result<Ac
         }
     }
     execute(&cr, pod.as_deref(), plan, &api, ctx).await
+}
+
+/// A transition ends in this plan without a tag delete, whose own fresh reads cover it.
+fn ends_without_delete(plan: &Plan) -> bool {
+    plan.finished
+        .is_some_and(|f| f.ending == plan::Ending::Done)
+        && !plan.delete_first
 }
 
 async fn execute(

@@ -14,6 +14,8 @@ pub(crate) struct FakeStore {
     pub unreachable: bool,
     /// "probe <vm>" / "delete <vm>@<digest>", in order.
     pub calls: Arc<Mutex<Vec<String>>>,
+    /// When set, a probe answers only once this is notified.
+    pub probe_gate: Option<Arc<tokio::sync::Notify>>,
 }
 
 impl FakeStore {
@@ -37,7 +39,12 @@ impl FakeStore {
 
 impl SnapshotStore for FakeStore {
     fn snapshot_digest<'a>(&'a self, vm: &'a str) -> Fut<'a, Option<String>> {
-        Box::pin(async move { self.answer("probe", vm, self.digest.clone()) })
+        Box::pin(async move {
+            if let Some(gate) = &self.probe_gate {
+                gate.notified().await;
+            }
+            self.answer("probe", vm, self.digest.clone())
+        })
     }
 
     fn delete_snapshot_before<'a>(
