@@ -171,6 +171,10 @@ fn stamp(e: &Value, field: &str) -> Option<jiff::Timestamp> {
         .and_then(|s| s.parse::<jiff::Timestamp>().ok())
 }
 
+fn named(e: &Value) -> Option<String> {
+    e["objectRef"]["name"].as_str().map(str::to_owned)
+}
+
 fn succeeded(e: &Value) -> bool {
     (200..300).contains(&code(e))
 }
@@ -182,7 +186,6 @@ fn succeeded(e: &Value) -> bool {
 /// observer's watch lag (the bench's CR watch carries its own flips) is left out. A CR with
 /// no such status write, or no pod write before it, is left out.
 pub fn reactions(events: &[Value], who: impl Fn(&str) -> bool, phase: &str) -> Vec<f64> {
-    let named = |e: &Value| e["objectRef"]["name"].as_str().map(str::to_owned);
     let mut vk_last: BTreeMap<String, Vec<jiff::Timestamp>> = BTreeMap::new();
     let mut terminal: BTreeMap<String, (jiff::Timestamp, jiff::Timestamp)> = BTreeMap::new();
     for e in events.iter().filter(|e| is_write(e) && succeeded(e)) {
@@ -226,7 +229,6 @@ pub fn reactions(events: &[Value], who: impl Fn(&str) -> bool, phase: &str) -> V
 /// CR's name) received after it: the write that starts the transition. A CR flipped twice
 /// counts from its first flip in the window; one with no pod patch after it is left out.
 pub fn intakes(events: &[Value], who: impl Fn(&str) -> bool) -> Vec<f64> {
-    let named = |e: &Value| e["objectRef"]["name"].as_str().map(str::to_owned);
     let mut flips: BTreeMap<String, jiff::Timestamp> = BTreeMap::new();
     let mut out = BTreeMap::new();
     for e in events.iter().filter(|e| is_write(e) && succeeded(e)) {

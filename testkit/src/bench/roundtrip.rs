@@ -153,14 +153,14 @@ pub(super) async fn roundtrip(
         let react_wake = audit::reactions(tail.window(a1, a2), mine, Phase::Active.as_str());
         let both: Vec<f64> = react_hib.iter().chain(&react_wake).copied().collect();
         // Issue 38: flip → the product's pod patch, from the audit log.
-        let intake_hib = audit::intakes(tail.window(a0, a1), |u| u == user);
-        let intake_wake = audit::intakes(tail.window(a1, a2), |u| u == user);
+        let intake_hib = audit::intakes(tail.window(a0, a1), mine);
+        let intake_wake = audit::intakes(tail.window(a1, a2), mine);
         let intake_both: Vec<f64> = intake_hib.iter().chain(&intake_wake).copied().collect();
         let window = tail.window(a0, a2);
-        let prod = audit::tally(window, |u| u == user);
+        let prod = audit::tally(window, mine);
         let others = audit::tally(window, |u| u != user);
         let changes = watches.status_changes(&names, t0, t2);
-        let same_phase = audit::same_phase_status_writes(&tail.events, a0, a2, |u| u == user);
+        let same_phase = audit::same_phase_status_writes(&tail.events, a0, a2, mine);
         if same_phase.is_none() {
             log(
                 "the audit log holds no status bodies: rt.reason_writes is na (restart the control plane: cargo xtask cluster-down)",
